@@ -1,0 +1,202 @@
+"""Rank processes on this machine through submitit's local executor: one task per rank.
+
+The launching process streams rank 0's output, watches every rank, and on the first failure
+(an exception, or a rank killed by a signal) stops the others, so a dead rank never leaves the rest
+hanging in a collective and no process outlives the launch.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import submitit
+from submitit.core.utils import pickle_load
+
+from launchers import env as rank_env
+
+POLL_SECONDS = 0.2
+# submitit's own log lines in each task's output; not worth echoing.
+_SUBMITIT_PREFIX = "submitit "
+
+
+class RankFailure(RuntimeError):
+    def __init__(self, rank: int, reason: str, log_path: Path):
+        self.rank, self.reason, self.log_path = rank, reason, log_path
+        super().__init__(f"rank {rank} failed: {reason} (log: {log_path})")
+
+
+def _rank_entry(fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int, pid_dir: str) -> Any:
+    job = submitit.JobEnvironment()
+    rank_env.export(job.global_rank, job.local_rank, job.num_tasks, nproc, "127.0.0.1", master_port)
+    Path(pid_dir, f"rank{job.global_rank}.pid").write_text(str(os.getpid()))
+    return fn(arg)
+
+
+@contextlib.contextmanager
+def _environment(**values: str):
+    """Variables the ranks inherit (through submitit's controller) set only around submission."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def cpu_threads_per_rank(requested: int, local_ranks: int) -> int:
+    return requested if requested > 0 else max(1, (os.cpu_count() or 1) // local_ranks)
+
+
+def launch_local(
+    fn: Callable[[Any], Any],
+    arg: Any,
+    nproc: int,
+    folder: Path,
+    *,
+    use_gpus: bool,
+    timeout_min: int,
+    threads_per_rank: int,
+) -> Any:
+    """Run fn(arg) in `nproc` rank processes; return rank 0's result or raise RankFailure."""
+    folder.mkdir(parents=True, exist_ok=True)
+    executor = submitit.LocalExecutor(folder=folder)
+    executor.update_parameters(
+        tasks_per_node=nproc,
+        nodes=1,
+        gpus_per_node=nproc if use_gpus else 0,
+        timeout_min=timeout_min,
+        stderr_to_stdout=True,
+    )
+    with _environment(OMP_NUM_THREADS=str(threads_per_rank)):
+        job = executor.submit(_rank_entry, fn, arg, rank_env.free_port(), nproc, str(folder))
+    return _Supervisor(job, nproc, folder).run()
+
+
+class _Supervisor:
+    def __init__(self, job: submitit.local.local.LocalJob, nproc: int, folder: Path):
+        self.job, self.nproc, self.folder = job, nproc, folder
+        self.logs = [job.task(rank).paths.stdout for rank in range(nproc)]
+        self._offset = 0
+        self._partial = ""
+
+    def run(self) -> Any:
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            while True:
+                self._stream_rank0()
+                failure = self._first_failure()
+                if failure:
+                    raise failure
+                if self.job.done():
+                    break
+                time.sleep(POLL_SECONDS)
+            self._stream_rank0()
+            failure = self._first_failure(final=True)
+            if failure:
+                raise failure
+            return pickle_load(self.job.task(0).paths.result_pickle)[1]
+        finally:
+            self._stop_all()
+            signal.signal(signal.SIGTERM, previous)
+
+    def _stream_rank0(self) -> None:
+        path = self.logs[0]
+        if not path.exists():
+            return
+        with path.open("r", errors="replace") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+            self._offset = f.tell()
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if not line.startswith(_SUBMITIT_PREFIX):
+                print(line, flush=True)
+
+    def _first_failure(self, final: bool = False) -> RankFailure | None:
+        for rank in range(self.nproc):
+            result = self.job.task(rank).paths.result_pickle
+            if result.exists():
+                outcome, payload = pickle_load(result)
+                if outcome == "error":
+                    return RankFailure(rank, _last_line(str(payload)), self.logs[rank])
+                continue
+            pid_file = self.folder / f"rank{rank}.pid"
+            started = pid_file.exists()
+            if (started and not _alive(int(pid_file.read_text()))) or (final and not result.exists()):
+                # Gone without a result: killed by a signal (OOM killer, kill -9) or never started.
+                return RankFailure(rank, f"exited without a result; {_tail(self.logs[rank])}", self.logs[rank])
+        return None
+
+    def _stop_all(self) -> None:
+        """Stop every rank (SIGINT, then SIGKILL after a grace period); the controller then exits.
+
+        Ranks are signalled directly: submitit's own cancel interrupts the controller, which then
+        prints a traceback, and submitit's tasks ignore SIGTERM.
+        """
+        controller = self.job._process
+        for sig, grace in ((signal.SIGINT, 2.0), (signal.SIGKILL, 5.0)):
+            pids = self._rank_pids()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+                time.sleep(0.05)
+        if controller is not None:
+            try:
+                controller.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                controller.kill()
+                controller.wait()
+
+    def _rank_pids(self) -> list[int]:
+        """Live rank processes: those that wrote a pid file and any other child of the controller."""
+        pids = {int(p.read_text()) for p in self.folder.glob("rank*.pid")}
+        controller = self.job._process
+        if controller is not None:
+            pids |= _children(controller.pid)
+        return [pid for pid in pids if _alive(pid)]
+
+
+def _children(parent: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "unknown error"
+
+
+def _tail(path: Path) -> str:
+    if not path.exists():
+        return "no log"
+    return _last_line(path.read_text(errors="replace")[-4000:])

@@ -1,0 +1,169 @@
+"""Semantic checks of a composed config, done before any rank process starts.
+
+Every rule raises ConfigError naming the key, the offending value and the fix, so the command line
+can print one line and exit 2. `resolve` also fills in what the config leaves open (-1 degrees,
+the world size, the global batch) so ranks receive a config with nothing left to infer.
+"""
+
+import dataclasses
+import math
+
+from titan_exp.config.schema import JobConfig
+from titan_exp.parallel.dims import MESH_DIMS
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    def __init__(self, key: str, value: object, fix: str):
+        self.key, self.value, self.fix = key, value, fix
+        super().__init__(f"{key}={value}: {fix}")
+
+
+def _choice(key: str, value: object, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(key, value, f"choose one of {', '.join(map(str, allowed))}")
+
+
+def _positive(key: str, value: int | float) -> None:
+    if value <= 0:
+        raise ConfigError(key, value, "must be > 0")
+
+
+def resolve_degrees(cfg: JobConfig, world_size: int) -> None:
+    """Replace the (at most one) -1 degree and require the product to equal the world size."""
+    degrees = cfg.parallelism.degrees()
+    for key, degree in degrees.items():
+        if degree == 0 or degree < -1:
+            raise ConfigError(f"parallelism.{key}", degree, "must be a positive degree or -1 (the rest of the world)")
+    inferred = [key for key, degree in degrees.items() if degree == -1]
+    if len(inferred) > 1:
+        raise ConfigError(f"parallelism.{inferred[1]}", -1, f"only one degree may be -1 ({inferred[0]} already is)")
+    fixed = math.prod(d for d in degrees.values() if d != -1)
+    if inferred:
+        if world_size % fixed:
+            raise ConfigError(
+                f"parallelism.{inferred[0]}", -1,
+                f"the other degrees multiply to {fixed}, which does not divide the world size {world_size}",
+            )
+        setattr(cfg.parallelism, inferred[0], world_size // fixed)
+    elif fixed != world_size:
+        layout = " × ".join(f"{MESH_DIMS[k]}={d}" for k, d in degrees.items() if d > 1) or "1"
+        raise ConfigError(
+            "parallelism", layout,
+            f"the degrees multiply to {fixed} but the world size is {world_size} "
+            f"(launcher.nproc_per_node × launcher.nodes); make them equal or set one degree to -1",
+        )
+
+
+def check_model_fit(cfg: JobConfig) -> None:
+    """Degrees that must divide the model's heads, kv-heads and layers."""
+    p, m = cfg.parallelism, cfg.model
+    tp = p.tensor_parallel_degree
+    for attr in ("n_heads", "kv_heads"):
+        count = getattr(m, attr)
+        if count % tp:
+            raise ConfigError(
+                "parallelism.tensor_parallel_degree", tp,
+                f"must divide model {attr.replace('kv_heads', 'n_kv_heads')}={count} of {m.name}_{m.flavor}",
+            )
+    if m.n_layers % p.pipeline_parallel_degree:
+        raise ConfigError(
+            "parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree,
+            f"must divide model n_layers={m.n_layers} of {m.name}_{m.flavor} (one equal share of layers per stage)",
+        )
+    if cfg.training.seq_len % p.context_parallel_degree:
+        raise ConfigError(
+            "parallelism.context_parallel_degree", p.context_parallel_degree,
+            f"must divide training.seq_len={cfg.training.seq_len}",
+        )
+
+
+def check_supported_layout(cfg: JobConfig) -> None:
+    """Layouts whose code has not landed yet are refused by name rather than silently ignored."""
+    p = cfg.parallelism
+    for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
+        if getattr(p, key) != 1:
+            raise ConfigError(f"parallelism.{key}", getattr(p, key), "only data parallelism (DDP/FSDP/HSDP) is available so far; set it to 1")
+    if p.enable_async_tensor_parallel:
+        raise ConfigError("parallelism.enable_async_tensor_parallel", True, "needs tensor parallelism, which is not available yet; set it to false")
+    _choice("parallelism.fsdp_reshard_after_forward", p.fsdp_reshard_after_forward, ("default", "always", "never"))
+
+
+def resolve_batch(cfg: JobConfig) -> None:
+    t = cfg.training
+    _positive("training.local_batch_size", t.local_batch_size)
+    dp = cfg.parallelism.data_parallel_replicate_degree * cfg.parallelism.data_parallel_shard_degree
+    per_microstep = t.local_batch_size * dp
+    if t.global_batch_size == -1:
+        t.global_batch_size = per_microstep
+    elif t.global_batch_size <= 0 or t.global_batch_size % per_microstep:
+        raise ConfigError(
+            "training.global_batch_size", t.global_batch_size,
+            f"must be a positive multiple of local_batch_size × data-parallel degree = {t.local_batch_size} × {dp} "
+            f"(or -1 for exactly that)",
+        )
+
+
+def check_training(cfg: JobConfig) -> None:
+    t, m = cfg.training, cfg.model
+    _positive("training.steps", t.steps)
+    _positive("training.seq_len", t.seq_len)
+    if t.seq_len > m.max_seq_len:
+        raise ConfigError("training.seq_len", t.seq_len, f"exceeds model max_seq_len={m.max_seq_len} of {m.name}_{m.flavor}; lower it")
+    _choice("training.mixed_precision_param", t.mixed_precision_param, DTYPES)
+    _choice("training.mixed_precision_reduce", t.mixed_precision_reduce, DTYPES)
+    _positive("metrics.log_freq", cfg.metrics.log_freq)
+    o = cfg.optimizer
+    _choice("optimizer.name", o.name, ("AdamW",))
+    _choice("optimizer.implementation", o.implementation, ("foreach", "fused", "for-loop"))
+    _positive("optimizer.lr", o.lr)
+    s = cfg.lr_scheduler
+    if s.warmup_steps < 0:
+        raise ConfigError("lr_scheduler.warmup_steps", s.warmup_steps, "must be >= 0")
+    _choice("lr_scheduler.decay_type", s.decay_type, ("linear", "sqrt", "cosine"))
+    for key in ("decay_ratio", "min_lr_factor"):
+        if not 0.0 <= getattr(s, key) <= 1.0:
+            raise ConfigError(f"lr_scheduler.{key}", getattr(s, key), "must lie in [0, 1]")
+    ac = cfg.activation_checkpoint
+    _choice("activation_checkpoint.mode", ac.mode, ("none", "full", "selective"))
+    if ac.mode == "selective" and ac.selective_ac_option != "op":
+        if not ac.selective_ac_option.isdigit() or int(ac.selective_ac_option) < 1:
+            raise ConfigError("activation_checkpoint.selective_ac_option", ac.selective_ac_option, "use 'op' or a positive integer N (every N-th block)")
+
+
+def check_data(cfg: JobConfig) -> None:
+    d, m = cfg.data, cfg.model
+    _choice("data.source", d.source, ("text", "synthetic"))
+    vocab_key = "data.tokenizer_vocab_size" if d.source == "text" else "data.synthetic_vocab_size"
+    vocab = d.tokenizer_vocab_size if d.source == "text" else d.synthetic_vocab_size
+    if not 0 < vocab <= m.vocab_size:
+        raise ConfigError(vocab_key, vocab, f"must lie in [1, model vocab_size={m.vocab_size}]")
+    if d.source == "text" and vocab < 258:
+        raise ConfigError(vocab_key, vocab, "a byte-level BPE needs at least 258 ids (256 bytes + 2 special tokens)")
+    if d.source == "synthetic" and not 0 < d.synthetic_branching <= d.synthetic_vocab_size:
+        raise ConfigError("data.synthetic_branching", d.synthetic_branching, "must lie in [1, data.synthetic_vocab_size]")
+
+
+def check_placement(cfg: JobConfig) -> None:
+    _choice("launcher.name", cfg.launcher.name, ("local",))
+    _choice("launcher.device", cfg.launcher.device, ("auto", "cpu", "cuda"))
+    _choice("quantize", cfg.quantize.name, ("none",))
+    _choice("profiling", cfg.profiling.name, ("none",))
+    if cfg.launcher.nodes != 1:
+        raise ConfigError("launcher.nodes", cfg.launcher.nodes, "launcher=local runs on this machine only; set launcher.nodes=1")
+    if cfg.launcher.nproc_per_node == 0 or cfg.launcher.nproc_per_node < -1:
+        raise ConfigError("launcher.nproc_per_node", cfg.launcher.nproc_per_node, "must be a positive count or -1 (auto)")
+
+
+def resolve(cfg: JobConfig, placement_world_size: int) -> JobConfig:
+    """Check everything and return a copy with every inferred value filled in."""
+    cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism), training=dataclasses.replace(cfg.training))
+    check_placement(cfg)
+    resolve_degrees(cfg, placement_world_size)
+    check_supported_layout(cfg)
+    check_training(cfg)
+    check_model_fit(cfg)
+    resolve_batch(cfg)
+    check_data(cfg)
+    return cfg

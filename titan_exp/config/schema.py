@@ -1,0 +1,55 @@
+"""The typed run config: one dataclass per section, each defined next to the code that reads it,
+assembled here and registered in Hydra's ConfigStore as the schema `conf/config.yaml` builds on."""
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+from launchers.config import LauncherConfig
+from titan_exp.data.config import DataConfig
+from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.parallel.config import ParallelismConfig
+from titan_exp.tracking.config import TrackingConfig
+from titan_exp.train.config import (
+    ActivationCheckpointConfig,
+    CompileConfig,
+    DebugConfig,
+    LRSchedulerConfig,
+    MetricsConfig,
+    OptimizerConfig,
+    TrainingConfig,
+)
+
+
+@dataclass
+class QuantizeConfig:
+    # Only full/mixed precision training so far.
+    name: str = "none"
+
+
+@dataclass
+class ProfilingConfig:
+    # No profiler hooks so far.
+    name: str = "none"
+
+
+@dataclass
+class JobConfig:
+    model: Llama3Config = field(default_factory=Llama3Config)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
+    activation_checkpoint: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
+    compile: CompileConfig = field(default_factory=CompileConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+
+def register_schema() -> None:
+    ConfigStore.instance().store(name="job_schema", node=JobConfig)

@@ -1,0 +1,89 @@
+"""Batches for one data-parallel rank.
+
+Step t of the run consumes global samples [t·G, (t+1)·G), G the global batch. Microbatch m of
+data-parallel rank r takes samples t·G + (m·dp + r)·B + [0, B), B the local batch, so any layout
+(single device, DDP, FSDP, with or without accumulation) sees exactly the same global batch.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from titan_exp.data.config import DataConfig
+from titan_exp.data.text import prepare_tokens
+
+
+@dataclass
+class BatchPlan:
+    local_batch_size: int
+    seq_len: int
+    dp_degree: int
+    dp_rank: int
+    accumulation_steps: int
+
+    def sample_ids(self, step: int, microbatch: int) -> np.ndarray:
+        global_batch = self.local_batch_size * self.dp_degree * self.accumulation_steps
+        first = step * global_batch + (microbatch * self.dp_degree + self.dp_rank) * self.local_batch_size
+        return np.arange(first, first + self.local_batch_size)
+
+
+class TextSource:
+    """Non-overlapping windows of seq_len+1 tokens, visited in a seeded random order per epoch."""
+
+    def __init__(self, cfg: DataConfig, seq_len: int, seed: int):
+        self.tokens = np.load(prepare_tokens(cfg), mmap_mode="r")
+        self.seq_len = seq_len
+        self.num_windows = (len(self.tokens) - 1) // seq_len
+        if self.num_windows < 1:
+            raise ValueError(f"the corpus has {len(self.tokens)} tokens, fewer than training.seq_len+1")
+        self.seed = seed
+
+    def _window(self, sample: int) -> int:
+        epoch, index = divmod(int(sample), self.num_windows)
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
+        return int(order[index])
+
+    def samples(self, ids: np.ndarray) -> torch.Tensor:
+        starts = [self._window(i) * self.seq_len for i in ids]
+        rows = [np.asarray(self.tokens[s : s + self.seq_len + 1], dtype=np.int64) for s in starts]
+        return torch.from_numpy(np.stack(rows))
+
+
+class SyntheticSource:
+    """A fixed random Markov chain: each token has `branching` equally likely successors."""
+
+    def __init__(self, cfg: DataConfig, seq_len: int, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        self.successors = torch.randint(cfg.synthetic_vocab_size, (cfg.synthetic_vocab_size, cfg.synthetic_branching), generator=gen)
+        self.vocab_size = cfg.synthetic_vocab_size
+        self.branching = cfg.synthetic_branching
+        self.seq_len = seq_len
+        self.seed = seed
+
+    def samples(self, ids: np.ndarray) -> torch.Tensor:
+        rows = []
+        for sample in ids:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(sample))
+            choices = torch.randint(self.branching, (self.seq_len,), generator=gen)
+            row = [int(torch.randint(self.vocab_size, (1,), generator=gen))]
+            for choice in choices.tolist():
+                row.append(int(self.successors[row[-1], choice]))
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.int64)
+
+
+def build_source(cfg: DataConfig, seq_len: int, seed: int) -> TextSource | SyntheticSource:
+    sources = {"text": TextSource, "synthetic": SyntheticSource}
+    return sources[cfg.source](cfg, seq_len, seed)
+
+
+class BatchLoader:
+    def __init__(self, source: TextSource | SyntheticSource, plan: BatchPlan):
+        self.source = source
+        self.plan = plan
+
+    def get(self, step: int, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, labels), each (local_batch_size, seq_len): labels are inputs shifted by one."""
+        rows = self.source.samples(self.plan.sample_ids(step, microbatch))
+        return rows[:, :-1], rows[:, 1:]

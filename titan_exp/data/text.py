@@ -1,0 +1,78 @@
+"""A real offline corpus through a real (byte-level BPE) tokenizer, prepared once and cached."""
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from titan_exp.data.config import DataConfig
+
+EOS = "<|end_of_text|>"
+BOS = "<|begin_of_text|>"
+# Bump when the preparation below changes, so stale caches are not reused.
+PREPARE_VERSION = "1"
+
+
+def load_documents(corpus_path: str | None) -> list[str]:
+    if corpus_path is None:
+        try:
+            from pydoc_data.topics import topics
+        except ImportError as err:
+            raise RuntimeError(
+                "data.corpus_path is not set and this Python has no pydoc_data; "
+                "point data.corpus_path at a UTF-8 text file"
+            ) from err
+        return [topics[key] for key in sorted(topics)]
+    text = Path(corpus_path).read_text(encoding="utf-8")
+    return [doc for doc in text.split("\n\n") if doc.strip()]
+
+
+def train_tokenizer(documents: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[BOS, EOS],
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(documents, trainer)
+    return tokenizer
+
+
+def prepare_tokens(cfg: DataConfig) -> Path:
+    """Tokenize the corpus into a cached .npy of int32 ids (documents joined by EOS); return its path.
+
+    Safe to call from several processes: each writes to a temporary file and renames it into place.
+    """
+    documents = load_documents(cfg.corpus_path)
+    digest = hashlib.sha256(PREPARE_VERSION.encode())
+    digest.update(str(cfg.tokenizer_vocab_size).encode())
+    for doc in documents:
+        digest.update(doc.encode())
+    cache = Path(cfg.cache_dir) / f"text-{digest.hexdigest()[:16]}"
+    tokens_path = cache / "tokens.npy"
+    if tokens_path.exists():
+        return tokens_path
+    cache.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(documents, cfg.tokenizer_vocab_size)
+    eos = tokenizer.token_to_id(EOS)
+    ids: list[int] = []
+    for encoding in tokenizer.encode_batch(documents):
+        ids.extend(encoding.ids)
+        ids.append(eos)
+    _atomic_write(cache / "tokenizer.json", lambda f: f.write(tokenizer.to_str().encode()))
+    _atomic_write(tokens_path, lambda f: np.save(f, np.asarray(ids, dtype=np.int32)))
+    return tokens_path
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "wb") as f:
+        write(f)
+    os.replace(tmp, path)

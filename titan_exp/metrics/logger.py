@@ -1,0 +1,64 @@
+"""Per-log-interval throughput, MFU, memory and timing, with torchtitan's definitions."""
+
+import time
+
+import torch
+
+from titan_exp.metrics.memory import MemoryMonitor
+
+
+class ThroughputMeter:
+    """Accumulates tokens and time between two log steps for one rank."""
+
+    def __init__(self, flops_per_token: int, peak_flops: float, non_data_parallel_size: int, device: torch.device):
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self.non_data_parallel_size = non_data_parallel_size
+        self.memory = MemoryMonitor(device)
+        self.tokens_seen = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.interval_start = time.perf_counter()
+        self.interval_tokens = 0
+        self.interval_steps = 0
+        self.data_seconds = 0.0
+        self.memory.reset_peak()
+
+    def add_step(self, tokens: int, data_seconds: float) -> None:
+        self.interval_tokens += tokens
+        self.tokens_seen += tokens
+        self.interval_steps += 1
+        self.data_seconds += data_seconds
+
+    def collect(self) -> dict[str, float]:
+        """Metrics of the interval since the previous call, then start a new interval."""
+        seconds = time.perf_counter() - self.interval_start
+        tps = self.interval_tokens / (seconds * self.non_data_parallel_size)
+        flops = self.flops_per_token * tps
+        metrics = {
+            "throughput/tps_per_device": tps,
+            "throughput/tflops": flops / 1e12,
+            "throughput/mfu_pct": 100 * flops / self.peak_flops,
+            "time/step_s": seconds / self.interval_steps,
+            "time/data_loading_s": self.data_seconds / self.interval_steps,
+            "time/data_loading_pct": 100 * self.data_seconds / seconds,
+            "tokens_seen": self.tokens_seen,
+            **self.memory.peak(),
+        }
+        self._reset()
+        return metrics
+
+
+def format_line(step: int, metrics: dict[str, float]) -> str:
+    mem = (
+        f"mem(active) {metrics['memory/max_active_gib']:.2f}GiB"
+        if "memory/max_active_gib" in metrics
+        else f"mem(cpu rss peak) {metrics['memory/cpu_rss_peak_gib']:.2f}GiB"
+    )
+    return (
+        f"step {step:5d}  loss {metrics['loss/global_avg']:7.4f}  grad_norm {metrics['grad_norm']:7.4f}  "
+        f"lr {metrics['lr']:.2e}  tps/dev {metrics['throughput/tps_per_device']:,.0f}  "
+        f"tflops {metrics['throughput/tflops']:.3f}  mfu {metrics['throughput/mfu_pct']:.2f}%  {mem}  "
+        f"step {metrics['time/step_s']:.3f}s  data {metrics['time/data_loading_pct']:.1f}%"
+    )

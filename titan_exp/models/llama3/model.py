@@ -1,0 +1,153 @@
+"""Llama 3: RMSNorm, rotary embeddings (with Llama 3.1 frequency scaling), grouped-query attention, SwiGLU.
+
+Layers live in a ModuleDict keyed by their index so that a pipeline stage can drop the layers it does
+not own and keep the original names (and checkpoint keys).
+"""
+
+import math
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from titan_exp.models.llama3.args import Llama3Config
+
+
+def precompute_freqs_cis(cfg: Llama3Config, seq_len: int) -> torch.Tensor:
+    """Complex rotations e^{i·pos·freq}, shape (seq_len, head_dim/2)."""
+    dim = cfg.head_dim
+    freqs = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32)[: dim // 2] / dim))
+    if cfg.rope_scaling_factor is not None:
+        freqs = _scale_llama31_freqs(freqs, cfg)
+    positions = torch.arange(seq_len, dtype=torch.float32)
+    return torch.polar(torch.ones(seq_len, dim // 2), torch.outer(positions, freqs))
+
+
+def _scale_llama31_freqs(freqs: torch.Tensor, cfg: Llama3Config) -> torch.Tensor:
+    # Long wavelengths are slowed by the factor, short ones kept, the band between interpolated.
+    low_freq_wavelen = cfg.rope_original_max_seq_len / cfg.rope_low_freq_factor
+    high_freq_wavelen = cfg.rope_original_max_seq_len / cfg.rope_high_freq_factor
+    wavelen = 2 * math.pi / freqs
+    smooth = (cfg.rope_original_max_seq_len / wavelen - cfg.rope_low_freq_factor) / (
+        cfg.rope_high_freq_factor - cfg.rope_low_freq_factor
+    )
+    interpolated = (1 - smooth) * freqs / cfg.rope_scaling_factor + smooth * freqs
+    scaled = torch.where(wavelen > low_freq_wavelen, freqs / cfg.rope_scaling_factor, interpolated)
+    return torch.where(wavelen < high_freq_wavelen, freqs, scaled)
+
+
+def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """Rotate (batch, seq, heads, head_dim) pairs of channels by position."""
+    x_complex = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    rotated = x_complex * freqs_cis[: x.shape[1]].view(1, x.shape[1], 1, -1)
+    return torch.view_as_real(rotated).flatten(3).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Llama3Config):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = cfg.kv_heads
+        self.head_dim = cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1 instead of the head count: under tensor parallel each rank holds a slice of the heads.
+        q = self.wq(x).view(batch, seq, -1, self.head_dim)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
+        repeats = self.n_heads // self.n_kv_heads
+        k = k.repeat_interleave(repeats, dim=2)
+        v = v.repeat_interleave(repeats, dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: Llama3Config):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_hidden_dim, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_hidden_dim, cfg.dim, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, cfg: Llama3Config):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: Llama3Config):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, cfg) for i in range(cfg.n_layers)})
+        self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.register_buffer("freqs_cis", precompute_freqs_cis(cfg, cfg.max_seq_len), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, self.freqs_cis)
+        return self.output(self.norm(h))
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        # parameters() yields a tied weight once, so tied models count it once too.
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embedding:
+            total -= self.tok_embeddings.weight.numel()
+        return total
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Deterministic init that does not depend on the layout.
+
+        Each parameter is drawn in full from a generator seeded by (seed, parameter name) and each rank
+        keeps its own shard, so single-device, DDP and FSDP runs start from the same weights.
+        """
+        self.freqs_cis = precompute_freqs_cis(self.cfg, self.cfg.max_seq_len).to(self.freqs_cis.device)
+        for name, param in self.named_parameters():
+            full = torch.empty(param.shape, dtype=param.dtype, device=param.device)
+            gen = torch.Generator(device=param.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            self._init_one(name, full, gen)
+            if isinstance(param, DTensor):
+                # Every rank drew the same full tensor: slice locally, no communication.
+                full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+            param.copy_(full)
+
+    def _init_one(self, name: str, t: torch.Tensor, gen: torch.Generator) -> None:
+        if name.endswith("norm.weight"):
+            t.fill_(1.0)
+        elif name == "tok_embeddings.weight":
+            nn.init.normal_(t, std=1.0, generator=gen)
+        elif name == "output.weight":
+            std = self.cfg.dim**-0.5
+            nn.init.trunc_normal_(t, std=std, a=-3 * std, b=3 * std, generator=gen)
+        else:
+            # Output projections of each block are scaled down with depth (torchtitan's depth init).
+            layer_id = int(name.split(".")[1])
+            is_out_proj = name.endswith(("wo.weight", "w2.weight", "w3.weight"))
+            std = 0.02 / (2 * (layer_id + 1)) ** 0.5 if is_out_proj else 0.02
+            nn.init.trunc_normal_(t, std=std, a=-2 * std, b=2 * std, generator=gen)

@@ -1,0 +1,29 @@
+"""The `parallelism` config group. Key names are torchtitan's, so its flags paste as overrides."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ParallelismConfig:
+    # Short name of the layout, used in run names and tables (the option file sets it).
+    name: str = "fsdp"
+    # -1: whatever is left of the world size once the other degrees are taken (at most one may be -1).
+    data_parallel_replicate_degree: int = 1
+    data_parallel_shard_degree: int = -1
+    # default: reshard after forward except for the last block, whose params backward needs at once.
+    fsdp_reshard_after_forward: str = "default"
+    tensor_parallel_degree: int = 1
+    enable_async_tensor_parallel: bool = False
+    pipeline_parallel_degree: int = 1
+    pipeline_parallel_schedule: str = "1F1B"
+    context_parallel_degree: int = 1
+
+    def degrees(self) -> dict[str, int]:
+        """Every degree keyed by its config key, in mesh order (outermost first)."""
+        return {
+            "pipeline_parallel_degree": self.pipeline_parallel_degree,
+            "data_parallel_replicate_degree": self.data_parallel_replicate_degree,
+            "data_parallel_shard_degree": self.data_parallel_shard_degree,
+            "context_parallel_degree": self.context_parallel_degree,
+            "tensor_parallel_degree": self.tensor_parallel_degree,
+        }

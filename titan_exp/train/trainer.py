@@ -1,0 +1,172 @@
+"""What one rank process does: build the mesh, build Llama 3 on meta, parallelize, materialize,
+initialize, and train, logging on rank 0."""
+
+import contextlib
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from launchers import env as rank_env
+from titan_exp.config.schema import JobConfig
+from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
+from titan_exp.metrics.device import cpu_peak_flops, gpu_peak_flops
+from titan_exp.metrics.flops import flops_per_token
+from titan_exp.metrics.logger import ThroughputMeter, format_line
+from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.llama3.parallelize import parallelize_llama
+from titan_exp.parallel.dims import ParallelDims
+from titan_exp.train.grad import clip_grad_norm_
+from titan_exp.train.optim import build_lr_scheduler, build_optimizer
+
+
+def select_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("launcher.device=cuda but torch sees no CUDA device; use launcher.device=cpu")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def set_determinism(seed: int, deterministic: bool) -> None:
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+def log0(rank: int, message: str) -> None:
+    if rank == 0:
+        print(message, flush=True)
+
+
+def train(cfg: JobConfig) -> dict[str, float]:
+    """Run the job as this process's rank; returns rank 0's last logged metrics (empty elsewhere)."""
+    env = rank_env.current()
+    device = select_device(cfg.launcher.device, env.local_rank)
+    set_determinism(cfg.debug.seed, cfg.debug.deterministic)
+    # On CPU, measured before the rendezvous, while the other ranks wait in it and leave the cores free.
+    peak_flops = _peak_flops(cfg, device) if env.rank == 0 else 0.0
+    if env.world_size > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if device.type == "cuda" else None)
+    try:
+        return _train(cfg, env, device, peak_flops)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _peak_flops(cfg: JobConfig, device: torch.device) -> float:
+    if device.type == "cuda":
+        return gpu_peak_flops(torch.cuda.get_device_name(device))
+    return cpu_peak_flops(getattr(torch, cfg.training.mixed_precision_param), cfg.data.cache_dir)
+
+
+def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float) -> dict[str, float]:
+    dims = ParallelDims.from_config(cfg.parallelism)
+    mesh = dims.build_mesh(device.type)
+
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
+    num_params = model.num_params()
+    num_embedding = model.tok_embeddings.weight.numel()
+    token_flops = flops_per_token(cfg.model, num_params, num_embedding, cfg.training.seq_len)
+    parallelize_llama(model, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile)
+    model.to_empty(device=device)
+    model.init_weights(cfg.debug.seed)
+    model.train()
+
+    optimizer = build_optimizer(model.parameters(), cfg.optimizer)
+    scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
+    accumulation = cfg.training.global_batch_size // (cfg.training.local_batch_size * dims.dp)
+    plan = BatchPlan(cfg.training.local_batch_size, cfg.training.seq_len, dims.dp, dims.dp_rank(mesh), accumulation)
+    if env.local_rank == 0 and cfg.data.source == "text":
+        from titan_exp.data.text import prepare_tokens
+
+        prepare_tokens(cfg.data)  # once per node; the others wait below and read the cache
+    if dist.is_initialized():
+        dist.barrier()
+    loader = BatchLoader(build_source(cfg.data, cfg.training.seq_len, cfg.debug.seed), plan)
+
+    tracker = _rank0_tracker(cfg) if env.rank == 0 else None
+    derived = {
+        "derived/num_params": num_params,
+        "derived/flops_per_token": token_flops,
+        "derived/mesh": dims.describe(),
+        "derived/world_size": env.world_size,
+        "derived/peak_flops_per_device": peak_flops,
+        "derived/global_batch_tokens": cfg.training.global_batch_size * cfg.training.seq_len,
+        "derived/gradient_accumulation_steps": accumulation,
+        "derived/device": device.type,
+    }
+    log0(env.rank, "  ".join(f"{k.split('/')[1]}={v:,.4g}" if isinstance(v, float) else f"{k.split('/')[1]}={v:,}" if isinstance(v, int) else f"{k.split('/')[1]}={v}" for k, v in derived.items()))
+    if tracker:
+        tracker.log_params(derived)
+
+    # Without FSDP/DDP (single device), the param dtype becomes an autocast dtype.
+    param_dtype = getattr(torch, cfg.training.mixed_precision_param)
+    autocast = (
+        torch.autocast(device.type, dtype=param_dtype)
+        if dims.dp == 1 and param_dtype != torch.float32
+        else contextlib.nullcontext()
+    )
+    meter = ThroughputMeter(token_flops, peak_flops, dims.non_data_parallel_size, device) if env.rank == 0 else None
+    dp_group = dims.dp_group(mesh)
+    last: dict[str, float] = {}
+    for step in range(1, cfg.training.steps + 1):
+        data_seconds = 0.0
+        step_loss = torch.zeros((), device=device)
+        for micro in range(accumulation):
+            start = time.perf_counter()
+            inputs, labels = (t.to(device, non_blocking=True) for t in loader.get(step - 1, micro))
+            data_seconds += time.perf_counter() - start
+            if dims.dp > 1:
+                # Reduce gradients only once per step, after the last microbatch.
+                model.set_requires_gradient_sync(micro == accumulation - 1)
+            with autocast:
+                logits = model(inputs)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / accumulation
+            loss.backward()
+            step_loss += loss.detach()
+        grad_norm = clip_grad_norm_(list(model.parameters()), cfg.training.max_norm)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if meter:
+            meter.add_step(cfg.training.local_batch_size * cfg.training.seq_len * accumulation, data_seconds)
+
+        if step == 1 or step % cfg.metrics.log_freq == 0 or step == cfg.training.steps:
+            loss_avg, loss_max = _global_loss(step_loss, dp_group)  # a collective: every rank takes part
+            if meter:
+                last = {"loss/global_avg": loss_avg, "loss/global_max": loss_max, "grad_norm": grad_norm.item(), "lr": lr, **meter.collect()}
+                print(format_line(step, last), flush=True)
+                if tracker:
+                    tracker.log_metrics(step, last)
+    if tracker:
+        tracker.flush()
+    return last
+
+
+def _global_loss(loss: torch.Tensor, dp_group) -> tuple[float, float]:
+    if dp_group is None:
+        return loss.item(), loss.item()
+    total, peak = loss.clone(), loss.clone()
+    dist.all_reduce(total, group=dp_group)  # gloo has no AVG
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=dp_group)
+    return total.item() / dist.get_world_size(dp_group), peak.item()
+
+
+def _rank0_tracker(cfg: JobConfig):
+    if not cfg.tracking.enable or cfg.tracking.run_id is None:
+        return None
+    from titan_exp.tracking.mlflow_run import MlflowRun
+
+    return MlflowRun(cfg.tracking, cfg.tracking.run_id)

@@ -7,6 +7,7 @@ the world size, the global batch) so ranks receive a config with nothing left to
 
 import dataclasses
 import math
+from pathlib import Path
 
 from titan_exp.config.schema import JobConfig
 from titan_exp.parallel.dims import MESH_DIMS
@@ -139,6 +140,8 @@ def check_data(cfg: JobConfig) -> None:
     vocab = d.tokenizer_vocab_size if d.source == "text" else d.synthetic_vocab_size
     if not 0 < vocab <= m.vocab_size:
         raise ConfigError(vocab_key, vocab, f"must lie in [1, model vocab_size={m.vocab_size}]")
+    if d.source == "text" and d.corpus_path is not None and not Path(d.corpus_path).is_file():
+        raise ConfigError("data.corpus_path", d.corpus_path, "no such file; point it at a UTF-8 text file or set it to null")
     if d.source == "text" and vocab < 258:
         raise ConfigError(vocab_key, vocab, "a byte-level BPE needs at least 258 ids (256 bytes + 2 special tokens)")
     if d.source == "synthetic" and not 0 < d.synthetic_branching <= d.synthetic_vocab_size:
@@ -161,9 +164,9 @@ def resolve(cfg: JobConfig, placement_world_size: int) -> JobConfig:
     cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism), training=dataclasses.replace(cfg.training))
     check_placement(cfg)
     resolve_degrees(cfg, placement_world_size)
-    check_supported_layout(cfg)
     check_training(cfg)
     check_model_fit(cfg)
+    check_supported_layout(cfg)
     resolve_batch(cfg)
     check_data(cfg)
     return cfg

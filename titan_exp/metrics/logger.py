@@ -62,3 +62,14 @@ def format_line(step: int, metrics: dict[str, float]) -> str:
         f"tflops {metrics['throughput/tflops']:.3f}  mfu {metrics['throughput/mfu_pct']:.2f}%  {mem}  "
         f"step {metrics['time/step_s']:.3f}s  data {metrics['time/data_loading_pct']:.1f}%"
     )
+
+
+def format_summary(values: dict[str, object]) -> str:
+    """'name=value' pairs of 'group/name' keys, numbers with thousands separators."""
+
+    def show(value: object) -> str:
+        if isinstance(value, float):
+            return f"{value:,.4g}"
+        return f"{value:,}" if isinstance(value, int) else str(value)
+
+    return "  ".join(f"{key.rsplit('/', 1)[-1]}={show(value)}" for key, value in values.items())

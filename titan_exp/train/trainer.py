@@ -15,7 +15,7 @@ from titan_exp.config.schema import JobConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.metrics.device import cpu_peak_flops, gpu_peak_flops
 from titan_exp.metrics.flops import flops_per_token
-from titan_exp.metrics.logger import ThroughputMeter, format_line
+from titan_exp.metrics.logger import ThroughputMeter, format_line, format_summary
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import parallelize_llama
 from titan_exp.parallel.dims import ParallelDims
@@ -106,7 +106,7 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
         "derived/gradient_accumulation_steps": accumulation,
         "derived/device": device.type,
     }
-    log0(env.rank, "  ".join(f"{k.split('/')[1]}={v:,.4g}" if isinstance(v, float) else f"{k.split('/')[1]}={v:,}" if isinstance(v, int) else f"{k.split('/')[1]}={v}" for k, v in derived.items()))
+    log0(env.rank, format_summary(derived))
     if tracker:
         tracker.log_params(derived)
 

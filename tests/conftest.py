@@ -1,0 +1,52 @@
+"""Shared helpers: compose configs like the CLI does, and run the CLI in a subprocess."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from titan_exp.config.schema import register_schema
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+
+register_schema()
+
+
+def compose_config(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def run_cli(args: list[str], tmp_path: Path, *, timeout: int = 300, launcher: list[str] | None = None, env: dict | None = None):
+    """`python -m titan_exp ARGS` with outputs under tmp_path; returns the CompletedProcess."""
+    command = (launcher or [sys.executable, "-m"]) + ["titan_exp", f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/multirun", *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> tuple[str, Path]:
+    """A fresh SQLite MLflow store (the tracking.uri override and the database path)."""
+    db = tmp_path / "mlflow.db"
+    return f"tracking.uri=sqlite:///{db}", db
+
+
+def mlflow_runs(db: Path) -> list:
+    """All runs of the titan_exp experiment in a SQLite store, oldest first."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    experiment = client.get_experiment_by_name("titan_exp")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    return runs
+
+
+def loss_curve(db: Path, run_id: str) -> list[float]:
+    from mlflow.tracking import MlflowClient
+
+    history = MlflowClient(tracking_uri=f"sqlite:///{db}").get_metric_history(run_id, "loss/global_avg")
+    return [m.value for m in sorted(history, key=lambda m: m.step)]

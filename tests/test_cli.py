@@ -1,0 +1,47 @@
+"""The command line as a user meets it: printing the config, and refusing bad configs up front."""
+
+import pytest
+
+from conftest import run_cli
+
+
+def test_cfg_job_prints_the_composed_config_without_training(tmp_path, store):
+    uri, db = store
+    result = run_cli(["model=llama3_8b", "parallelism=fsdp", uri, "--cfg", "job"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "flavor: 8b" in result.stdout and "data_parallel_shard_degree: -1" in result.stdout
+    assert "loss" not in result.stdout and "MLflow run" not in result.stdout
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["training.steps=0"], "training.steps=0: must be > 0"),
+        (["training.seq_len=100000"], "training.seq_len=100000: exceeds model max_seq_len=2048"),
+        (["launcher.nproc_per_node=2", "parallelism.data_parallel_shard_degree=4"], "parallelism=dp_shard=4: the degrees multiply to 4 but the world size is 2"),
+        (["parallelism.tensor_parallel_degree=5", "launcher.nproc_per_node=5", "parallelism.data_parallel_shard_degree=1"], "must divide model n_heads=16"),
+    ],
+)
+def test_semantic_errors_exit_2_with_one_line_and_nothing_tracked(tmp_path, store, overrides, expected):
+    uri, db = store
+    result = run_cli([*overrides, uri, "launcher.device=cpu"], tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not db.exists()
+    assert not (tmp_path / "run" / "ranks").exists()
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [("model=llama3_7b", "Could not find 'model/llama3_7b'"), ("training.foo=1", "Key 'foo' not in 'TrainingConfig'")],
+)
+def test_hydra_composition_errors_exit_2(tmp_path, store, override, expected):
+    uri, db = store
+    result = run_cli([override, uri], tmp_path)
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not db.exists()

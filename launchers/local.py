@@ -18,7 +18,7 @@ from submitit.core.utils import pickle_load
 
 from launchers import env as rank_env
 
-POLL_SECONDS = 0.2
+POLL_SECONDS = 0.1
 # submitit's own log lines in each task's output; not worth echoing.
 _SUBMITIT_PREFIX = "submitit "
 

@@ -27,7 +27,7 @@ def _task(composed: DictConfig) -> None:
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         cfg, placement = prepare(OmegaConf.to_object(composed))
-        run_job(cfg, placement, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+        run_job(cfg, placement, Path(hydra_cfg.runtime.output_dir))
     except ConfigError as err:
         print(f"titan_exp: config error: {err}", file=sys.stderr, flush=True)
         if not sweeping:

@@ -2,6 +2,7 @@
 assembled here and registered in Hydra's ConfigStore as the schema `conf/config.yaml` builds on."""
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
@@ -53,3 +54,18 @@ class JobConfig:
 
 def register_schema() -> None:
     ConfigStore.instance().store(name="job_schema", node=JobConfig)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the launching process tells the ranks besides the config."""
+
+    # The Hydra run directory: composed config, overrides, rank logs.
+    job_dir: str
+    # local | torchrun | srun
+    launcher: str
+
+    @property
+    def run_id_file(self) -> Path:
+        """Where rank 0 records its MLflow run id, so the launching process can close a dead job's run."""
+        return Path(self.job_dir) / "mlflow_run_id"

@@ -54,8 +54,9 @@ class SyntheticSource:
     """A fixed random Markov chain: each token has `branching` equally likely successors."""
 
     def __init__(self, cfg: DataConfig, seq_len: int, seed: int):
-        gen = torch.Generator().manual_seed(seed)
-        self.successors = torch.randint(cfg.synthetic_vocab_size, (cfg.synthetic_vocab_size, cfg.synthetic_branching), generator=gen)
+        table = np.random.default_rng([seed, 0]).integers(cfg.synthetic_vocab_size, size=(cfg.synthetic_vocab_size, cfg.synthetic_branching))
+        # Plain lists: walking the chain token by token is cheaper on lists than on arrays or tensors.
+        self.successors = table.tolist()
         self.vocab_size = cfg.synthetic_vocab_size
         self.branching = cfg.synthetic_branching
         self.seq_len = seq_len
@@ -64,11 +65,12 @@ class SyntheticSource:
     def samples(self, ids: np.ndarray) -> torch.Tensor:
         rows = []
         for sample in ids:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(sample))
-            choices = torch.randint(self.branching, (self.seq_len,), generator=gen)
-            row = [int(torch.randint(self.vocab_size, (1,), generator=gen))]
-            for choice in choices.tolist():
-                row.append(int(self.successors[row[-1], choice]))
+            rng = np.random.default_rng([self.seed, 1, int(sample)])
+            token = int(rng.integers(self.vocab_size))
+            row = [token]
+            for choice in rng.integers(self.branching, size=self.seq_len).tolist():
+                token = self.successors[token][choice]
+                row.append(token)
             rows.append(row)
         return torch.tensor(rows, dtype=torch.int64)
 

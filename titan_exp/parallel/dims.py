@@ -1,10 +1,19 @@
-"""Resolved parallel degrees and the device mesh built from them."""
+"""Resolved parallel degrees and the device mesh built from them.
+
+The launching process uses the degrees only; torch is imported where a mesh is built, so that
+checking a config and placing a job stay fast.
+"""
+
+from __future__ import annotations
 
 from dataclasses import dataclass
-import torch
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from typing import TYPE_CHECKING
 
 from titan_exp.parallel.config import ParallelismConfig
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
 
 # Mesh dimension name for each degree key, outermost first (torchtitan's order).
 MESH_DIMS = {
@@ -74,6 +83,10 @@ class ParallelDims:
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
         """The world mesh (None on a single device). Needs an initialized process group."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from torch.distributed.device_mesh import init_device_mesh
+
         shape = self.mesh_shape()
         if not shape:
             return None
@@ -99,5 +112,7 @@ class ParallelDims:
 
     def dp_rank(self, mesh: DeviceMesh | None) -> int:
         """This rank's index among the data-parallel ranks: which slice of the global batch it reads."""
+        import torch.distributed as dist
+
         group = self.dp_group(mesh)
-        return 0 if group is None else torch.distributed.get_rank(group)
+        return 0 if group is None else dist.get_rank(group)

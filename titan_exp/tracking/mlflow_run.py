@@ -1,15 +1,19 @@
-"""One MLflow run per training job.
+"""One MLflow run per training job, written by rank 0 only.
 
-The process that owns the job (the launching process, or rank 0 under torchrun/srun) creates the
-store, the experiment and the run, and ends it with its final status; rank 0 logs into it. No other
-rank ever opens the store.
+The launching process creates the store and the experiment before any rank starts (several
+processes opening a brand-new SQLite store race in its migrations), then stays out of it unless the
+ranks die: then it closes their run as FAILED with the reason. Rank 0 writes through a background
+thread, so training never waits on the store.
 """
 
 import getpass
 import os
+import queue
 import socket
 import subprocess
+import threading
 import time
+import traceback
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -18,6 +22,7 @@ from titan_exp.tracking.config import TrackingConfig
 # MLflow's per-call limits for log_batch.
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_PARAM_LENGTH = 6000
+_MAX_TAG_LENGTH = 5000
 
 
 def absolute_uri(uri: str) -> str:
@@ -28,11 +33,34 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
-def _artifact_root(uri: str, experiment: str) -> str | None:
-    """For a SQLite store, artifacts go beside the database (MLflow would use ./mlruns of the cwd)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(urlparse(uri).path).parent / "mlartifacts" / experiment).as_uri()
-    return None  # a server decides
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(urlparse(uri).path) if uri.startswith("sqlite:///") else None
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_store(cfg: TrackingConfig) -> None:
+    """Create the store (a new SQLite file runs its migrations) and the experiment, once."""
+    db = _sqlite_path(cfg.uri)
+    if db is not None and db.exists():
+        return  # opened before: nothing to migrate; the experiment is checked by rank 0
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    _experiment_id(_client(cfg.uri), cfg)
+
+
+def _experiment_id(client, cfg: TrackingConfig) -> str:
+    experiment = client.get_experiment_by_name(cfg.experiment)
+    if experiment:
+        return experiment.experiment_id
+    db = _sqlite_path(cfg.uri)
+    # For a SQLite store artifacts go beside the database (MLflow would use ./mlruns of the cwd).
+    location = (db.parent / "mlartifacts" / cfg.experiment).as_uri() if db else None
+    return client.create_experiment(cfg.experiment, artifact_location=location)
 
 
 def git_commit() -> str:
@@ -46,29 +74,16 @@ def git_commit() -> str:
 
 
 class MlflowRun:
-    def __init__(self, cfg: TrackingConfig, run_id: str):
-        from mlflow.tracking import MlflowClient
-
-        self.client = MlflowClient(tracking_uri=cfg.uri)
+    def __init__(self, uri: str, run_id: str):
+        self.client = _client(uri)
         self.run_id = run_id
-        self._pending: list = []
 
     @classmethod
     def create(cls, cfg: TrackingConfig, run_name: str, tags: dict[str, str]) -> "MlflowRun":
-        from mlflow.tracking import MlflowClient
-
-        if cfg.uri.startswith("sqlite:///"):
-            Path(urlparse(cfg.uri).path).parent.mkdir(parents=True, exist_ok=True)
-        client = MlflowClient(tracking_uri=cfg.uri)
-        experiment = client.get_experiment_by_name(cfg.experiment)
-        experiment_id = (
-            experiment.experiment_id
-            if experiment
-            else client.create_experiment(cfg.experiment, artifact_location=_artifact_root(cfg.uri, cfg.experiment))
-        )
+        client = _client(cfg.uri)
         base_tags = {"hostname": socket.gethostname(), "user": getpass.getuser(), "git_commit": git_commit()}
-        run = client.create_run(experiment_id, run_name=run_name, tags={**base_tags, **tags})
-        return cls(cfg, run.info.run_id)
+        run = client.create_run(_experiment_id(client, cfg), run_name=run_name, tags={**base_tags, **tags})
+        return cls(cfg.uri, run.info.run_id)
 
     def log_params(self, params: dict[str, object]) -> None:
         from mlflow.entities import Param
@@ -77,31 +92,87 @@ class MlflowRun:
         for i in range(0, len(items), _MAX_PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=items[i : i + _MAX_PARAMS_PER_BATCH])
 
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        """Queued and written by MLflow's background thread, so training does not wait on the store."""
+    def log_metrics(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
-        self._pending.append(self.client.log_batch(self.run_id, metrics=batch, synchronous=False))
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), timestamp_ms, step) for k, v in metrics.items()])
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
-    def set_tags(self, tags: dict[str, str]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(self.run_id, key, value)
-
-    def flush(self) -> None:
-        for operation in self._pending:
-            operation.wait()
-        self._pending.clear()
-
     def finish(self, status: str, reason: str | None = None) -> None:
-        """status: FINISHED | FAILED | KILLED. Metrics queued before are written first."""
-        self.flush()
-        tags = {"status": status.lower()}
+        """status: FINISHED | FAILED | KILLED, also kept as the `status` tag (with `failure_reason`)."""
+        self.client.set_tag(self.run_id, "status", status.lower())
         if reason:
-            tags["failure_reason"] = reason[:5000]
-        self.set_tags(tags)
+            self.client.set_tag(self.run_id, "failure_reason", reason[:_MAX_TAG_LENGTH])
         self.client.set_terminated(self.run_id, status=status)
+
+
+class BackgroundTracker:
+    """Rank 0's writer. A thread creates the run, records its id in `run_id_file` for the launching
+    process, then writes whatever the training loop queued, in order. A store that fails is reported
+    once and training goes on without tracking.
+
+    The thread waits for `begin()` (the trainer calls it once the first step is done): importing
+    MLflow and opening the store take seconds of Python work that would otherwise compete with the
+    rank's own start-up for the interpreter lock.
+    """
+
+    def __init__(self, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None):
+        self._queue: queue.Queue = queue.Queue()
+        self._error: str | None = None
+        self._go = threading.Event()
+        self._thread = threading.Thread(
+            target=self._work, args=(cfg, run_name, tags, run_id_file), name="mlflow-tracker", daemon=True
+        )
+        self._thread.start()
+
+    def log_params(self, params: dict[str, object]) -> None:
+        self._queue.put(("log_params", (params,)))
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self._queue.put(("log_metrics", (step, metrics, int(time.time() * 1000))))
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self._queue.put(("log_text", (text, artifact_file)))
+
+    def begin(self) -> None:
+        self._go.set()
+
+    def close(self, status: str, reason: str | None = None) -> None:
+        """Write everything queued, end the run with `status`, and wait for the thread."""
+        self._go.set()
+        self._queue.put(("finish", (status, reason)))
+        self._queue.put(None)
+        self._thread.join()
+        if self._error:
+            print(f"titan_exp: tracking failed, the run's MLflow record is incomplete: {self._error}", flush=True)
+
+    def _work(self, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None) -> None:
+        self._go.wait()
+        try:
+            run = MlflowRun.create(cfg, run_name, tags)
+            if run_id_file is not None:
+                run_id_file.write_text(run.run_id)
+            print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
+        except Exception:
+            self._error = traceback.format_exc(limit=1).strip().splitlines()[-1]
+            run = None
+        while (item := self._queue.get()) is not None:
+            if run is None:
+                continue  # drain, so the training loop never blocks on a dead store
+            method, args = item
+            try:
+                getattr(run, method)(*args)
+            except Exception:
+                self._error = self._error or traceback.format_exc(limit=1).strip().splitlines()[-1]
+
+
+def close_run_from_outside(cfg: TrackingConfig, run_id_file: Path, run_name: str, tags: dict[str, str], status: str, reason: str) -> None:
+    """The launching process's last word when the ranks died: end their run (or, if rank 0 never
+    got to create one, a new run) with `status` and `reason`."""
+    if run_id_file.exists():
+        run = MlflowRun(cfg.uri, run_id_file.read_text().strip())
+    else:
+        run = MlflowRun.create(cfg, run_name, tags)
+    run.finish(status, reason)

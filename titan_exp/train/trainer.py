@@ -5,13 +5,14 @@ import contextlib
 import os
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from launchers import env as rank_env
-from titan_exp.config.schema import JobConfig
+from titan_exp.config.schema import JobConfig, RunContext
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.metrics.device import cpu_peak_flops, gpu_peak_flops
 from titan_exp.metrics.flops import flops_per_token
@@ -46,21 +47,44 @@ def log0(rank: int, message: str) -> None:
         print(message, flush=True)
 
 
-def train(cfg: JobConfig) -> dict[str, float]:
+def train(cfg: JobConfig, ctx: RunContext) -> dict[str, float]:
     """Run the job as this process's rank; returns rank 0's last logged metrics (empty elsewhere)."""
     env = rank_env.current()
     device = select_device(cfg.launcher.device, env.local_rank)
     set_determinism(cfg.debug.seed, cfg.debug.deterministic)
-    # On CPU, measured before the rendezvous, while the other ranks wait in it and leave the cores free.
-    peak_flops = _peak_flops(cfg, device) if env.rank == 0 else 0.0
-    if env.world_size > 1:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if device.type == "cuda" else None)
+    tracker = _open_tracker(cfg, ctx, env, device) if env.rank == 0 and cfg.tracking.enable else None
     try:
-        return _train(cfg, env, device, peak_flops)
+        # On CPU, measured before the rendezvous, while the other ranks wait in it and leave the cores free.
+        peak_flops = _peak_flops(cfg, device) if env.rank == 0 else 0.0
+        if env.world_size > 1:
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if device.type == "cuda" else None)
+        result = _train(cfg, env, device, peak_flops, tracker)
+    except BaseException as err:
+        if tracker:
+            tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", f"{type(err).__name__}: {err}")
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    if tracker:
+        tracker.close("FINISHED")
+    return result
+
+
+def _open_tracker(cfg: JobConfig, ctx: RunContext, env: rank_env.RankEnv, device: torch.device):
+    from omegaconf import OmegaConf
+
+    from titan_exp.tracking.identity import flatten, run_name, run_tags
+    from titan_exp.tracking.mlflow_run import BackgroundTracker
+
+    tracker = BackgroundTracker(cfg.tracking, run_name(cfg), run_tags(cfg, env.world_size, ctx.launcher, device.type), ctx.run_id_file)
+    resolved = OmegaConf.structured(cfg)
+    tracker.log_params(flatten(OmegaConf.to_container(resolved)))
+    tracker.log_text(OmegaConf.to_yaml(resolved), "config/resolved.yaml")
+    for hydra_file in sorted(Path(ctx.job_dir, ".hydra").glob("*.yaml")):
+        tracker.log_text(hydra_file.read_text(), f"config/hydra/{hydra_file.name}")
+    return tracker
 
 
 def _peak_flops(cfg: JobConfig, device: torch.device) -> float:
@@ -69,7 +93,7 @@ def _peak_flops(cfg: JobConfig, device: torch.device) -> float:
     return cpu_peak_flops(getattr(torch, cfg.training.mixed_precision_param), cfg.data.cache_dir)
 
 
-def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float) -> dict[str, float]:
+def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float, tracker) -> dict[str, float]:
     dims = ParallelDims.from_config(cfg.parallelism)
     mesh = dims.build_mesh(device.type)
 
@@ -95,7 +119,6 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
         dist.barrier()
     loader = BatchLoader(build_source(cfg.data, cfg.training.seq_len, cfg.debug.seed), plan)
 
-    tracker = _rank0_tracker(cfg) if env.rank == 0 else None
     derived = {
         "derived/num_params": num_params,
         "derived/flops_per_token": token_flops,
@@ -150,8 +173,7 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
                 print(format_line(step, last), flush=True)
                 if tracker:
                     tracker.log_metrics(step, last)
-    if tracker:
-        tracker.flush()
+                    tracker.begin()
     return last
 
 
@@ -162,11 +184,3 @@ def _global_loss(loss: torch.Tensor, dp_group) -> tuple[float, float]:
     dist.all_reduce(total, group=dp_group)  # gloo has no AVG
     dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=dp_group)
     return total.item() / dist.get_world_size(dp_group), peak.item()
-
-
-def _rank0_tracker(cfg: JobConfig):
-    if not cfg.tracking.enable or cfg.tracking.run_id is None:
-        return None
-    from titan_exp.tracking.mlflow_run import MlflowRun
-
-    return MlflowRun(cfg.tracking, cfg.tracking.run_id)

@@ -1,0 +1,99 @@
+"""Placement: failures propagate, nothing is left running, external launchers are not spawned again."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from conftest import REPO, mlflow_runs, run_cli
+from launchers.local import RankFailure, launch_local
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _rank_pids(folder: Path) -> list[int]:
+    return [int(p.read_text()) for p in folder.glob("rank*.pid")]
+
+
+def fail_on_rank_1(seconds: float) -> int:
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        raise ValueError("rank one gives up")
+    time.sleep(seconds)  # the others would wait this long: they must be stopped, not waited for
+    return rank
+
+
+def echo_rank(_: None) -> str:
+    print(f"hello from rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}", flush=True)
+    return os.environ["RANK"]
+
+
+def test_ranks_get_the_torch_distributed_environment(tmp_path, capsys):
+    result = launch_local(echo_rank, None, 3, tmp_path, use_gpus=False, timeout_min=5, threads_per_rank=1)
+    assert result == "0"  # rank 0's return value
+    out = capsys.readouterr().out
+    assert "hello from rank 0 of 3" in out
+    assert "rank 1" not in out  # only rank 0's output is streamed; the others are in their logs
+    assert any("hello from rank 2 of 3" in p.read_text() for p in tmp_path.glob("*_2_log.out"))
+
+
+def test_exception_in_one_rank_stops_all_and_names_the_rank(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as err:
+        launch_local(fail_on_rank_1, 120.0, 3, tmp_path, use_gpus=False, timeout_min=5, threads_per_rank=1)
+    assert err.value.rank == 1
+    assert "ValueError: rank one gives up" in str(err.value)
+    assert time.monotonic() - start < 60
+    pids = _rank_pids(tmp_path)
+    assert len(pids) == 3 and not any(_alive(pid) for pid in pids)
+
+
+LONG_RUN = ["data=synthetic", "training.steps=2000", "training.seq_len=64", "training.local_batch_size=2", "metrics.log_freq=1", "launcher.device=cpu"]
+
+
+def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
+    uri, db = store
+    command = [sys.executable, "-m", "titan_exp", f"hydra.run.dir={tmp_path}/run", *LONG_RUN, "launcher.nproc_per_node=2", uri]
+    proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step     3"):
+                break
+        victim = int((tmp_path / "run" / "ranks" / "rank1.pid").read_text())
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert "rank 1 failed" in err and "exited without a result" in err, err
+    assert not any(_alive(pid) for pid in _rank_pids(tmp_path / "run" / "ranks"))
+    [run] = mlflow_runs(db)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["status"] == "failed" and "rank 1 failed" in run.data.tags["failure_reason"]
+    # What was logged before the failure is kept.
+    assert run.data.metrics["loss/global_avg"] > 0
+
+
+def test_torchrun_started_ranks_train_without_spawning_again(tmp_path, store):
+    uri, db = store
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m"]
+    result = run_cli(["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu"], tmp_path, launcher=torchrun)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step     6" in result.stdout
+    assert not list(tmp_path.rglob("ranks"))  # our launcher never ran
+    [run] = mlflow_runs(db)
+    assert run.info.status == "FINISHED" and run.data.tags["launcher"] == "torchrun"
+    assert run.data.tags["world_size"] == "2"

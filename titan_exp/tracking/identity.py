@@ -1,0 +1,37 @@
+"""How a job is named and tagged in MLflow, so runs can be found and grouped by layout."""
+
+import os
+
+from titan_exp.config.schema import JobConfig
+from titan_exp.parallel.dims import ParallelDims
+
+
+def run_name(cfg: JobConfig) -> str:
+    """e.g. llama3_debug·fsdp2, llama3_8b·hsdp2x4 (tracking.run_name wins when set)."""
+    return cfg.tracking.run_name or f"{cfg.model.name}_{cfg.model.flavor}·{ParallelDims.from_config(cfg.parallelism).label()}"
+
+
+def run_tags(cfg: JobConfig, world_size: int, launcher: str, device: str) -> dict[str, str]:
+    dims = ParallelDims.from_config(cfg.parallelism)
+    return {
+        "model": f"{cfg.model.name}_{cfg.model.flavor}",
+        "strategy": cfg.parallelism.name,
+        "layout": dims.label(),
+        "world_size": str(world_size),
+        "mesh": dims.describe(),
+        "device": device,
+        "launcher": launcher,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "status": "running",
+    }
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    """{'a': {'b': 1}} → {'a.b': 1}: the config as MLflow params."""
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -19,6 +19,9 @@ from submitit.core.utils import pickle_load
 from launchers import env as rank_env
 
 POLL_SECONDS = 0.1
+# After SIGINT, how long ranks get to finish what they were writing (rank 0 flushes its MLflow
+# queue) before SIGKILL.
+INTERRUPT_GRACE_SECONDS = 30.0
 # submitit's own log lines in each task's output; not worth echoing.
 _SUBMITIT_PREFIX = "submitit "
 
@@ -29,10 +32,15 @@ class RankFailure(RuntimeError):
         super().__init__(f"rank {rank} failed: {reason} (log: {log_path})")
 
 
+def _pid_file_name(job_id: str, rank: int) -> str:
+    # Named after the job like submitit's own files, so a reused folder holds no stale pids.
+    return f"{job_id}_{rank}.pid"
+
+
 def _rank_entry(fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int, pid_dir: str) -> Any:
     job = submitit.JobEnvironment()
     rank_env.export(job.global_rank, job.local_rank, job.num_tasks, nproc, "127.0.0.1", master_port)
-    Path(pid_dir, f"rank{job.global_rank}.pid").write_text(str(os.getpid()))
+    Path(pid_dir, _pid_file_name(job.job_id, job.global_rank)).write_text(str(os.getpid()))
     return fn(arg)
 
 
@@ -122,19 +130,26 @@ class _Supervisor:
                 print(line, flush=True)
 
     def _first_failure(self, final: bool = False) -> RankFailure | None:
+        """The root cause among failed ranks, or None.
+
+        A rank gone without a result (killed by a signal: OOM killer, kill -9) comes first, since the
+        others then fail in their next collective; otherwise the earliest exception.
+        """
+        killed, raised = [], []
         for rank in range(self.nproc):
             result = self.job.task(rank).paths.result_pickle
             if result.exists():
                 outcome, payload = pickle_load(result)
                 if outcome == "error":
-                    return RankFailure(rank, _last_line(str(payload)), self.logs[rank])
+                    raised.append((result.stat().st_mtime, RankFailure(rank, _last_line(str(payload)), self.logs[rank])))
                 continue
-            pid_file = self.folder / f"rank{rank}.pid"
-            started = pid_file.exists()
-            if (started and not _alive(int(pid_file.read_text()))) or (final and not result.exists()):
-                # Gone without a result: killed by a signal (OOM killer, kill -9) or never started.
-                return RankFailure(rank, f"exited without a result; {_tail(self.logs[rank])}", self.logs[rank])
-        return None
+            pid_file = self.folder / _pid_file_name(self.job.job_id, rank)
+            if (pid_file.exists() and not _alive(int(pid_file.read_text()))) or final:
+                reason = f"exited without a result (killed by a signal?); {_tail(self.logs[rank])}"
+                killed.append(RankFailure(rank, reason, self.logs[rank]))
+        if killed:
+            return killed[0]
+        return min(raised, key=lambda pair: pair[0])[1] if raised else None
 
     def _stop_all(self) -> None:
         """Stop every rank (SIGINT, then SIGKILL after a grace period); the controller then exits.
@@ -143,7 +158,7 @@ class _Supervisor:
         prints a traceback, and submitit's tasks ignore SIGTERM.
         """
         controller = self.job._process
-        for sig, grace in ((signal.SIGINT, 2.0), (signal.SIGKILL, 5.0)):
+        for sig, grace in ((signal.SIGINT, INTERRUPT_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
             pids = self._rank_pids()
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
@@ -160,7 +175,7 @@ class _Supervisor:
 
     def _rank_pids(self) -> list[int]:
         """Live rank processes: those that wrote a pid file and any other child of the controller."""
-        pids = {int(p.read_text()) for p in self.folder.glob("rank*.pid")}
+        pids = {int(p.read_text()) for p in self.folder.glob(_pid_file_name(self.job.job_id, "*"))}
         controller = self.job._process
         if controller is not None:
             pids |= _children(controller.pid)

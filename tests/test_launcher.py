@@ -25,7 +25,19 @@ def _alive(pid: int) -> bool:
 
 
 def _rank_pids(folder: Path) -> list[int]:
-    return [int(p.read_text()) for p in folder.glob("rank*.pid")]
+    return [int(p.read_text()) for p in folder.glob("*.pid")]
+
+
+def _processes_using(folder: Path) -> list[int]:
+    """Live processes whose command line names `folder`: submitit's controller and task processes do."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(folder) in cmdline.read_bytes().decode(errors="replace") and _alive(int(cmdline.parent.name)):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
 
 
 def fail_on_rank_1(seconds: float) -> int:
@@ -57,8 +69,8 @@ def test_exception_in_one_rank_stops_all_and_names_the_rank(tmp_path):
     assert err.value.rank == 1
     assert "ValueError: rank one gives up" in str(err.value)
     assert time.monotonic() - start < 60
-    pids = _rank_pids(tmp_path)
-    assert len(pids) == 3 and not any(_alive(pid) for pid in pids)
+    assert not any(_alive(pid) for pid in _rank_pids(tmp_path))
+    assert _processes_using(tmp_path) == []
 
 
 LONG_RUN = ["data=synthetic", "training.steps=2000", "training.seq_len=64", "training.local_batch_size=2", "metrics.log_freq=1", "launcher.device=cpu"]
@@ -72,7 +84,8 @@ def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
         for line in proc.stdout:
             if line.startswith("step     3"):
                 break
-        victim = int((tmp_path / "run" / "ranks" / "rank1.pid").read_text())
+        [victim_file] = (tmp_path / "run" / "ranks").glob("*_1.pid")
+        victim = int(victim_file.read_text())
         os.kill(victim, signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -80,6 +93,7 @@ def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
     assert proc.returncode == 1
     assert "rank 1 failed" in err and "exited without a result" in err, err
     assert not any(_alive(pid) for pid in _rank_pids(tmp_path / "run" / "ranks"))
+    assert _processes_using(tmp_path / "run" / "ranks") == []
     [run] = mlflow_runs(db)
     assert run.info.status == "FAILED"
     assert run.data.tags["status"] == "failed" and "rank 1 failed" in run.data.tags["failure_reason"]

@@ -23,18 +23,18 @@ GLOBAL_BATCH = 4
 PARITY_RUN = ["debug=deterministic", "data=synthetic", "training.steps=6", "training.seq_len=64", "metrics.log_freq=1", "launcher.device=cpu"]
 
 
-def curve_of(tmp_path, store, overrides: list[str]) -> list[float]:
+def curve_of(tmp_path, store, name: str, overrides: list[str]) -> list[float]:
     uri, db = store
-    result = run_cli([*PARITY_RUN, *overrides, uri], tmp_path / overrides[0].replace("=", "_"))
+    result = run_cli([*PARITY_RUN, *overrides, uri], tmp_path / name)
     assert result.returncode == 0, result.stderr[-3000:]
     return loss_curve(db, mlflow_runs(db)[-1].info.run_id)
 
 
 def test_single_ddp_and_fsdp_give_the_same_losses(tmp_path, store):
-    single = curve_of(tmp_path, store, ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}"])
-    ddp = curve_of(tmp_path, store, ["parallelism=ddp", "launcher.nproc_per_node=2", f"training.local_batch_size={GLOBAL_BATCH // 2}"])
-    fsdp = curve_of(tmp_path, store, ["parallelism=fsdp", "launcher.nproc_per_node=2", f"training.local_batch_size={GLOBAL_BATCH // 2}"])
-    other_seed = curve_of(tmp_path, store, ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}", "debug.seed=1"])
+    single = curve_of(tmp_path, store, "single", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}"])
+    ddp = curve_of(tmp_path, store, "ddp", ["parallelism=ddp", "launcher.nproc_per_node=2", f"training.local_batch_size={GLOBAL_BATCH // 2}"])
+    fsdp = curve_of(tmp_path, store, "fsdp", ["parallelism=fsdp", "launcher.nproc_per_node=2", f"training.local_batch_size={GLOBAL_BATCH // 2}"])
+    other_seed = curve_of(tmp_path, store, "other_seed", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}", "debug.seed=1"])
     assert len(single) == 6
     assert single[-1] < single[0]
     torch.testing.assert_close(ddp, single, rtol=RTOL, atol=0)

@@ -9,6 +9,7 @@ thread, so training never waits on the store.
 import getpass
 import os
 import queue
+import signal
 import socket
 import subprocess
 import threading
@@ -113,7 +114,8 @@ class BackgroundTracker:
     process, then writes whatever the training loop queued, in order. A store that fails is reported
     once and training goes on without tracking.
 
-    The thread waits for `begin()` (the trainer calls it once the first step is done): importing
+    The thread is not a daemon: a rank that is interrupted (SIGINT) or raises still exits only once
+    everything queued is written. The thread waits for `begin()` (the trainer calls it once the first step is done): importing
     MLflow and opening the store take seconds of Python work that would otherwise compete with the
     rank's own start-up for the interpreter lock.
     """
@@ -123,7 +125,7 @@ class BackgroundTracker:
         self._error: str | None = None
         self._go = threading.Event()
         self._thread = threading.Thread(
-            target=self._work, args=(cfg, run_name, tags, run_id_file), name="mlflow-tracker", daemon=True
+            target=self._work, args=(cfg, run_name, tags, run_id_file), name="mlflow-tracker"
         )
         self._thread.start()
 
@@ -144,7 +146,15 @@ class BackgroundTracker:
         self._go.set()
         self._queue.put(("finish", (status, reason)))
         self._queue.put(None)
-        self._thread.join()
+        # The launcher interrupts the ranks of a failed job; finish writing first (its SIGKILL
+        # after a grace period still bounds the wait).
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
+        try:
+            self._thread.join()
+        finally:
+            if in_main_thread:
+                signal.signal(signal.SIGINT, previous)
         if self._error:
             print(f"titan_exp: tracking failed, the run's MLflow record is incomplete: {self._error}", flush=True)
 

@@ -38,6 +38,17 @@ def _scale_llama31_freqs(freqs: torch.Tensor, cfg: Llama3Config) -> torch.Tensor
     return torch.where(wavelen < high_freq_wavelen, freqs, scaled)
 
 
+# Name parts that wrappers insert (activation checkpointing, torch.compile); not part of the model.
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def canonical_name(name: str) -> str:
+    """The parameter's name in the unwrapped model: seeds and checkpoints must not depend on wrappers."""
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
+
+
 def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     """Rotate (batch, seq, heads, head_dim) pairs of channels by position."""
     x_complex = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
@@ -128,7 +139,8 @@ class Transformer(nn.Module):
         keeps its own shard, so single-device, DDP and FSDP runs start from the same weights.
         """
         self.freqs_cis = precompute_freqs_cis(self.cfg, self.cfg.max_seq_len).to(self.freqs_cis.device)
-        for name, param in self.named_parameters():
+        for wrapped_name, param in self.named_parameters():
+            name = canonical_name(wrapped_name)
             full = torch.empty(param.shape, dtype=param.dtype, device=param.device)
             gen = torch.Generator(device=param.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             self._init_one(name, full, gen)

@@ -21,9 +21,10 @@ def compose_config(overrides: list[str]):
         return compose(config_name="config", overrides=overrides)
 
 
-def run_cli(args: list[str], tmp_path: Path, *, timeout: int = 300, launcher: list[str] | None = None, env: dict | None = None):
-    """`python -m titan_exp ARGS` with outputs under tmp_path; returns the CompletedProcess."""
-    command = (launcher or [sys.executable, "-m"]) + ["titan_exp", f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/multirun", *args]
+def run_cli(args: list[str], tmp_path: Path, *, flags: tuple[str, ...] = (), timeout: int = 300, launcher: list[str] | None = None, env: dict | None = None):
+    """`python -m titan_exp FLAGS OVERRIDES` with outputs under tmp_path; returns the CompletedProcess."""
+    overrides = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/multirun", *args]
+    command = (launcher or [sys.executable, "-m"]) + ["titan_exp", *flags, *overrides]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 

@@ -2,12 +2,12 @@
 
 import pytest
 
-from conftest import run_cli
+from conftest import mlflow_runs, run_cli
 
 
 def test_cfg_job_prints_the_composed_config_without_training(tmp_path, store):
     uri, db = store
-    result = run_cli(["model=llama3_8b", "parallelism=fsdp", uri, "--cfg", "job"], tmp_path)
+    result = run_cli(["model=llama3_8b", "parallelism=fsdp", uri], tmp_path, flags=("--cfg", "job"))
     assert result.returncode == 0, result.stderr
     assert "flavor: 8b" in result.stdout and "data_parallel_shard_degree: -1" in result.stdout
     assert "loss" not in result.stdout and "MLflow run" not in result.stdout
@@ -45,3 +45,14 @@ def test_hydra_composition_errors_exit_2(tmp_path, store, override, expected):
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
     assert not db.exists()
+
+
+def test_sweep_goes_on_past_a_failing_point(tmp_path, store):
+    uri, db = store
+    result = run_cli(["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", "training.steps=0,3"], tmp_path, flags=("-m",))
+    assert result.returncode == 1
+    assert "training.steps=0: must be > 0" in result.stderr
+    assert "1 sweep point(s) failed" in result.stderr
+    assert "step     3" in result.stdout  # the valid point ran after the invalid one
+    [run] = mlflow_runs(db)
+    assert run.info.status == "FINISHED" and run.data.params["training.steps"] == "3"

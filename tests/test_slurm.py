@@ -26,7 +26,8 @@ def slurm_env(tmp_path_factory):
 def test_srun_started_ranks_train_without_spawning_again(slurm_env, tmp_path, store):
     uri, db = store
     command = [
-        "srun", "--ntasks=2", "--time=10", "python", "-m", "titan_exp", f"hydra.run.dir={tmp_path}/run",
+        # --overcommit: two ranks even on a one-core node; --immediate: fail instead of queueing forever.
+        "srun", "--ntasks=2", "--overcommit", "--immediate=60", "--time=10", "python", "-m", "titan_exp", f"hydra.run.dir={tmp_path}/run",
         "experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu",
     ]
     result = subprocess.run(command, cwd=REPO, env=slurm_env, capture_output=True, text=True, timeout=300)

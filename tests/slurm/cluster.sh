@@ -53,7 +53,7 @@ SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
-NodeName=$host CPUs=$(nproc) RealMemory=$memory_mb State=UNKNOWN
+NodeName=$host CPUs=$(getconf _NPROCESSORS_ONLN) RealMemory=$memory_mb State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
 

@@ -72,3 +72,45 @@ def test_activation_checkpointing_does_not_change_the_numbers(in_process, ac):
 def test_compiled_blocks_match_eager(in_process):
     # Inductor fuses and reorders fp32 arithmetic, so a looser bound than between layouts.
     assert in_process(["compile.enable=true"]) == pytest.approx(in_process([]), rel=1e-3)
+
+
+def test_tensor_parallel_layouts_match_single(tmp_path, store):
+    single = curve_of(tmp_path, store, "single", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}"])
+    tp = curve_of(tmp_path, store, "tp", ["parallelism=tp", "launcher.nproc_per_node=2", f"training.local_batch_size={GLOBAL_BATCH}"])
+    fsdp_tp = curve_of(tmp_path, store, "fsdp_tp", ["parallelism=fsdp_tp", "launcher.nproc_per_node=4", f"training.local_batch_size={GLOBAL_BATCH // 2}"])
+    torch.testing.assert_close(tp, single, rtol=RTOL, atol=0)
+    torch.testing.assert_close(fsdp_tp, single, rtol=RTOL, atol=0)
+
+
+def test_seed_checkpoint_loads_into_another_layout(tmp_path, store):
+    seed_dir = tmp_path / "seed"
+    # Weights from seed 7; the runs below use seed 0 (for their data and, without the checkpoint, their weights).
+    created = run_cli([*PARITY_RUN, "parallelism=single", "debug.seed=7", "checkpoint.create_seed_checkpoint=true", f"checkpoint.folder={seed_dir}", "tracking=none"], tmp_path / "create")
+    assert created.returncode == 0, created.stderr[-3000:]
+    assert (seed_dir / "step-0" / ".metadata").is_file()
+    load = [f"checkpoint.initial_load_path={seed_dir}/step-0"]
+    single = curve_of(tmp_path, store, "single", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}", *load])
+    fsdp = curve_of(tmp_path, store, "fsdp", ["parallelism=fsdp", "launcher.nproc_per_node=2", f"training.local_batch_size={GLOBAL_BATCH // 2}", *load])
+    fresh = curve_of(tmp_path, store, "fresh", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}"])
+    torch.testing.assert_close(fsdp, single, rtol=RTOL, atol=0)
+    # The loaded weights are the checkpoint's, not seed 0's.
+    assert max(abs(a - b) / b for a, b in zip(fresh, single)) > 100 * RTOL
+
+
+def test_resume_continues_the_same_curve(tmp_path, store):
+    uri, db = store
+    folder = tmp_path / "ckpt"
+    args = [*PARITY_RUN, "parallelism=fsdp", "launcher.nproc_per_node=2", "checkpoint=periodic", f"checkpoint.folder={folder}", "checkpoint.interval=3", "checkpoint.keep_latest_k=0", uri]
+    whole = run_cli(args, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert sorted(p.name for p in folder.iterdir()) == ["step-3", "step-6"]
+    whole_curve = loss_curve(db, mlflow_runs(db)[-1].info.run_id)
+    import shutil
+
+    shutil.rmtree(folder / "step-6")
+    resumed = run_cli(args, tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    resumed_curve = loss_curve(db, mlflow_runs(db)[-1].info.run_id)
+    assert len(resumed_curve) == 3  # steps 4, 5, 6
+    torch.testing.assert_close(resumed_curve, whole_curve[3:], rtol=RTOL, atol=0)

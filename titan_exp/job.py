@@ -19,14 +19,21 @@ def prepare(cfg: JobConfig) -> tuple[JobConfig, Placement]:
             "launcher.nproc_per_node", placement.nproc_per_node,
             f"only {visible_gpus()} GPU(s) visible; lower it or use launcher.device=cpu",
         )
+    if cfg.parallelism.enable_async_tensor_parallel and not uses_gpus(cfg):
+        raise ConfigError("parallelism.enable_async_tensor_parallel", True, "needs CUDA (symmetric memory); set it to false on CPU")
     # Ranks may start in another directory: hand them absolute paths.
     data = dataclasses.replace(cfg.data, cache_dir=str(Path(cfg.data.cache_dir).resolve()))
+    checkpoint = dataclasses.replace(
+        cfg.checkpoint,
+        folder=str(Path(cfg.checkpoint.folder).resolve()),
+        initial_load_path=cfg.checkpoint.initial_load_path and str(Path(cfg.checkpoint.initial_load_path).resolve()),
+    )
     tracking = cfg.tracking
     if tracking.enable:
         from titan_exp.tracking.mlflow_run import absolute_uri
 
         tracking = dataclasses.replace(tracking, uri=absolute_uri(tracking.uri))
-    return dataclasses.replace(cfg, data=data, tracking=tracking), placement
+    return dataclasses.replace(cfg, data=data, checkpoint=checkpoint, tracking=tracking), placement
 
 
 def uses_gpus(cfg: JobConfig) -> bool:

@@ -73,6 +73,11 @@ def check_model_fit(cfg: JobConfig) -> None:
             "parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree,
             f"must divide model n_layers={m.n_layers} of {m.name}_{m.flavor} (one equal share of layers per stage)",
         )
+    if cfg.training.seq_len % tp:
+        raise ConfigError(
+            "parallelism.tensor_parallel_degree", tp,
+            f"must divide training.seq_len={cfg.training.seq_len} (sequence parallelism splits the sequence)",
+        )
     if cfg.training.seq_len % p.context_parallel_degree:
         raise ConfigError(
             "parallelism.context_parallel_degree", p.context_parallel_degree,
@@ -83,11 +88,14 @@ def check_model_fit(cfg: JobConfig) -> None:
 def check_supported_layout(cfg: JobConfig) -> None:
     """Layouts whose code has not landed yet are refused by name rather than silently ignored."""
     p = cfg.parallelism
-    for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
+    for key in ("pipeline_parallel_degree", "context_parallel_degree"):
         if getattr(p, key) != 1:
-            raise ConfigError(f"parallelism.{key}", getattr(p, key), "only data parallelism (DDP/FSDP/HSDP) is available so far; set it to 1")
+            raise ConfigError(f"parallelism.{key}", getattr(p, key), "only DDP/FSDP/HSDP and tensor parallelism are available so far; set it to 1")
     if p.enable_async_tensor_parallel:
-        raise ConfigError("parallelism.enable_async_tensor_parallel", True, "needs tensor parallelism, which is not available yet; set it to false")
+        if p.tensor_parallel_degree == 1:
+            raise ConfigError("parallelism.enable_async_tensor_parallel", True, "needs parallelism.tensor_parallel_degree > 1")
+        if not cfg.compile.enable:
+            raise ConfigError("parallelism.enable_async_tensor_parallel", True, "needs compile.enable=true (it is an inductor pass)")
     _choice("parallelism.fsdp_reshard_after_forward", p.fsdp_reshard_after_forward, ("default", "always", "never"))
 
 
@@ -159,6 +167,23 @@ def check_placement(cfg: JobConfig) -> None:
         raise ConfigError("launcher.nproc_per_node", cfg.launcher.nproc_per_node, "must be a positive count or -1 (auto)")
 
 
+def check_checkpoint(cfg: JobConfig, world_size: int) -> None:
+    c = cfg.checkpoint
+    if c.create_seed_checkpoint and world_size != 1:
+        raise ConfigError(
+            "checkpoint.create_seed_checkpoint", True,
+            f"writes the initial weights from one rank but the world size is {world_size}; add parallelism=single",
+        )
+    _positive("checkpoint.interval", c.interval)
+    if c.keep_latest_k < 0:
+        raise ConfigError("checkpoint.keep_latest_k", c.keep_latest_k, "must be >= 0 (0 keeps every checkpoint)")
+    if c.initial_load_path is not None and not (Path(c.initial_load_path) / ".metadata").is_file():
+        raise ConfigError(
+            "checkpoint.initial_load_path", c.initial_load_path,
+            "not a checkpoint folder (no .metadata); point it at a step-N folder, e.g. a seed checkpoint's step-0",
+        )
+
+
 def resolve(cfg: JobConfig, placement_world_size: int) -> JobConfig:
     """Check everything and return a copy with every inferred value filled in."""
     cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism), training=dataclasses.replace(cfg.training))
@@ -169,4 +194,5 @@ def resolve(cfg: JobConfig, placement_world_size: int) -> JobConfig:
     check_supported_layout(cfg)
     resolve_batch(cfg)
     check_data(cfg)
+    check_checkpoint(cfg, placement_world_size)
     return cfg

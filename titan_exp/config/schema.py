@@ -7,6 +7,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 
 from launchers.config import LauncherConfig
+from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.data.config import DataConfig
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import ParallelismConfig
@@ -47,6 +48,7 @@ class JobConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)

@@ -10,8 +10,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from launchers import env as rank_env
+from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model, step_dir
 from titan_exp.config.schema import JobConfig, RunContext
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.metrics.device import cpu_peak_flops, gpu_peak_flops
@@ -93,22 +96,40 @@ def _peak_flops(cfg: JobConfig, device: torch.device) -> float:
     return cpu_peak_flops(getattr(torch, cfg.training.mixed_precision_param), cfg.data.cache_dir)
 
 
-def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float, tracker) -> dict[str, float]:
-    dims = ParallelDims.from_config(cfg.parallelism)
-    mesh = dims.build_mesh(device.type)
-
+def _build_model(cfg: JobConfig, dims: ParallelDims, mesh, device: torch.device) -> tuple[Transformer, dict[str, object]]:
+    """Llama 3 on meta → parallelized → materialized on `device` → initialized (or loaded)."""
     with torch.device("meta"):
         model = Transformer(cfg.model)
     num_params = model.num_params()
-    num_embedding = model.tok_embeddings.weight.numel()
-    token_flops = flops_per_token(cfg.model, num_params, num_embedding, cfg.training.seq_len)
+    facts = {
+        "derived/num_params": num_params,
+        "derived/flops_per_token": flops_per_token(cfg.model, num_params, model.tok_embeddings.weight.numel(), cfg.training.seq_len),
+    }
     parallelize_llama(model, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile)
     model.to_empty(device=device)
     model.init_weights(cfg.debug.seed)
+    if cfg.checkpoint.initial_load_path:
+        load_model(model, cfg.checkpoint.initial_load_path)
     model.train()
+    return model, facts
+
+
+def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float, tracker) -> dict[str, float]:
+    dims = ParallelDims.from_config(cfg.parallelism)
+    mesh = dims.build_mesh(device.type)
+    model, facts = _build_model(cfg, dims, mesh, device)
+    if cfg.checkpoint.create_seed_checkpoint:
+        path = step_dir(cfg.checkpoint.folder, 0)
+        save_model(model, path)
+        log0(env.rank, f"seed checkpoint written to {path}; load it with checkpoint.initial_load_path={path}")
+        return {}
 
     optimizer = build_optimizer(model.parameters(), cfg.optimizer)
     scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
+    checkpointer = TrainCheckpointer(cfg.checkpoint, model, optimizer, scheduler)
+    resumed_step = checkpointer.resume()
+    if resumed_step:
+        log0(env.rank, f"resumed from {step_dir(cfg.checkpoint.folder, resumed_step)}")
     accumulation = cfg.training.global_batch_size // (cfg.training.local_batch_size * dims.dp)
     plan = BatchPlan(cfg.training.local_batch_size, cfg.training.seq_len, dims.dp, dims.dp_rank(mesh), accumulation)
     if env.local_rank == 0 and cfg.data.source == "text":
@@ -119,45 +140,24 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
         dist.barrier()
     loader = BatchLoader(build_source(cfg.data, cfg.training.seq_len, cfg.debug.seed), plan)
 
-    derived = {
-        "derived/num_params": num_params,
-        "derived/flops_per_token": token_flops,
+    facts.update({
         "derived/mesh": dims.describe(),
         "derived/world_size": env.world_size,
         "derived/peak_flops_per_device": peak_flops,
         "derived/global_batch_tokens": cfg.training.global_batch_size * cfg.training.seq_len,
         "derived/gradient_accumulation_steps": accumulation,
         "derived/device": device.type,
-    }
-    log0(env.rank, format_summary(derived))
+    })
+    log0(env.rank, format_summary(facts))
     if tracker:
-        tracker.log_params(derived)
+        tracker.log_params(facts)
 
-    # Without FSDP/DDP (single device), the param dtype becomes an autocast dtype.
-    param_dtype = getattr(torch, cfg.training.mixed_precision_param)
-    autocast = (
-        torch.autocast(device.type, dtype=param_dtype)
-        if dims.dp == 1 and param_dtype != torch.float32
-        else contextlib.nullcontext()
-    )
-    meter = ThroughputMeter(token_flops, peak_flops, dims.non_data_parallel_size, device) if env.rank == 0 else None
+    step_fn = _StepFunction(cfg, dims, model, loader, accumulation, device)
+    meter = ThroughputMeter(facts["derived/flops_per_token"], peak_flops, dims.non_data_parallel_size, device) if env.rank == 0 else None
     dp_group = dims.dp_group(mesh)
     last: dict[str, float] = {}
-    for step in range(1, cfg.training.steps + 1):
-        data_seconds = 0.0
-        step_loss = torch.zeros((), device=device)
-        for micro in range(accumulation):
-            start = time.perf_counter()
-            inputs, labels = (t.to(device, non_blocking=True) for t in loader.get(step - 1, micro))
-            data_seconds += time.perf_counter() - start
-            if dims.dp > 1:
-                # Reduce gradients only once per step, after the last microbatch.
-                model.set_requires_gradient_sync(micro == accumulation - 1)
-            with autocast:
-                logits = model(inputs)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / accumulation
-            loss.backward()
-            step_loss += loss.detach()
+    for step in range(resumed_step + 1, cfg.training.steps + 1):
+        step_loss, data_seconds = step_fn(step)
         grad_norm = clip_grad_norm_(list(model.parameters()), cfg.training.max_norm)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
@@ -174,7 +174,43 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
                 if tracker:
                     tracker.log_metrics(step, last)
                     tracker.begin()
+        checkpointer.maybe_save(step, cfg.training.steps, is_writer=env.rank == 0)
     return last
+
+
+class _StepFunction:
+    """Forward and backward over the microbatches of one step; returns (this rank's loss, data seconds)."""
+
+    def __init__(self, cfg: JobConfig, dims: ParallelDims, model: Transformer, loader: BatchLoader, accumulation: int, device: torch.device):
+        self.model, self.loader, self.accumulation, self.device = model, loader, accumulation, device
+        self.sync_gradients_last_only = dims.dp > 1
+        # Without FSDP/DDP (single device, TP only), the param dtype becomes an autocast dtype.
+        param_dtype = getattr(torch, cfg.training.mixed_precision_param)
+        self.autocast = (
+            (lambda: torch.autocast(device.type, dtype=param_dtype))
+            if dims.dp == 1 and param_dtype != torch.float32
+            else contextlib.nullcontext
+        )
+        # Under TP the logits stay sharded over the vocabulary; the loss and its backward run on the shards.
+        self.loss_context = loss_parallel if dims.tp > 1 else contextlib.nullcontext
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, float]:
+        data_seconds = 0.0
+        step_loss = torch.zeros((), device=self.device)
+        for micro in range(self.accumulation):
+            start = time.perf_counter()
+            inputs, labels = (t.to(self.device, non_blocking=True) for t in self.loader.get(step - 1, micro))
+            data_seconds += time.perf_counter() - start
+            if self.sync_gradients_last_only:
+                # Reduce gradients only once per step, after the last microbatch.
+                self.model.set_requires_gradient_sync(micro == self.accumulation - 1)
+            with self.autocast():
+                logits = self.model(inputs)
+            with self.loss_context():
+                loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / self.accumulation
+                loss.backward()
+            step_loss += loss.detach().full_tensor() if isinstance(loss, DTensor) else loss.detach()
+        return step_loss, data_seconds
 
 
 def _global_loss(loss: torch.Tensor, dp_group) -> tuple[float, float]:

@@ -1,11 +1,20 @@
-"""Apply activation checkpointing, compile and data parallelism (DDP / FSDP2 / HSDP) to a Llama 3
-model that still lives on the meta device. Order matters: checkpointing wraps the blocks, compile
-compiles the wrapped blocks, FSDP shards them last."""
+"""Apply tensor/sequence parallelism, activation checkpointing, compile and data parallelism
+(DDP / FSDP2 / HSDP) to a Llama 3 model that still lives on the meta device. Order matters (as in
+torchtitan): TP turns the weights into DTensors on the tp mesh, checkpointing wraps the blocks,
+compile compiles the wrapped blocks, FSDP shards them over the data-parallel mesh last."""
 
 import torch
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.parallel.config import ParallelismConfig
@@ -23,6 +32,10 @@ def parallelize_llama(
     ac: ActivationCheckpointConfig,
     compile_cfg: CompileConfig,
 ) -> Transformer:
+    if dims.tp > 1:
+        apply_tensor_parallel(model, mesh["tp"])
+        if parallelism.enable_async_tensor_parallel:
+            _enable_async_tensor_parallel(mesh["tp"])
     apply_activation_checkpointing(model.layers, ac)
     if compile_cfg.enable:
         # Per block: the blocks are identical, so one compiled graph is reused for all of them.
@@ -51,3 +64,46 @@ def _apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisi
         fully_shard(model.tok_embeddings, mesh=dp_mesh, mp_policy=mp_policy)
         fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)
+
+
+def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
+    """Megatron-style TP with sequence parallelism, torchtitan's plan.
+
+    Attention heads and the FFN hidden dimension are split column-wise in, row-wise out; between
+    blocks the activations stay sharded along the sequence (norms run on their shard); the output
+    projection keeps the vocabulary sharded, so the loss is computed without gathering the logits
+    (the trainer wraps it in loss_parallel).
+    """
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+        },
+    )
+    block_plan = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w3": ColwiseParallel(),
+    }
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, block_plan)
+
+
+def _enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> None:
+    """Overlap TP collectives with matmuls: an inductor pass over symmetric-memory groups (CUDA + compile;
+    config.check refuses it elsewhere)."""
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    torch._inductor.config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)

@@ -1,0 +1,18 @@
+"""The `checkpoint` config group (torchtitan's key names)."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class CheckpointConfig:
+    # Save every `interval` steps and at the last step; resume from the newest step in `folder`.
+    enable: bool = False
+    folder: str = "outputs/checkpoints"
+    interval: int = 100
+    # Keep only the newest k step folders (0 keeps all).
+    keep_latest_k: int = 0
+    # Write the initialized weights as step-0 in `folder` and stop (one rank: parallelism=single).
+    create_seed_checkpoint: bool = False
+    # Model weights to start from (a step folder, e.g. a seed checkpoint), resharded to this layout.
+    initial_load_path: Optional[str] = None

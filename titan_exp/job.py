@@ -19,6 +19,8 @@ def prepare(cfg: JobConfig) -> tuple[JobConfig, Placement]:
             "launcher.nproc_per_node", placement.nproc_per_node,
             f"only {visible_gpus()} GPU(s) visible; lower it or use launcher.device=cpu",
         )
+    if cfg.quantize.name == "mxfp8" and not uses_gpus(cfg):
+        raise ConfigError("quantize", "mxfp8", "needs a Blackwell (compute capability >= 10.0) GPU; use quantize=float8 on this machine")
     if cfg.parallelism.enable_async_tensor_parallel and not uses_gpus(cfg):
         raise ConfigError("parallelism.enable_async_tensor_parallel", True, "needs CUDA (symmetric memory); set it to false on CPU")
     # Ranks may start in another directory: hand them absolute paths.

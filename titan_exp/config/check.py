@@ -159,12 +159,25 @@ def check_data(cfg: JobConfig) -> None:
 def check_placement(cfg: JobConfig) -> None:
     _choice("launcher.name", cfg.launcher.name, ("local",))
     _choice("launcher.device", cfg.launcher.device, ("auto", "cpu", "cuda"))
-    _choice("quantize", cfg.quantize.name, ("none",))
+    _choice("quantize", cfg.quantize.name, ("none", "float8", "mxfp8"))
     _choice("profiling", cfg.profiling.name, ("none",))
     if cfg.launcher.nodes != 1:
         raise ConfigError("launcher.nodes", cfg.launcher.nodes, "launcher=local runs on this machine only; set launcher.nodes=1")
     if cfg.launcher.nproc_per_node == 0 or cfg.launcher.nproc_per_node < -1:
         raise ConfigError("launcher.nproc_per_node", cfg.launcher.nproc_per_node, "must be a positive count or -1 (auto)")
+
+
+def check_quantize(cfg: JobConfig) -> None:
+    q = cfg.quantize
+    if q.name == "float8":
+        _choice("quantize.recipe", q.recipe, ("tensorwise", "rowwise"))
+    if q.enable_fsdp_float8_all_gather and (q.name != "float8" or q.recipe != "tensorwise"):
+        raise ConfigError("quantize.enable_fsdp_float8_all_gather", True, "works with quantize=float8 and quantize.recipe=tensorwise only")
+    if q.low_precision and cfg.parallelism.tensor_parallel_degree > 1:
+        raise ConfigError(
+            "quantize", q.name,
+            "low-precision Linear layers under tensor parallelism are not available yet; use quantize=none or tensor_parallel_degree=1",
+        )
 
 
 def check_checkpoint(cfg: JobConfig, world_size: int) -> None:
@@ -195,4 +208,5 @@ def resolve(cfg: JobConfig, placement_world_size: int) -> JobConfig:
     resolve_batch(cfg)
     check_data(cfg)
     check_checkpoint(cfg, placement_world_size)
+    check_quantize(cfg)
     return cfg

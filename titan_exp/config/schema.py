@@ -11,6 +11,7 @@ from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.data.config import DataConfig
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import ParallelismConfig
+from titan_exp.quantize.config import QuantizeConfig
 from titan_exp.tracking.config import TrackingConfig
 from titan_exp.train.config import (
     ActivationCheckpointConfig,
@@ -21,12 +22,6 @@ from titan_exp.train.config import (
     OptimizerConfig,
     TrainingConfig,
 )
-
-
-@dataclass
-class QuantizeConfig:
-    # Only full/mixed precision training so far.
-    name: str = "none"
 
 
 @dataclass

@@ -10,7 +10,8 @@ from titan_exp.metrics.memory import MemoryMonitor
 class ThroughputMeter:
     """Accumulates tokens and time between two log steps for one rank."""
 
-    def __init__(self, flops_per_token: int, peak_flops: float, non_data_parallel_size: int, device: torch.device):
+    def __init__(self, flops_per_token: int, peak_flops: float | None, non_data_parallel_size: int, device: torch.device):
+        """peak_flops None: MFU is not defined (low-precision matmuls) and is not reported."""
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         self.non_data_parallel_size = non_data_parallel_size
@@ -39,13 +40,14 @@ class ThroughputMeter:
         metrics = {
             "throughput/tps_per_device": tps,
             "throughput/tflops": flops / 1e12,
-            "throughput/mfu_pct": 100 * flops / self.peak_flops,
             "time/step_s": seconds / self.interval_steps,
             "time/data_loading_s": self.data_seconds / self.interval_steps,
             "time/data_loading_pct": 100 * self.data_seconds / seconds,
             "tokens_seen": self.tokens_seen,
             **self.memory.peak(),
         }
+        if self.peak_flops:
+            metrics["throughput/mfu_pct"] = 100 * flops / self.peak_flops
         self._reset()
         return metrics
 
@@ -56,10 +58,11 @@ def format_line(step: int, metrics: dict[str, float]) -> str:
         if "memory/max_active_gib" in metrics
         else f"mem(cpu rss peak) {metrics['memory/cpu_rss_peak_gib']:.2f}GiB"
     )
+    mfu = f"mfu {metrics['throughput/mfu_pct']:.2f}%" if "throughput/mfu_pct" in metrics else "mfu n/a"
     return (
         f"step {step:5d}  loss {metrics['loss/global_avg']:7.4f}  grad_norm {metrics['grad_norm']:7.4f}  "
         f"lr {metrics['lr']:.2e}  tps/dev {metrics['throughput/tps_per_device']:,.0f}  "
-        f"tflops {metrics['throughput/tflops']:.3f}  mfu {metrics['throughput/mfu_pct']:.2f}%  {mem}  "
+        f"tflops {metrics['throughput/tflops']:.3f}  {mfu}  {mem}  "
         f"step {metrics['time/step_s']:.3f}s  data {metrics['time/data_loading_pct']:.1f}%"
     )
 

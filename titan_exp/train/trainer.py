@@ -23,6 +23,7 @@ from titan_exp.metrics.logger import ThroughputMeter, format_line, format_summar
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import parallelize_llama
 from titan_exp.parallel.dims import ParallelDims
+from titan_exp.quantize.float8 import after_optimizer_step, convert_linears
 from titan_exp.train.grad import clip_grad_norm_
 from titan_exp.train.optim import build_lr_scheduler, build_optimizer
 
@@ -105,6 +106,7 @@ def _build_model(cfg: JobConfig, dims: ParallelDims, mesh, device: torch.device)
         "derived/num_params": num_params,
         "derived/flops_per_token": flops_per_token(cfg.model, num_params, model.tok_embeddings.weight.numel(), cfg.training.seq_len),
     }
+    convert_linears(model, cfg.quantize, device)
     parallelize_llama(model, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile)
     model.to_empty(device=device)
     model.init_weights(cfg.debug.seed)
@@ -153,7 +155,9 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
         tracker.log_params(facts)
 
     step_fn = _StepFunction(cfg, dims, model, loader, accumulation, device)
-    meter = ThroughputMeter(facts["derived/flops_per_token"], peak_flops, dims.non_data_parallel_size, device) if env.rank == 0 else None
+    # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
+    mfu_peak = None if cfg.quantize.low_precision else peak_flops
+    meter = ThroughputMeter(facts["derived/flops_per_token"], mfu_peak, dims.non_data_parallel_size, device) if env.rank == 0 else None
     dp_group = dims.dp_group(mesh)
     last: dict[str, float] = {}
     for step in range(resumed_step + 1, cfg.training.steps + 1):
@@ -163,6 +167,7 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        after_optimizer_step(model, cfg.quantize)
         if meter:
             meter.add_step(cfg.training.local_batch_size * cfg.training.seq_len * accumulation, data_seconds)
 

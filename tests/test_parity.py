@@ -139,3 +139,27 @@ def test_float8_stays_close_to_full_precision(tmp_path, store):
     float8_runs = [r for r in mlflow_runs(db) if r.data.params["quantize.name"] == "float8"]
     assert len(float8_runs) == 3
     assert not any("throughput/mfu_pct" in r.data.metrics for r in float8_runs)  # not defined in low precision
+
+
+def test_every_pipeline_schedule_matches_single(tmp_path, store):
+    from titan_exp.parallel.stages import SCHEDULES
+
+    uri, db = store
+    single = curve_of(tmp_path, store, "single", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}"])
+    # One sweep over the schedules: 2 pp ranks, 4 microbatches of 1 sample (DualPipeV needs one per stage).
+    sweep = [*PARITY_RUN, "parallelism=pp", "launcher.nproc_per_node=2", f"training.local_batch_size={GLOBAL_BATCH}", f"parallelism.pipeline_parallel_schedule={','.join(SCHEDULES)}", uri]
+    result = run_cli(sweep, tmp_path / "sweep", flags=("-m",), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [r for r in mlflow_runs(db) if r.data.params["parallelism.name"] == "pp"]
+    assert sorted(r.data.params["parallelism.pipeline_parallel_schedule"] for r in runs) == sorted(SCHEDULES)
+    for run in runs:
+        curve = loss_curve(db, run.info.run_id)
+        torch.testing.assert_close(curve, single, rtol=RTOL, atol=0, msg=lambda m: f"{run.data.params['parallelism.pipeline_parallel_schedule']}: {m}")
+
+
+def test_pipeline_with_fsdp_and_tp_matches_single(tmp_path, store):
+    single = curve_of(tmp_path, store, "single", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}"])
+    fsdp_pp = curve_of(tmp_path, store, "fsdp_pp", ["parallelism=fsdp_pp", "launcher.nproc_per_node=4", f"training.local_batch_size={GLOBAL_BATCH // 2}"])
+    fsdp_tp_pp = curve_of(tmp_path, store, "fsdp_tp_pp", ["parallelism=fsdp_tp_pp", "launcher.nproc_per_node=8", f"training.local_batch_size={GLOBAL_BATCH // 2}"])
+    torch.testing.assert_close(fsdp_pp, single, rtol=RTOL, atol=0)
+    torch.testing.assert_close(fsdp_tp_pp, single, rtol=RTOL, atol=0)

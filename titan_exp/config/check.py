@@ -11,6 +11,7 @@ from pathlib import Path
 
 from titan_exp.config.schema import JobConfig
 from titan_exp.parallel.dims import MESH_DIMS
+from titan_exp.parallel.stages import SCHEDULES, StagePlan
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -68,11 +69,8 @@ def check_model_fit(cfg: JobConfig) -> None:
                 "parallelism.tensor_parallel_degree", tp,
                 f"must divide model {attr.replace('kv_heads', 'n_kv_heads')}={count} of {m.name}_{m.flavor}",
             )
-    if m.n_layers % p.pipeline_parallel_degree:
-        raise ConfigError(
-            "parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree,
-            f"must divide model n_layers={m.n_layers} of {m.name}_{m.flavor} (one equal share of layers per stage)",
-        )
+    if p.pipeline_parallel_degree > 1:
+        check_pipeline(cfg)
     if cfg.training.seq_len % tp:
         raise ConfigError(
             "parallelism.tensor_parallel_degree", tp,
@@ -85,12 +83,38 @@ def check_model_fit(cfg: JobConfig) -> None:
         )
 
 
+def check_pipeline(cfg: JobConfig) -> None:
+    p, m, t = cfg.parallelism, cfg.model, cfg.training
+    _choice("parallelism.pipeline_parallel_schedule", p.pipeline_parallel_schedule, SCHEDULES)
+    try:
+        plan = StagePlan.from_config(p, m.n_layers)
+    except ValueError as err:
+        key = "pipeline_parallel_layers_per_stage" if p.pipeline_parallel_layers_per_stage else "pipeline_parallel_degree"
+        raise ConfigError(f"parallelism.{key}", getattr(p, key), f"{err} (model {m.name}_{m.flavor})") from None
+    mb = p.pipeline_parallel_microbatch_size
+    if mb <= 0 or t.local_batch_size % mb:
+        raise ConfigError("parallelism.pipeline_parallel_microbatch_size", mb, f"must divide training.local_batch_size={t.local_batch_size}")
+    if t.local_batch_size // mb < p.pipeline_parallel_degree:
+        raise ConfigError(
+            "training.local_batch_size", t.local_batch_size,
+            f"gives {t.local_batch_size // mb} microbatches, fewer than the {p.pipeline_parallel_degree} pipeline ranks; raise it",
+        )
+    if p.pipeline_parallel_schedule == "DualPipeV" and t.local_batch_size // mb < plan.num_stages:
+        raise ConfigError(
+            "training.local_batch_size", t.local_batch_size,
+            f"gives {t.local_batch_size // mb} microbatches; DualPipeV needs at least one per stage ({plan.num_stages}); raise it",
+        )
+    if m.tie_word_embeddings:
+        raise ConfigError("parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, f"{m.name}_{m.flavor} ties its embeddings to the output, which sit on different stages")
+    if cfg.checkpoint.enable:
+        raise ConfigError("checkpoint.enable", True, "periodic checkpoints are not available with pipeline parallelism yet (seed checkpoints are); set it to false")
+
+
 def check_supported_layout(cfg: JobConfig) -> None:
     """Layouts whose code has not landed yet are refused by name rather than silently ignored."""
     p = cfg.parallelism
-    for key in ("pipeline_parallel_degree", "context_parallel_degree"):
-        if getattr(p, key) != 1:
-            raise ConfigError(f"parallelism.{key}", getattr(p, key), "only DDP/FSDP/HSDP and tensor parallelism are available so far; set it to 1")
+    if p.context_parallel_degree != 1:
+        raise ConfigError("parallelism.context_parallel_degree", p.context_parallel_degree, "context parallelism is not available yet; set it to 1")
     if p.enable_async_tensor_parallel:
         if p.tensor_parallel_degree == 1:
             raise ConfigError("parallelism.enable_async_tensor_parallel", True, "needs parallelism.tensor_parallel_degree > 1")
@@ -106,6 +130,11 @@ def resolve_batch(cfg: JobConfig) -> None:
     per_microstep = t.local_batch_size * dp
     if t.global_batch_size == -1:
         t.global_batch_size = per_microstep
+    elif cfg.parallelism.pipeline_parallel_degree > 1 and t.global_batch_size != per_microstep:
+        raise ConfigError(
+            "training.global_batch_size", t.global_batch_size,
+            "gradient accumulation and pipeline parallelism do not combine yet; raise local_batch_size (more microbatches) instead",
+        )
     elif t.global_batch_size <= 0 or t.global_batch_size % per_microstep:
         raise ConfigError(
             "training.global_batch_size", t.global_batch_size,

@@ -1,6 +1,7 @@
 """The `parallelism` config group. Key names are torchtitan's, so its flags paste as overrides."""
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
@@ -15,7 +16,13 @@ class ParallelismConfig:
     tensor_parallel_degree: int = 1
     enable_async_tensor_parallel: bool = False
     pipeline_parallel_degree: int = 1
+    # GPipe | 1F1B (one stage per rank) | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble |
+    # ZBVZeroBubble | DualPipeV (several "virtual" stages per rank)
     pipeline_parallel_schedule: str = "1F1B"
+    # Samples per pipeline microbatch: local_batch_size / this = microbatches per step.
+    pipeline_parallel_microbatch_size: int = 1
+    # Layers per stage; None: 1 stage per rank (2 for multi-stage schedules), layers split evenly.
+    pipeline_parallel_layers_per_stage: Optional[int] = None
     context_parallel_degree: int = 1
 
     def degrees(self) -> dict[str, int]:

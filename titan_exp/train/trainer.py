@@ -23,6 +23,8 @@ from titan_exp.metrics.logger import ThroughputMeter, format_line, format_summar
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import parallelize_llama
 from titan_exp.parallel.dims import ParallelDims
+from titan_exp.parallel.pipeline import Pipeline, split_model
+from titan_exp.parallel.stages import StagePlan
 from titan_exp.quantize.float8 import after_optimizer_step, convert_linears
 from titan_exp.train.grad import clip_grad_norm_
 from titan_exp.train.optim import build_lr_scheduler, build_optimizer
@@ -97,8 +99,9 @@ def _peak_flops(cfg: JobConfig, device: torch.device) -> float:
     return cpu_peak_flops(getattr(torch, cfg.training.mixed_precision_param), cfg.data.cache_dir)
 
 
-def _build_model(cfg: JobConfig, dims: ParallelDims, mesh, device: torch.device) -> tuple[Transformer, dict[str, object]]:
-    """Llama 3 on meta → parallelized → materialized on `device` → initialized (or loaded)."""
+def _build_model(cfg: JobConfig, dims: ParallelDims, mesh, device: torch.device) -> tuple[list[Transformer], dict[str, object], Pipeline | None]:
+    """Llama 3 on meta → (cut into this rank's pipeline stages) → parallelized → materialized on
+    `device` → initialized (or loaded). Returns the model parts this rank holds."""
     with torch.device("meta"):
         model = Transformer(cfg.model)
     num_params = model.num_params()
@@ -107,28 +110,42 @@ def _build_model(cfg: JobConfig, dims: ParallelDims, mesh, device: torch.device)
         "derived/flops_per_token": flops_per_token(cfg.model, num_params, model.tok_embeddings.weight.numel(), cfg.training.seq_len),
     }
     convert_linears(model, cfg.quantize, device)
-    parallelize_llama(model, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile)
-    model.to_empty(device=device)
-    model.init_weights(cfg.debug.seed)
-    if cfg.checkpoint.initial_load_path:
-        load_model(model, cfg.checkpoint.initial_load_path)
-    model.train()
-    return model, facts
+    parts, pipeline_args = [model], None
+    if dims.pp > 1:
+        plan = StagePlan.from_config(cfg.parallelism, cfg.model.n_layers)
+        stage_ids = plan.stage_ids(mesh["pp"].get_local_rank(), dims.pp, cfg.parallelism.pipeline_parallel_schedule)
+        parts = split_model(model, plan, stage_ids)
+        pipeline_args = (stage_ids, plan)
+    for part in parts:
+        parallelize_llama(part, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile)
+        part.to_empty(device=device)
+        part.init_weights(cfg.debug.seed)
+        if cfg.checkpoint.initial_load_path:
+            load_model(part, cfg.checkpoint.initial_load_path)
+        part.train()
+    pipeline = None
+    if pipeline_args:
+        n_microbatches = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
+        pipeline = Pipeline(parts, *pipeline_args, cfg.parallelism, mesh["pp"].get_group(), device, n_microbatches)
+    return parts, facts, pipeline
 
 
 def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float, tracker) -> dict[str, float]:
     dims = ParallelDims.from_config(cfg.parallelism)
     mesh = dims.build_mesh(device.type)
-    model, facts = _build_model(cfg, dims, mesh, device)
+    parts, facts, pipeline = _build_model(cfg, dims, mesh, device)
+    params = [p for part in parts for p in part.parameters()]
+    pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
     if cfg.checkpoint.create_seed_checkpoint:
         path = step_dir(cfg.checkpoint.folder, 0)
-        save_model(model, path)
+        save_model(parts[0], path)  # one rank, one part (config.check)
         log0(env.rank, f"seed checkpoint written to {path}; load it with checkpoint.initial_load_path={path}")
         return {}
 
-    optimizer = build_optimizer(model.parameters(), cfg.optimizer)
+    optimizer = build_optimizer(params, cfg.optimizer)
     scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
-    checkpointer = TrainCheckpointer(cfg.checkpoint, model, optimizer, scheduler)
+    # Periodic checkpoints hold one model part (config.check refuses them under pipelining).
+    checkpointer = TrainCheckpointer(cfg.checkpoint, parts[0], optimizer, scheduler)
     resumed_step = checkpointer.resume()
     if resumed_step:
         log0(env.rank, f"resumed from {step_dir(cfg.checkpoint.folder, resumed_step)}")
@@ -154,7 +171,7 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
     if tracker:
         tracker.log_params(facts)
 
-    step_fn = _StepFunction(cfg, dims, model, loader, accumulation, device)
+    step_fn = _StepFunction(cfg, dims, parts[0], pipeline, loader, accumulation, device)
     # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
     mfu_peak = None if cfg.quantize.low_precision else peak_flops
     meter = ThroughputMeter(facts["derived/flops_per_token"], mfu_peak, dims.non_data_parallel_size, device) if env.rank == 0 else None
@@ -162,17 +179,18 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
     last: dict[str, float] = {}
     for step in range(resumed_step + 1, cfg.training.steps + 1):
         step_loss, data_seconds = step_fn(step)
-        grad_norm = clip_grad_norm_(list(model.parameters()), cfg.training.max_norm)
+        grad_norm = clip_grad_norm_(params, cfg.training.max_norm, pp_group)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        after_optimizer_step(model, cfg.quantize)
+        for part in parts:
+            after_optimizer_step(part, cfg.quantize)
         if meter:
             meter.add_step(cfg.training.local_batch_size * cfg.training.seq_len * accumulation, data_seconds)
 
         if step == 1 or step % cfg.metrics.log_freq == 0 or step == cfg.training.steps:
-            loss_avg, loss_max = _global_loss(step_loss, dp_group)  # a collective: every rank takes part
+            loss_avg, loss_max = _global_loss(step_loss, pp_group, dp_group)  # collectives: every rank takes part
             if meter:
                 last = {"loss/global_avg": loss_avg, "loss/global_max": loss_max, "grad_norm": grad_norm.item(), "lr": lr, **meter.collect()}
                 print(format_line(step, last), flush=True)
@@ -184,10 +202,11 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
 
 
 class _StepFunction:
-    """Forward and backward over the microbatches of one step; returns (this rank's loss, data seconds)."""
+    """Forward and backward over the microbatches of one step; returns (this rank's loss, data seconds).
+    Under pipelining the schedule runs the microbatches and only the last stage's rank sees the loss."""
 
-    def __init__(self, cfg: JobConfig, dims: ParallelDims, model: Transformer, loader: BatchLoader, accumulation: int, device: torch.device):
-        self.model, self.loader, self.accumulation, self.device = model, loader, accumulation, device
+    def __init__(self, cfg: JobConfig, dims: ParallelDims, model: Transformer, pipeline: Pipeline | None, loader: BatchLoader, accumulation: int, device: torch.device):
+        self.model, self.pipeline, self.loader, self.accumulation, self.device = model, pipeline, loader, accumulation, device
         self.sync_gradients_last_only = dims.dp > 1
         # Without FSDP/DDP (single device, TP only), the param dtype becomes an autocast dtype.
         param_dtype = getattr(torch, cfg.training.mixed_precision_param)
@@ -206,6 +225,10 @@ class _StepFunction:
             start = time.perf_counter()
             inputs, labels = (t.to(self.device, non_blocking=True) for t in self.loader.get(step - 1, micro))
             data_seconds += time.perf_counter() - start
+            if self.pipeline:
+                with self.loss_context():
+                    step_loss += self.pipeline.step(inputs, labels)
+                continue
             if self.sync_gradients_last_only:
                 # Reduce gradients only once per step, after the last microbatch.
                 self.model.set_requires_gradient_sync(micro == self.accumulation - 1)
@@ -218,7 +241,11 @@ class _StepFunction:
         return step_loss, data_seconds
 
 
-def _global_loss(loss: torch.Tensor, dp_group) -> tuple[float, float]:
+def _global_loss(loss: torch.Tensor, pp_group, dp_group) -> tuple[float, float]:
+    """(average, max) of the step's loss over the data-parallel replicas, known to every rank."""
+    if pp_group is not None:
+        loss = loss.clone()
+        dist.all_reduce(loss, group=pp_group)  # only the last stage's rank holds a non-zero loss
     if dp_group is None:
         return loss.item(), loss.item()
     total, peak = loss.clone(), loss.clone()

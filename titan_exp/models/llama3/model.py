@@ -119,17 +119,16 @@ class Transformer(nn.Module):
         self.register_buffer("freqs_cis", precompute_freqs_cis(cfg, cfg.max_seq_len), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
+        # A pipeline stage lacks the parts other stages own: it then takes or returns hidden states.
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.freqs_cis)
-        return self.output(self.norm(h))
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
 
-    def num_params(self, exclude_embedding: bool = False) -> int:
+    def num_params(self) -> int:
         # parameters() yields a tied weight once, so tied models count it once too.
-        total = sum(p.numel() for p in self.parameters())
-        if exclude_embedding:
-            total -= self.tok_embeddings.weight.numel()
-        return total
+        return sum(p.numel() for p in self.parameters())
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:

@@ -59,10 +59,13 @@ def _apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisi
         # The last block's params are needed right away by backward: keeping them saves an all-gather.
         reshard_after = {"always": True, "never": False}.get(reshard, index < last)
         fully_shard(block, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after)
+    # A tied weight must stay in one unit (the root), or it would be sharded twice. A pipeline stage
+    # may hold neither the embeddings nor the output.
     if not model.cfg.tie_word_embeddings:
-        # A tied weight must stay in one unit (the root), or it would be sharded twice.
-        fully_shard(model.tok_embeddings, mesh=dp_mesh, mp_policy=mp_policy)
-        fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False)
+        if model.tok_embeddings is not None:
+            fully_shard(model.tok_embeddings, mesh=dp_mesh, mp_policy=mp_policy)
+        if model.output is not None:
+            fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)
 
 
@@ -74,15 +77,13 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
     projection keeps the vocabulary sharded, so the loss is computed without gathering the logits
     (the trainer wraps it in loss_parallel).
     """
-    parallelize_module(
-        model,
-        tp_mesh,
-        {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-        },
-    )
+    outer_plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+    # A pipeline stage holds only some of these.
+    parallelize_module(model, tp_mesh, {name: plan for name, plan in outer_plan.items() if getattr(model, name) is not None})
     block_plan = {
         "attention_norm": SequenceParallel(),
         "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),

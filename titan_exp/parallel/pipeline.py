@@ -1,0 +1,71 @@
+"""Pipeline parallelism with torch.distributed.pipelining: the model is cut by layers into stages,
+each rank of the pp mesh dimension holds one stage (or several "virtual" stages for the looped and
+V-shaped schedules), and a schedule runs the microbatches through them."""
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from titan_exp.parallel.config import ParallelismConfig
+from titan_exp.parallel.stages import SINGLE_STAGE_SCHEDULES, StagePlan
+
+def split_model(model: nn.Module, plan: StagePlan, stage_ids: list[int]) -> list[nn.Module]:
+    """One copy of the (meta) model per stage, keeping only that stage's layers; layer names are kept,
+    so initialization and checkpoints address parameters exactly as in the whole model."""
+    parts = []
+    for stage in stage_ids:
+        part = copy.deepcopy(model)
+        keep = {str(i) for i in plan.layers(stage, len(model.layers))}
+        for name in list(part.layers):
+            if name not in keep:
+                del part.layers[name]
+        if stage != 0:
+            part.tok_embeddings = None
+        if stage != plan.num_stages - 1:
+            part.norm = None
+            part.output = None
+        parts.append(part)
+    return parts
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+class Pipeline:
+    """The stages of this rank and the schedule that drives them."""
+
+    def __init__(self, parts: list[nn.Module], stage_ids: list[int], plan: StagePlan, cfg: ParallelismConfig, pp_group, device: torch.device, n_microbatches: int):
+        from torch.distributed.pipelining import PipelineStage
+        from torch.distributed.pipelining.schedules import get_schedule_class
+
+        stages = [PipelineStage(part, stage, plan.num_stages, device, group=pp_group) for part, stage in zip(parts, stage_ids)]
+        schedule_class = get_schedule_class(cfg.pipeline_parallel_schedule)
+        # The loss is a mean per microbatch; the schedule scales gradients by 1/n_microbatches, so the
+        # step's gradient is the mean over the whole local batch, as without pipelining.
+        if cfg.pipeline_parallel_schedule in SINGLE_STAGE_SCHEDULES:
+            self.schedule = schedule_class(stages[0], n_microbatches, loss_fn=cross_entropy)
+        else:
+            self.schedule = schedule_class(stages, n_microbatches, loss_fn=cross_entropy)
+        self.has_first = 0 in stage_ids
+        self.has_last = plan.num_stages - 1 in stage_ids
+
+    def step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one local batch; the mean loss on the last stage's rank, else 0."""
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": labels, "losses": losses} if self.has_last else {}
+        if self.has_first:
+            self.schedule.step(inputs, **kwargs)
+        else:
+            self.schedule.step(**kwargs)
+        if not self.has_last:
+            return torch.zeros((), device=inputs.device)
+        # Under tensor parallelism (loss parallel) each loss is a replicated DTensor.
+        return torch.stack([_local(loss.detach()) for loss in losses]).mean()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t

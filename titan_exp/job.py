@@ -19,6 +19,12 @@ def prepare(cfg: JobConfig) -> tuple[JobConfig, Placement]:
             "launcher.nproc_per_node", placement.nproc_per_node,
             f"only {visible_gpus()} GPU(s) visible; lower it or use launcher.device=cpu",
         )
+    if cfg.parallelism.context_parallel_degree > 1 and not uses_gpus(cfg):
+        raise ConfigError(
+            "parallelism.context_parallel_degree", cfg.parallelism.context_parallel_degree,
+            "context parallelism needs CUDA: torch has no context-parallel attention for CPU "
+            "(aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy); set it to 1",
+        )
     if cfg.quantize.name == "mxfp8" and not uses_gpus(cfg):
         raise ConfigError("quantize", "mxfp8", "needs a Blackwell (compute capability >= 10.0) GPU; use quantize=float8 on this machine")
     if cfg.parallelism.enable_async_tensor_parallel and not uses_gpus(cfg):

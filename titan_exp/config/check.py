@@ -76,10 +76,10 @@ def check_model_fit(cfg: JobConfig) -> None:
             "parallelism.tensor_parallel_degree", tp,
             f"must divide training.seq_len={cfg.training.seq_len} (sequence parallelism splits the sequence)",
         )
-    if cfg.training.seq_len % p.context_parallel_degree:
+    if cfg.training.seq_len % (2 * p.context_parallel_degree):
         raise ConfigError(
             "parallelism.context_parallel_degree", p.context_parallel_degree,
-            f"must divide training.seq_len={cfg.training.seq_len}",
+            f"2 × it must divide training.seq_len={cfg.training.seq_len} (each rank takes two load-balanced chunks)",
         )
 
 
@@ -113,8 +113,8 @@ def check_pipeline(cfg: JobConfig) -> None:
 def check_supported_layout(cfg: JobConfig) -> None:
     """Layouts whose code has not landed yet are refused by name rather than silently ignored."""
     p = cfg.parallelism
-    if p.context_parallel_degree != 1:
-        raise ConfigError("parallelism.context_parallel_degree", p.context_parallel_degree, "context parallelism is not available yet; set it to 1")
+    if p.context_parallel_degree > 1 and p.pipeline_parallel_degree > 1:
+        raise ConfigError("parallelism.context_parallel_degree", p.context_parallel_degree, "does not combine with pipeline parallelism yet; set one of them to 1")
     if p.enable_async_tensor_parallel:
         if p.tensor_parallel_degree == 1:
             raise ConfigError("parallelism.enable_async_tensor_parallel", True, "needs parallelism.tensor_parallel_degree > 1")

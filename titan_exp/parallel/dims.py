@@ -54,7 +54,7 @@ class ParallelDims:
 
     @property
     def fsdp_enabled(self) -> bool:
-        return self.dp_shard > 1
+        return self.dp_shard > 1 or self.cp > 1
 
     @property
     def ddp_enabled(self) -> bool:
@@ -82,33 +82,48 @@ class ParallelDims:
         return "·".join(parts) or "single"
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
-        """The world mesh (None on a single device). Needs an initialized process group."""
-        from torch.distributed.device_mesh import init_device_mesh
-
+        """The world mesh (None on a single device), with the flattened groups below registered on it.
+        Needs an initialized process group."""
         from torch.distributed.device_mesh import init_device_mesh
 
         shape = self.mesh_shape()
         if not shape:
             return None
         mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
-        if self.dp_replicate > 1 and self.dp_shard > 1:
-            mesh[("dp_replicate", "dp_shard")]._flatten("dp")
+        for dims in _FLATTENED.values():
+            present = self._present(dims)
+            if len(present) > 1:
+                mesh[present]._flatten(_FLATTENED_NAME[dims])
         return mesh
 
-    def dp_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:
-        """The data-parallel submesh: 1D for DDP or FSDP, 2D (replicate, shard) for HSDP."""
-        names = tuple(n for n in ("dp_replicate", "dp_shard") if getattr(self, n) > 1)
-        if mesh is None or not names:
+    def _present(self, dims: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(d for d in dims if getattr(self, d) > 1)
+
+    def _submesh(self, mesh: DeviceMesh | None, dims: tuple[str, ...]) -> DeviceMesh | None:
+        """The (flattened) submesh over those of `dims` that exist; None if none does."""
+        present = self._present(dims)
+        if mesh is None or not present:
             return None
-        return mesh[names] if len(names) > 1 else mesh[names[0]]
+        return mesh[present[0]] if len(present) == 1 else mesh[_FLATTENED_NAME[dims]]
+
+    def dp_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:
+        """The mesh FSDP/DDP spread over: 1D, or 2D (replicate, shard) for HSDP. Context-parallel ranks
+        hold the same weights, so FSDP shards over data-shard × cp."""
+        shard = self._submesh(mesh, _FLATTENED["shard"])
+        replicate = self._submesh(mesh, ("dp_replicate",))
+        if shard is not None and replicate is not None:
+            return mesh[("dp_replicate", shard.mesh_dim_names[0])]
+        return shard if shard is not None else replicate
 
     def dp_group(self, mesh: DeviceMesh | None) -> torch.distributed.ProcessGroup | None:
-        """One process group over all data-parallel ranks, for averaging the loss."""
-        if mesh is None or self.dp == 1:
-            return None
-        if self.dp_replicate > 1 and self.dp_shard > 1:
-            return mesh["dp"].get_group()
-        return self.dp_mesh(mesh).get_group()
+        """The ranks that read different batches (context-parallel ranks share one)."""
+        submesh = self._submesh(mesh, _FLATTENED["data"])
+        return None if submesh is None else submesh.get_group()
+
+    def loss_group(self, mesh: DeviceMesh | None) -> torch.distributed.ProcessGroup | None:
+        """The ranks whose losses are averaged: every batch, and every sequence slice of it."""
+        submesh = self._submesh(mesh, _FLATTENED["loss"])
+        return None if submesh is None else submesh.get_group()
 
     def dp_rank(self, mesh: DeviceMesh | None) -> int:
         """This rank's index among the data-parallel ranks: which slice of the global batch it reads."""
@@ -116,3 +131,12 @@ class ParallelDims:
 
         group = self.dp_group(mesh)
         return 0 if group is None else dist.get_rank(group)
+
+
+# Groups spanning several mesh dims, flattened once when the mesh is built.
+_FLATTENED = {
+    "data": ("dp_replicate", "dp_shard"),
+    "shard": ("dp_shard", "cp"),
+    "loss": ("dp_replicate", "dp_shard", "cp"),
+}
+_FLATTENED_NAME = {dims: "_".join(dims) for dims in _FLATTENED.values()}

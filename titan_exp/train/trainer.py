@@ -22,6 +22,7 @@ from titan_exp.metrics.flops import flops_per_token
 from titan_exp.metrics.logger import ThroughputMeter, format_line, format_summary
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import parallelize_llama
+from titan_exp.parallel.context import ContextParallel
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import Pipeline, split_model
 from titan_exp.parallel.stages import StagePlan
@@ -171,11 +172,12 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
     if tracker:
         tracker.log_params(facts)
 
-    step_fn = _StepFunction(cfg, dims, parts[0], pipeline, loader, accumulation, device)
+    cp_mesh = mesh["cp"] if dims.cp > 1 else None
+    step_fn = _StepFunction(cfg, dims, parts[0], pipeline, cp_mesh, loader, accumulation, device)
     # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
     mfu_peak = None if cfg.quantize.low_precision else peak_flops
     meter = ThroughputMeter(facts["derived/flops_per_token"], mfu_peak, dims.non_data_parallel_size, device) if env.rank == 0 else None
-    dp_group = dims.dp_group(mesh)
+    loss_group = dims.loss_group(mesh)
     last: dict[str, float] = {}
     for step in range(resumed_step + 1, cfg.training.steps + 1):
         step_loss, data_seconds = step_fn(step)
@@ -190,7 +192,7 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
             meter.add_step(cfg.training.local_batch_size * cfg.training.seq_len * accumulation, data_seconds)
 
         if step == 1 or step % cfg.metrics.log_freq == 0 or step == cfg.training.steps:
-            loss_avg, loss_max = _global_loss(step_loss, pp_group, dp_group)  # collectives: every rank takes part
+            loss_avg, loss_max = _global_loss(step_loss, pp_group, loss_group)  # collectives: every rank takes part
             if meter:
                 last = {"loss/global_avg": loss_avg, "loss/global_max": loss_max, "grad_norm": grad_norm.item(), "lr": lr, **meter.collect()}
                 print(format_line(step, last), flush=True)
@@ -205,9 +207,10 @@ class _StepFunction:
     """Forward and backward over the microbatches of one step; returns (this rank's loss, data seconds).
     Under pipelining the schedule runs the microbatches and only the last stage's rank sees the loss."""
 
-    def __init__(self, cfg: JobConfig, dims: ParallelDims, model: Transformer, pipeline: Pipeline | None, loader: BatchLoader, accumulation: int, device: torch.device):
+    def __init__(self, cfg: JobConfig, dims: ParallelDims, model: Transformer, pipeline: Pipeline | None, cp_mesh, loader: BatchLoader, accumulation: int, device: torch.device):
         self.model, self.pipeline, self.loader, self.accumulation, self.device = model, pipeline, loader, accumulation, device
-        self.sync_gradients_last_only = dims.dp > 1
+        self.sync_gradients_last_only = dims.fsdp_enabled or dims.ddp_enabled
+        self.sequence_context = ContextParallel(model, cp_mesh, cfg.training.seq_len) if cp_mesh is not None else None
         # Without FSDP/DDP (single device, TP only), the param dtype becomes an autocast dtype.
         param_dtype = getattr(torch, cfg.training.mixed_precision_param)
         self.autocast = (
@@ -232,23 +235,26 @@ class _StepFunction:
             if self.sync_gradients_last_only:
                 # Reduce gradients only once per step, after the last microbatch.
                 self.model.set_requires_gradient_sync(micro == self.accumulation - 1)
-            with self.autocast():
-                logits = self.model(inputs)
-            with self.loss_context():
-                loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / self.accumulation
-                loss.backward()
+            sequence = self.sequence_context(inputs, labels) if self.sequence_context else contextlib.nullcontext()
+            with sequence:
+                with self.autocast():
+                    logits = self.model(inputs)
+                with self.loss_context():
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / self.accumulation
+                    loss.backward()
             step_loss += loss.detach().full_tensor() if isinstance(loss, DTensor) else loss.detach()
         return step_loss, data_seconds
 
 
-def _global_loss(loss: torch.Tensor, pp_group, dp_group) -> tuple[float, float]:
-    """(average, max) of the step's loss over the data-parallel replicas, known to every rank."""
+def _global_loss(loss: torch.Tensor, pp_group, loss_group) -> tuple[float, float]:
+    """(average, max) of the step's loss over the data-parallel (and context-parallel) ranks, known
+    to every rank."""
     if pp_group is not None:
         loss = loss.clone()
         dist.all_reduce(loss, group=pp_group)  # only the last stage's rank holds a non-zero loss
-    if dp_group is None:
+    if loss_group is None:
         return loss.item(), loss.item()
     total, peak = loss.clone(), loss.clone()
-    dist.all_reduce(total, group=dp_group)  # gloo has no AVG
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=dp_group)
-    return total.item() / dist.get_world_size(dp_group), peak.item()
+    dist.all_reduce(total, group=loss_group)  # gloo has no AVG
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=loss_group)
+    return total.item() / dist.get_world_size(loss_group), peak.item()

@@ -2,6 +2,7 @@
 and record the outcome of a job whose ranks died. Ranks receive only the resolved config."""
 
 import dataclasses
+import os
 from pathlib import Path
 
 from launchers.local import cpu_threads_per_rank, launch_local
@@ -10,8 +11,17 @@ from titan_exp.config.check import ConfigError, resolve
 from titan_exp.config.schema import JobConfig, RunContext
 
 
+def comm_mode(cfg: JobConfig) -> str:
+    return os.environ.get("COMM_MODE") or cfg.debug.comm_mode
+
+
 def prepare(cfg: JobConfig) -> tuple[JobConfig, Placement]:
     """Check the config and fill in everything inferred; raises ConfigError before anything starts."""
+    mode = comm_mode(cfg)
+    if mode not in ("real", "fake_backend"):
+        raise ConfigError("debug.comm_mode (or COMM_MODE)", mode, "choose real or fake_backend")
+    if mode == "fake_backend":
+        return _prepare_dry_run(cfg)
     placement = plan(cfg.launcher, cfg.parallelism)
     cfg = resolve(cfg, placement.world_size)
     if not placement.external and uses_gpus(cfg) and placement.nproc_per_node > visible_gpus():
@@ -44,6 +54,16 @@ def prepare(cfg: JobConfig) -> tuple[JobConfig, Placement]:
     return dataclasses.replace(cfg, data=data, checkpoint=checkpoint, tracking=tracking), placement
 
 
+def _prepare_dry_run(cfg: JobConfig) -> tuple[JobConfig, Placement]:
+    """A dry run places nothing: the world is launcher.nproc_per_node × launcher.nodes, as given."""
+    if cfg.launcher.nproc_per_node == -1:
+        raise ConfigError("launcher.nproc_per_node", -1, "a dry run needs the world spelled out: set launcher.nproc_per_node (and launcher.nodes)")
+    world_size = cfg.launcher.nproc_per_node * cfg.launcher.nodes
+    single_node = dataclasses.replace(cfg.launcher, nodes=1, device="cpu")
+    cfg = resolve(dataclasses.replace(cfg, launcher=single_node), world_size)
+    return cfg, Placement(world_size, cfg.launcher.nproc_per_node, None, 0)
+
+
 def uses_gpus(cfg: JobConfig) -> bool:
     if cfg.launcher.device == "cuda" and visible_gpus() == 0:
         raise ConfigError("launcher.device", "cuda", "no GPU is visible on this machine; use launcher.device=cpu or auto")
@@ -63,6 +83,13 @@ def run_job(cfg: JobConfig, placement: Placement, job_dir: Path) -> dict[str, fl
     The MLflow run's status says how the job ended: FINISHED, FAILED (with a failure_reason tag)
     or KILLED (interrupted).
     """
+    if comm_mode(cfg) == "fake_backend":
+        from titan_exp.dryrun import fake_backend_dry_run
+        from titan_exp.metrics.logger import format_summary
+
+        report = fake_backend_dry_run(cfg, placement.world_size)
+        print(f"dry run (fake_backend), rank 0 of {placement.world_size}: {format_summary(report)}", flush=True)
+        return report
     ctx = RunContext(job_dir=str(job_dir), launcher=placement.external or cfg.launcher.name)
     if placement.external:
         return _train_entry((cfg, ctx))  # this process is one rank already

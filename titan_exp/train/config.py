@@ -65,3 +65,6 @@ class MetricsConfig:
 class DebugConfig:
     seed: int = 0
     deterministic: bool = False
+    # real | fake_backend (one process stands in for rank 0 of the whole world: see dryrun.py).
+    # The COMM_MODE environment variable, when set, takes precedence.
+    comm_mode: str = "real"

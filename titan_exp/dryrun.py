@@ -1,0 +1,120 @@
+"""COMM_MODE=fake_backend: one process plays rank 0 of the full world, on the fake process group.
+
+The model is built on meta, parallelized for the real mesh, then materialized under FakeTensorMode
+(shapes and dtypes only, no storage) and put through one forward, backward and optimizer step while
+torch's memory tracker counts what rank 0 would hold. Collectives are no-ops, so this validates the
+mesh, the parallelization plans and the step's shapes for configs far beyond this machine, and
+estimates rank 0's memory (tracked peak of forward + backward, plus AdamW's two fp32 moments per
+local parameter); it measures no speed. Under pipelining rank 0 runs its own stages once
+with one microbatch (a schedule keeps up to pp microbatches of activations in flight: multiply).
+"""
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+from titan_exp.config.schema import JobConfig
+from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.llama3.parallelize import parallelize_llama
+from titan_exp.parallel.dims import ParallelDims
+from titan_exp.parallel.pipeline import split_model
+from titan_exp.parallel.stages import StagePlan
+from titan_exp.quantize.float8 import convert_linears
+
+GIB = 1024**3
+
+
+def _local_numel(p: torch.Tensor) -> int:
+    return p.to_local().numel() if isinstance(p, DTensor) else p.numel()
+
+
+def fake_backend_dry_run(cfg: JobConfig, world_size: int) -> dict[str, float]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    start = time.perf_counter()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        dims = ParallelDims.from_config(cfg.parallelism)
+        mesh = dims.build_mesh("cpu")  # outside the fake mode: DeviceMesh needs real tensors
+        with torch.device("meta"):
+            model = Transformer(cfg.model)
+        total_params = model.num_params()
+        convert_linears(model, cfg.quantize, torch.device("cpu"))
+        parts, stage_ids, plan = [model], [0], StagePlan(1, 1)
+        if dims.pp > 1:
+            plan = StagePlan.from_config(cfg.parallelism, cfg.model.n_layers)
+            stage_ids = plan.stage_ids(0, dims.pp, cfg.parallelism.pipeline_parallel_schedule)
+            parts = split_model(model, plan, stage_ids)
+        for part in parts:
+            parallelize_llama(part, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile)
+        params = [p for part in parts for p in part.parameters()]
+        local_params = sum(_local_numel(p) for p in params)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            for part in parts:
+                part.to_empty(device="cpu")
+            # foreach=True over-reports optimizer state under fake tensors; for-loop AdamW is exact.
+            optimizer = torch.optim.AdamW(params, lr=cfg.optimizer.lr, foreach=False)
+            peak = _tracked_forward_backward(cfg, dims, parts, stage_ids, plan, optimizer)
+            optimizer.step()  # validates the update's shapes; its state is counted below
+            optimizer.zero_grad()
+    finally:
+        dist.destroy_process_group()
+    # AdamW keeps two fp32 moments per parameter. Counted from the shards rather than tracked: the
+    # tracker over-reports optimizer state under fake tensors.
+    optimizer_bytes = 2 * 4 * local_params
+    report = {
+        "world_size": world_size,
+        "layout": dims.label(),
+        "mesh": dims.describe(),
+        "stages_on_rank0": stage_ids if dims.pp > 1 else "all",
+        "total_params": total_params,
+        "rank0_params": local_params,
+        **{f"rank0_step_peak_{k.lower()}_gib": v / GIB for k, v in peak.items() if v},
+        "rank0_optimizer_state_gib": optimizer_bytes / GIB,
+        "rank0_estimated_peak_gib": (peak["Total"] + optimizer_bytes) / GIB,
+        "seconds": time.perf_counter() - start,
+    }
+    return report
+
+
+def _tracked_forward_backward(cfg: JobConfig, dims: ParallelDims, parts, stage_ids, plan: StagePlan, optimizer) -> dict[str, int]:
+    """Peak bytes by category (params, grads, activations, …) over one forward and backward."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    t = cfg.training
+    batch = t.local_batch_size if dims.pp == 1 else cfg.parallelism.pipeline_parallel_microbatch_size
+    if len(parts) == 1 and isinstance(parts[0], FSDPModule):
+        tracker = FSDPMemTracker(parts[0], optimizer)
+    else:
+        tracker = MemTracker()
+        tracker.track_external(*parts, optimizer)
+    tokens = torch.randint(cfg.model.vocab_size, (batch, t.seq_len))
+    with tracker:
+        for index, part in enumerate(parts):
+            is_first, is_last = stage_ids[index] == 0, stage_ids[index] == plan.num_stages - 1
+            if is_first:
+                x = tokens
+            else:
+                # Hidden states arrive sequence-sharded under tensor (sequence) parallelism.
+                x = torch.randn(batch, t.seq_len // dims.tp, cfg.model.dim, requires_grad=True)
+            out = part(x)
+            if is_last:
+                with loss_parallel() if dims.tp > 1 else contextlib.nullcontext():
+                    F.cross_entropy(out.float().flatten(0, 1), tokens.flatten()).backward()
+            else:
+                out.backward(torch.ones_like(out))
+    snapshot = tracker.get_tracker_snapshot("peak")
+    device_peak: dict[str, int] = {}
+    for per_device in snapshot.values():
+        for category, value in per_device.items():
+            name = getattr(category, "value", str(category)).replace(" ", "_")
+            device_peak[name] = device_peak.get(name, 0) + value
+    return device_peak

@@ -1,0 +1,56 @@
+"""COMM_MODE=fake_backend: configs far beyond this machine, validated and sized in one process."""
+
+import re
+
+import pytest
+import torch
+
+from conftest import run_cli
+
+
+def report_of(stdout: str) -> dict[str, str]:
+    line = next(l for l in stdout.splitlines() if l.startswith("dry run (fake_backend)"))
+    return dict(re.findall(r"(\w+)=(\S+)", line.split(":", 1)[1]))
+
+
+def test_llama3_405b_on_512_ranks_fsdp8_tp8_pp8(tmp_path):
+    args = [
+        "model=llama3_405b", "parallelism=fsdp_tp_pp", "parallelism.tensor_parallel_degree=8",
+        "parallelism.pipeline_parallel_degree=8", "launcher.nproc_per_node=8", "launcher.nodes=64",
+        "training.seq_len=8192", "training.local_batch_size=8", "training.mixed_precision_param=bfloat16",
+        "activation_checkpoint.mode=full", "tracking=none",
+    ]
+    result = run_cli(args, tmp_path, env={"COMM_MODE": "fake_backend"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = report_of(result.stdout)
+    assert report["world_size"] == "512" and report["mesh"] == "pp8·dp_shard8·tp8"
+    assert report["total_params"] == "405,853,388,800"
+    # Rank 0 holds stage 0 (embeddings + layers 0..14 of 126), every weight split 64 ways
+    # (FSDP 8 × TP 8) except the norms, which TP replicates.
+    from titan_exp.models.llama3.args import Llama3Config
+    from titan_exp.models.llama3.model import Transformer
+
+    cfg = Llama3Config(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, vocab_size=128256, multiple_of=4096, ffn_dim_multiplier=1.2, max_seq_len=16)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    stage0 = [("tok_embeddings.weight", model.tok_embeddings.weight)] + [
+        (name, p) for name, p in model.named_parameters() if name.startswith("layers.") and int(name.split(".")[1]) < 15
+    ]
+    expected = sum(p.numel() // (8 if "norm" in name else 64) for name, p in stage0)
+    assert int(report["rank0_params"].replace(",", "")) == expected
+    assert float(report["rank0_optimizer_state_gib"]) == pytest.approx(expected * 8 / 1024**3, rel=1e-3)
+    assert 0 < float(report["rank0_step_peak_activation_gib"]) and float(report["rank0_estimated_peak_gib"]) > float(report["rank0_optimizer_state_gib"])
+
+
+def test_config_key_selects_the_dry_run_and_fsdp_halves_the_params(tmp_path):
+    result = run_cli(["debug.comm_mode=fake_backend", "parallelism=fsdp", "launcher.nproc_per_node=2", "tracking=none"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = report_of(result.stdout)
+    assert int(report["rank0_params"].replace(",", "")) * 2 == int(report["total_params"].replace(",", ""))
+    assert "loss" not in result.stdout  # nothing trained
+
+
+def test_dry_run_needs_the_world_spelled_out(tmp_path):
+    result = run_cli(["parallelism=fsdp", "tracking=none"], tmp_path, env={"COMM_MODE": "fake_backend"})
+    assert result.returncode == 2
+    assert "launcher.nproc_per_node=-1: a dry run needs the world spelled out" in result.stderr

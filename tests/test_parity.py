@@ -163,3 +163,14 @@ def test_pipeline_with_fsdp_and_tp_matches_single(tmp_path, store):
     fsdp_tp_pp = curve_of(tmp_path, store, "fsdp_tp_pp", ["parallelism=fsdp_tp_pp", "launcher.nproc_per_node=8", f"training.local_batch_size={GLOBAL_BATCH // 2}"])
     torch.testing.assert_close(fsdp_pp, single, rtol=RTOL, atol=0)
     torch.testing.assert_close(fsdp_tp_pp, single, rtol=RTOL, atol=0)
+
+
+def test_loss_parity_preset_writes_table_and_plot(tmp_path, store):
+    uri, _ = store
+    layouts = "parity.layouts=['parallelism=single','parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2']"
+    result = run_cli(["experiment=loss_parity", layouts, "training.steps=4", uri], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    table = (tmp_path / "run" / "loss_parity.md").read_text()
+    assert table.count("| yes |") == 2 and "| NO |" not in table
+    png = (tmp_path / "run" / "loss_parity.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000

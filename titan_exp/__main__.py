@@ -26,7 +26,14 @@ def _task(composed: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        cfg, placement = prepare(OmegaConf.to_object(composed))
+        cfg = OmegaConf.to_object(composed)
+        if cfg.parity.layouts:
+            from titan_exp.parity import run_parity
+
+            if not run_parity(cfg, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir)):
+                raise RuntimeError(f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}")
+            return
+        cfg, placement = prepare(cfg)
         run_job(cfg, placement, Path(hydra_cfg.runtime.output_dir))
     except ConfigError as err:
         print(f"titan_exp: config error: {err}", file=sys.stderr, flush=True)

@@ -11,6 +11,7 @@ from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.data.config import DataConfig
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import ParallelismConfig
+from titan_exp.parity_config import ParityConfig
 from titan_exp.quantize.config import QuantizeConfig
 from titan_exp.tracking.config import TrackingConfig
 from titan_exp.train.config import (
@@ -47,6 +48,7 @@ class JobConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    parity: ParityConfig = field(default_factory=ParityConfig)
 
 
 def register_schema() -> None:

@@ -54,3 +54,24 @@ def test_dry_run_needs_the_world_spelled_out(tmp_path):
     result = run_cli(["parallelism=fsdp", "tracking=none"], tmp_path, env={"COMM_MODE": "fake_backend"})
     assert result.returncode == 2
     assert "launcher.nproc_per_node=-1: a dry run needs the world spelled out" in result.stderr
+
+
+def test_local_tensor_mode_reproduces_real_tensor_parallel_ranks(tmp_path, store):
+    from conftest import loss_curve, mlflow_runs
+
+    uri, db = store
+    common = ["experiment=smoke", "parallelism=tp", "launcher.nproc_per_node=2", "debug=deterministic"]
+    local = run_cli(common, tmp_path / "local", env={"COMM_MODE": "local_tensor"})
+    assert local.returncode == 0, local.stderr[-3000:]
+    per_step = [[float(v) for v in line.split("loss per rank")[1].split()] for line in local.stdout.splitlines() if "loss per rank" in line]
+    assert len(per_step) == 6 and all(len(ranks) == 2 and ranks[0] == ranks[1] for ranks in per_step)
+    real = run_cli([*common, "tracking=mlflow", uri], tmp_path / "real")
+    assert real.returncode == 0, real.stderr[-3000:]
+    real_curve = loss_curve(db, mlflow_runs(db)[0].info.run_id)
+    torch.testing.assert_close([ranks[0] for ranks in per_step], real_curve, rtol=1e-4, atol=0)
+
+
+def test_local_tensor_mode_refuses_fsdp_by_name(tmp_path):
+    result = run_cli(["experiment=smoke", "parallelism=fsdp", "launcher.nproc_per_node=2"], tmp_path, env={"COMM_MODE": "local_tensor"})
+    assert result.returncode == 2
+    assert "LocalTensorMode fails inside FSDP2" in result.stderr and "Traceback" not in result.stderr

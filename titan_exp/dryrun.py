@@ -118,3 +118,58 @@ def _tracked_forward_backward(cfg: JobConfig, dims: ParallelDims, parts, stage_i
             name = getattr(category, "value", str(category)).replace(" ", "_")
             device_peak[name] = device_peak.get(name, 0) + value
     return device_peak
+
+
+def local_tensor_run(cfg: JobConfig, world_size: int) -> list[list[float]]:
+    """COMM_MODE=local_tensor: every rank's numbers in this one process (torch's LocalTensorMode),
+    for the layouts it supports: tensor parallelism. Trains training.steps steps and returns, per
+    step, each rank's loss (they must agree: the loss is replicated)."""
+    import dataclasses
+
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.parallel import loss_parallel
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
+    from titan_exp.train.grad import clip_grad_norm_
+    from titan_exp.train.optim import build_lr_scheduler, build_optimizer
+
+    dims = ParallelDims.from_config(cfg.parallelism)
+    t = cfg.training
+    # Weights drawn in full outside the mode (seeded init is data-dependent, which LocalTensorMode
+    # cannot trace), then sliced per rank inside it, exactly as init_weights does on real ranks.
+    full = Transformer(cfg.model)
+    full.init_weights(cfg.debug.seed)
+    loader = BatchLoader(build_source(cfg.data, t.seq_len, cfg.debug.seed), BatchPlan(t.local_batch_size, t.seq_len, 1, 0, 1))
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    losses = []
+    try:
+        with LocalTensorMode(world_size):
+            mesh = dims.build_mesh("cpu")
+            with torch.device("meta"):
+                model = Transformer(cfg.model)
+            parallelize_llama(model, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile)
+            model.to_empty(device="cpu")
+            model.freqs_cis = full.freqs_cis.clone()
+            with torch.no_grad():
+                for (name, param), reference in zip(model.named_parameters(), full.parameters()):
+                    param.copy_(distribute_tensor(reference.detach(), param.device_mesh, param.placements, src_data_rank=None))
+            optimizer = build_optimizer(model.parameters(), dataclasses.replace(cfg.optimizer, implementation="for-loop"))
+            scheduler = build_lr_scheduler(optimizer, t.steps, cfg.lr_scheduler)
+            for step in range(1, t.steps + 1):
+                inputs, labels = loader.get(step - 1, 0)
+                with loss_parallel() if dims.tp > 1 else contextlib.nullcontext():
+                    loss = F.cross_entropy(model(inputs).float().flatten(0, 1), labels.flatten())
+                    loss.backward()
+                clip_grad_norm_(list(model.parameters()), t.max_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                per_rank = loss.detach().to_local() if isinstance(loss, DTensor) else loss.detach()
+                values = [float(per_rank._local_tensors[r]) for r in range(world_size)] if hasattr(per_rank, "_local_tensors") else [float(per_rank)] * world_size
+                print(f"step {step:5d}  loss per rank " + "  ".join(f"{v:.6f}" for v in values), flush=True)
+                losses.append(values)
+    finally:
+        dist.destroy_process_group()
+    return losses

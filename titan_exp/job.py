@@ -18,10 +18,10 @@ def comm_mode(cfg: JobConfig) -> str:
 def prepare(cfg: JobConfig) -> tuple[JobConfig, Placement]:
     """Check the config and fill in everything inferred; raises ConfigError before anything starts."""
     mode = comm_mode(cfg)
-    if mode not in ("real", "fake_backend"):
-        raise ConfigError("debug.comm_mode (or COMM_MODE)", mode, "choose real or fake_backend")
-    if mode == "fake_backend":
-        return _prepare_dry_run(cfg)
+    if mode not in ("real", "fake_backend", "local_tensor"):
+        raise ConfigError("debug.comm_mode (or COMM_MODE)", mode, "choose real, fake_backend or local_tensor")
+    if mode != "real":
+        return _prepare_dry_run(cfg, mode)
     placement = plan(cfg.launcher, cfg.parallelism)
     cfg = resolve(cfg, placement.world_size)
     if not placement.external and uses_gpus(cfg) and placement.nproc_per_node > visible_gpus():
@@ -54,13 +54,20 @@ def prepare(cfg: JobConfig) -> tuple[JobConfig, Placement]:
     return dataclasses.replace(cfg, data=data, checkpoint=checkpoint, tracking=tracking), placement
 
 
-def _prepare_dry_run(cfg: JobConfig) -> tuple[JobConfig, Placement]:
+def _prepare_dry_run(cfg: JobConfig, mode: str) -> tuple[JobConfig, Placement]:
     """A dry run places nothing: the world is launcher.nproc_per_node × launcher.nodes, as given."""
     if cfg.launcher.nproc_per_node == -1:
         raise ConfigError("launcher.nproc_per_node", -1, "a dry run needs the world spelled out: set launcher.nproc_per_node (and launcher.nodes)")
     world_size = cfg.launcher.nproc_per_node * cfg.launcher.nodes
     single_node = dataclasses.replace(cfg.launcher, nodes=1, device="cpu")
     cfg = resolve(dataclasses.replace(cfg, launcher=single_node), world_size)
+    p = cfg.parallelism
+    if mode == "local_tensor" and (p.data_parallel_shard_degree > 1 or p.data_parallel_replicate_degree > 1 or p.pipeline_parallel_degree > 1 or p.context_parallel_degree > 1):
+        raise ConfigError(
+            "COMM_MODE", "local_tensor",
+            f"runs tensor parallelism only: torch 2.13's LocalTensorMode fails inside FSDP2 (resize_() on an invalid storage) "
+            f"and is not wired for DDP/pipelining/CP here; use parallelism=tp, or COMM_MODE=fake_backend for {p.name}",
+        )
     return cfg, Placement(world_size, cfg.launcher.nproc_per_node, None, 0)
 
 
@@ -90,6 +97,13 @@ def run_job(cfg: JobConfig, placement: Placement, job_dir: Path) -> dict[str, fl
         report = fake_backend_dry_run(cfg, placement.world_size)
         print(f"dry run (fake_backend), rank 0 of {placement.world_size}: {format_summary(report)}", flush=True)
         return report
+    if comm_mode(cfg) == "local_tensor":
+        from titan_exp.dryrun import local_tensor_run
+
+        losses = local_tensor_run(cfg, placement.world_size)
+        if any(max(step) - min(step) > 1e-6 * abs(step[0]) for step in losses):
+            raise RuntimeError("ranks disagree on the loss under local_tensor: the layout is not replicating it")
+        return {"loss/global_avg": losses[-1][0]}
     ctx = RunContext(job_dir=str(job_dir), launcher=placement.external or cfg.launcher.name)
     if placement.external:
         return _train_entry((cfg, ctx))  # this process is one rank already

@@ -79,7 +79,6 @@ BAD = [
     (["parallelism=pp", "launcher.nproc_per_node=4", "training.local_batch_size=2"], "training.local_batch_size", "fewer than the 4 pipeline ranks"),
     (["parallelism=pp", "launcher.nproc_per_node=2", "parallelism.pipeline_parallel_schedule=DualPipeV", "training.local_batch_size=2"], "training.local_batch_size", "DualPipeV needs at least one per stage (4)"),
     (["parallelism=pp", "launcher.nproc_per_node=2", "training.global_batch_size=8"], "training.global_batch_size", "do not combine yet"),
-    (["parallelism=pp", "launcher.nproc_per_node=2", "checkpoint=periodic"], "checkpoint.enable", "not available with pipeline parallelism yet"),
     (["parallelism=pp", "launcher.nproc_per_node=2", "model=llama3_1b", "training.local_batch_size=2"], "parallelism.pipeline_parallel_degree", "ties its embeddings"),
     (["parallelism=tp", "launcher.nproc_per_node=2", "training.seq_len=255"], "parallelism.tensor_parallel_degree", "must divide training.seq_len=255"),
     (["parallelism=tp", "launcher.nproc_per_node=2", "parallelism.enable_async_tensor_parallel=true"], "parallelism.enable_async_tensor_parallel", "needs compile.enable=true"),

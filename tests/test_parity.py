@@ -132,10 +132,11 @@ def test_seed_checkpoint_loads_into_another_layout(tmp_path, store):
     assert max(abs(a - b) / b for a, b in zip(fresh, single)) > 100 * RTOL
 
 
-def test_resume_continues_the_same_curve(tmp_path, store):
+@pytest.mark.parametrize("layout", ["parallelism=fsdp", "parallelism=pp parallelism.pipeline_parallel_schedule=Interleaved1F1B"])
+def test_resume_continues_the_same_curve(tmp_path, store, layout):
     uri, db = store
     folder = tmp_path / "ckpt"
-    args = [*PARITY_RUN, "parallelism=fsdp", "launcher.nproc_per_node=2", "checkpoint=periodic", f"checkpoint.folder={folder}", "checkpoint.interval=5", "checkpoint.keep_latest_k=0", uri]
+    args = [*PARITY_RUN, *layout.split(), "launcher.nproc_per_node=2", "checkpoint=periodic", f"checkpoint.folder={folder}", "checkpoint.interval=5", "checkpoint.keep_latest_k=0", uri]
     whole = run_cli(args, tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert sorted(p.name for p in folder.iterdir()) == ["step-10", "step-5"]

@@ -106,8 +106,6 @@ def check_pipeline(cfg: JobConfig) -> None:
         )
     if m.tie_word_embeddings:
         raise ConfigError("parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, f"{m.name}_{m.flavor} ties its embeddings to the output, which sit on different stages")
-    if cfg.checkpoint.enable:
-        raise ConfigError("checkpoint.enable", True, "periodic checkpoints are not available with pipeline parallelism yet (seed checkpoints are); set it to false")
 
 
 def check_supported_layout(cfg: JobConfig) -> None:

@@ -143,10 +143,10 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
         log0(env.rank, f"seed checkpoint written to {path}; load it with checkpoint.initial_load_path={path}")
         return {}
 
-    optimizer = build_optimizer(params, cfg.optimizer)
-    scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
-    # Periodic checkpoints hold one model part (config.check refuses them under pipelining).
-    checkpointer = TrainCheckpointer(cfg.checkpoint, parts[0], optimizer, scheduler)
+    # One optimizer (and schedule) per model part, so checkpoints address state by parameter name.
+    optimizers = [build_optimizer(part.parameters(), cfg.optimizer) for part in parts]
+    schedulers = [build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler) for optimizer in optimizers]
+    checkpointer = TrainCheckpointer(cfg.checkpoint, parts, optimizers, schedulers)
     resumed_step = checkpointer.resume()
     if resumed_step:
         log0(env.rank, f"resumed from {step_dir(cfg.checkpoint.folder, resumed_step)}")
@@ -182,10 +182,11 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
     for step in range(resumed_step + 1, cfg.training.steps + 1):
         step_loss, data_seconds = step_fn(step)
         grad_norm = clip_grad_norm_(params, cfg.training.max_norm, pp_group)
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        lr = schedulers[0].get_last_lr()[0]
+        for optimizer, scheduler in zip(optimizers, schedulers):
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
         for part in parts:
             after_optimizer_step(part, cfg.quantize)
         if meter:

@@ -91,6 +91,7 @@ BAD = [
     (["parallelism=fsdp_cp", "launcher.nproc_per_node=4"], "parallelism.context_parallel_degree", "no context-parallel attention for CPU"),
     (["parallelism=fsdp_cp", "launcher.nproc_per_node=4", "training.seq_len=250"], "parallelism.context_parallel_degree", "2 × it must divide training.seq_len=250"),
     (["parallelism=fsdp_cp", "launcher.nproc_per_node=4", "parallelism.pipeline_parallel_degree=2", "parallelism.data_parallel_shard_degree=1"], "parallelism.context_parallel_degree", "does not combine with pipeline"),
+    (["parallelism=tp", "launcher.nproc_per_node=2", "quantize=mxfp8"], "quantize", "mxfp8 under tensor parallelism"),
     (["training.steps=0"], "training.steps", "must be > 0"),
     (["training.steps=-3"], "training.steps", "must be > 0"),
     (["training.seq_len=4096"], "training.seq_len", "exceeds model max_seq_len=2048"),

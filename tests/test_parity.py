@@ -162,18 +162,20 @@ FLOAT8_RTOL = 1e-2
 
 def test_float8_stays_close_to_full_precision(tmp_path, store):
     uri, db = store
-    common = ["parallelism=fsdp", "launcher.nproc_per_node=2", *TINY_MODEL]
-    reference = curve_of(tmp_path, store, "fp32", common)
+    fsdp = ["parallelism=fsdp", "launcher.nproc_per_node=2"]
+    reference = curve_of(tmp_path, store, "fp32", [*fsdp, *TINY_MODEL])
+    # Same global batch throughout: fsdp_tp on 4 ranks has 2 data-parallel ranks, like fsdp on 2.
     variants = {
-        "tensorwise": ["quantize=float8"],
-        "rowwise": ["quantize=float8_rowwise"],
-        "fsdp_float8_all_gather": ["quantize=float8", "quantize.enable_fsdp_float8_all_gather=true"],
+        "tensorwise": [*fsdp, "quantize=float8"],
+        "rowwise": [*fsdp, "quantize=float8_rowwise"],
+        "fsdp_float8_all_gather": [*fsdp, "quantize=float8", "quantize.enable_fsdp_float8_all_gather=true"],
+        "tensorwise_fsdp_tp": ["parallelism=fsdp_tp", "launcher.nproc_per_node=4", "quantize=float8"],
     }
     for name, overrides in variants.items():
-        low = curve_of(tmp_path, store, name, [*common, *overrides])
+        low = curve_of(tmp_path, store, name, [*overrides, *TINY_MODEL])
         torch.testing.assert_close(low, reference, rtol=FLOAT8_RTOL, atol=0, msg=lambda m: f"{name}: {m}")
     float8_runs = [r for r in mlflow_runs(db) if r.data.params["quantize.name"] == "float8"]
-    assert len(float8_runs) == 3
+    assert len(float8_runs) == len(variants)
     assert not any("throughput/mfu_pct" in r.data.metrics for r in float8_runs)  # not defined in low precision
 
 

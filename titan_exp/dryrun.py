@@ -51,7 +51,7 @@ def fake_backend_dry_run(cfg: JobConfig, world_size: int) -> dict[str, float]:
             stage_ids = plan.stage_ids(0, dims.pp, cfg.parallelism.pipeline_parallel_schedule)
             parts = split_model(model, plan, stage_ids)
         for part in parts:
-            parallelize_llama(part, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile)
+            parallelize_llama(part, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile, cfg.quantize)
         params = [p for part in parts for p in part.parameters()]
         local_params = sum(_local_numel(p) for p in params)
         with FakeTensorMode(allow_non_fake_inputs=True):
@@ -149,7 +149,7 @@ def local_tensor_run(cfg: JobConfig, world_size: int) -> list[list[float]]:
             mesh = dims.build_mesh("cpu")
             with torch.device("meta"):
                 model = Transformer(cfg.model)
-            parallelize_llama(model, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile)
+            parallelize_llama(model, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile, cfg.quantize)
             model.to_empty(device="cpu")
             model.freqs_cis = full.freqs_cis.clone()
             with torch.no_grad():

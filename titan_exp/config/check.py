@@ -200,11 +200,8 @@ def check_quantize(cfg: JobConfig) -> None:
         _choice("quantize.recipe", q.recipe, ("tensorwise", "rowwise"))
     if q.enable_fsdp_float8_all_gather and (q.name != "float8" or q.recipe != "tensorwise"):
         raise ConfigError("quantize.enable_fsdp_float8_all_gather", True, "works with quantize=float8 and quantize.recipe=tensorwise only")
-    if q.low_precision and cfg.parallelism.tensor_parallel_degree > 1:
-        raise ConfigError(
-            "quantize", q.name,
-            "low-precision Linear layers under tensor parallelism are not available yet; use quantize=none or tensor_parallel_degree=1",
-        )
+    if q.name == "mxfp8" and cfg.parallelism.tensor_parallel_degree > 1:
+        raise ConfigError("quantize", q.name, "mxfp8 under tensor parallelism is not wired here; use quantize=float8 or tensor_parallel_degree=1")
 
 
 def check_checkpoint(cfg: JobConfig, world_size: int) -> None:

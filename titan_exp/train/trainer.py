@@ -118,7 +118,7 @@ def _build_model(cfg: JobConfig, dims: ParallelDims, mesh, device: torch.device)
         parts = split_model(model, plan, stage_ids)
         pipeline_args = (stage_ids, plan)
     for part in parts:
-        parallelize_llama(part, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile)
+        parallelize_llama(part, dims, mesh, cfg.parallelism, cfg.training, cfg.activation_checkpoint, cfg.compile, cfg.quantize)
         part.to_empty(device=device)
         part.init_weights(cfg.debug.seed)
         if cfg.checkpoint.initial_load_path:

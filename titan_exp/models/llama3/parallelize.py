@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import (
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.parallel.config import ParallelismConfig
 from titan_exp.parallel.dims import ParallelDims
+from titan_exp.quantize.config import QuantizeConfig
 from titan_exp.train.activation_checkpoint import apply_activation_checkpointing
 from titan_exp.train.config import ActivationCheckpointConfig, CompileConfig, TrainingConfig
 
@@ -31,9 +32,14 @@ def parallelize_llama(
     training: TrainingConfig,
     ac: ActivationCheckpointConfig,
     compile_cfg: CompileConfig,
+    quantize: QuantizeConfig,
 ) -> Transformer:
     if dims.tp > 1:
-        apply_tensor_parallel(model, mesh["tp"])
+        # float8 tensorwise Linears take float8-aware TP styles, which cast before the collectives and
+        # so move float8 over the wire: nccl can, gloo cannot ("Invalid scalar type"). On CPU the plain
+        # styles gather in high precision and cast after, the same recipe with more traffic.
+        float8_tp = quantize.name == "float8" and quantize.recipe == "tensorwise" and mesh.device_type == "cuda"
+        apply_tensor_parallel(model, mesh["tp"], float8_tp)
         if parallelism.enable_async_tensor_parallel:
             _enable_async_tensor_parallel(mesh["tp"])
     apply_activation_checkpointing(model.layers, ac)
@@ -69,7 +75,7 @@ def _apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisi
     fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)
 
 
-def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
+def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool = False) -> None:
     """Megatron-style TP with sequence parallelism, torchtitan's plan.
 
     Attention heads and the FFN hidden dimension are split column-wise in, row-wise out; between
@@ -84,18 +90,27 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
     }
     # A pipeline stage holds only some of these.
     parallelize_module(model, tp_mesh, {name: plan for name, plan in outer_plan.items() if getattr(model, name) is not None})
+    colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
+    if float8:
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
     block_plan = {
         "attention_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+        "attention.wq": colwise(),
+        "attention.wk": colwise(),
+        "attention.wv": colwise(),
+        "attention.wo": rowwise(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        "feed_forward.w3": ColwiseParallel(),
+        "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": colwise(),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+        "feed_forward.w3": colwise(),
     }
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan)

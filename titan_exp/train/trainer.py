@@ -67,6 +67,10 @@ def train(cfg: JobConfig, ctx: RunContext) -> dict[str, float]:
             backend = "nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if device.type == "cuda" else None)
         result = _train(cfg, env, device, peak_flops, tracker)
+        if dist.is_initialized():
+            # No rank tears its process group down while another is still in a last collective
+            # (seen once: a torchrun rank aborting at exit, "terminate called without an active exception").
+            dist.barrier()
     except BaseException as err:
         if tracker:
             tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", f"{type(err).__name__}: {err}")

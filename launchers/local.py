@@ -144,7 +144,7 @@ class _Supervisor:
                     raised.append((result.stat().st_mtime, RankFailure(rank, _last_line(str(payload)), self.logs[rank])))
                 continue
             pid_file = self.folder / _pid_file_name(self.job.job_id, rank)
-            if (pid_file.exists() and not _alive(int(pid_file.read_text()))) or final:
+            if (pid_file.exists() and not process_alive(int(pid_file.read_text()))) or final:
                 reason = f"exited without a result (killed by a signal?); {_tail(self.logs[rank])}"
                 killed.append(RankFailure(rank, reason, self.logs[rank]))
         if killed:
@@ -164,7 +164,7 @@ class _Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
                 time.sleep(0.05)
         if controller is not None:
             try:
@@ -179,7 +179,7 @@ class _Supervisor:
         controller = self.job._process
         if controller is not None:
             pids |= _children(controller.pid)
-        return [pid for pid in pids if _alive(pid)]
+        return [pid for pid in pids if process_alive(pid)]
 
 
 def _children(parent: int) -> set[int]:
@@ -198,7 +198,8 @@ def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (/proc; no psutil needed)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, IndexError):

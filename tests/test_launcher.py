@@ -11,17 +11,9 @@ import cloudpickle
 import pytest
 
 from conftest import REPO, mlflow_runs, run_cli
-from launchers.local import RankFailure, launch_local
+from launchers.local import RankFailure, launch_local, process_alive
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def _rank_pids(folder: Path) -> list[int]:
@@ -33,7 +25,7 @@ def _processes_using(folder: Path) -> list[int]:
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if str(folder) in cmdline.read_bytes().decode(errors="replace") and _alive(int(cmdline.parent.name)):
+            if str(folder) in cmdline.read_bytes().decode(errors="replace") and process_alive(int(cmdline.parent.name)):
                 found.append(int(cmdline.parent.name))
         except OSError:
             continue
@@ -69,7 +61,7 @@ def test_exception_in_one_rank_stops_all_and_names_the_rank(tmp_path):
     assert err.value.rank == 1
     assert "ValueError: rank one gives up" in str(err.value)
     assert time.monotonic() - start < 60
-    assert not any(_alive(pid) for pid in _rank_pids(tmp_path))
+    assert not any(process_alive(pid) for pid in _rank_pids(tmp_path))
     assert _processes_using(tmp_path) == []
 
 
@@ -92,7 +84,7 @@ def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
         proc.kill()
     assert proc.returncode == 1
     assert "rank 1 failed" in err and "exited without a result" in err, err
-    assert not any(_alive(pid) for pid in _rank_pids(tmp_path / "run" / "ranks"))
+    assert not any(process_alive(pid) for pid in _rank_pids(tmp_path / "run" / "ranks"))
     assert _processes_using(tmp_path / "run" / "ranks") == []
     [run] = mlflow_runs(db)
     assert run.info.status == "FAILED"

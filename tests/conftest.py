@@ -36,14 +36,15 @@ def store(tmp_path: Path) -> tuple[str, Path]:
     return f"tracking.uri=sqlite:///{db}", db
 
 
-def mlflow_runs(db: Path) -> list:
-    """All runs of the titan_exp experiment in a SQLite store, oldest first."""
+def mlflow_runs(db: Path, *, sweeps: bool = False) -> list:
+    """The training runs (sweeps=True: the sweeps' parent runs) of the titan_exp experiment in a SQLite
+    store, oldest first."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     experiment = client.get_experiment_by_name("titan_exp")
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
-    return runs
+    return [run for run in runs if (run.data.tags.get("titan_exp.role") == "sweep") == sweeps]
 
 
 def loss_curve(db: Path, run_id: str) -> list[float]:

@@ -56,3 +56,7 @@ def test_sweep_goes_on_past_a_failing_point(tmp_path, store):
     assert "step     3" in result.stdout  # the valid point ran after the invalid one
     [run] = mlflow_runs(db)
     assert run.info.status == "FINISHED" and run.data.params["training.steps"] == "3"
+    # The sweep's parent run says that a point failed.
+    [parent] = mlflow_runs(db, sweeps=True)
+    assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert parent.info.status == "FAILED" and parent.data.tags["failure_reason"] == "1 sweep point(s) failed"

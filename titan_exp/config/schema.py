@@ -68,3 +68,8 @@ class RunContext:
     def run_id_file(self) -> Path:
         """Where rank 0 records its MLflow run id, so the launching process can close a dead job's run."""
         return Path(self.job_dir) / "mlflow_run_id"
+
+    @property
+    def run_log_file(self) -> Path:
+        """Rank 0's console output, logged with its MLflow run."""
+        return Path(self.job_dir) / "rank0.log"

@@ -17,6 +17,8 @@ class ThroughputMeter:
         self.non_data_parallel_size = non_data_parallel_size
         self.memory = MemoryMonitor(device)
         self.tokens_seen = 0
+        # Where the steady state starts: the end of the first interval (step 1: start-up, compilation).
+        self._steady_start: tuple[float, int] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -33,23 +35,40 @@ class ThroughputMeter:
         self.data_seconds += data_seconds
 
     def collect(self) -> dict[str, float]:
-        """Metrics of the interval since the previous call, then start a new interval."""
-        seconds = time.perf_counter() - self.interval_start
-        tps = self.interval_tokens / (seconds * self.non_data_parallel_size)
-        flops = self.flops_per_token * tps
+        """Metrics of the interval since the previous call, then start a new interval.
+
+        The `_mean` throughput figures cover everything after the first interval: the run's
+        steady-state numbers, which strategy comparisons read.
+        """
+        now = time.perf_counter()
+        tps = self._tps(self.interval_tokens, now - self.interval_start)
         metrics = {
             "throughput/tps_per_device": tps,
-            "throughput/tflops": flops / 1e12,
-            "time/step_s": seconds / self.interval_steps,
+            "throughput/tflops": self.flops_per_token * tps / 1e12,
+            "time/step_s": (now - self.interval_start) / self.interval_steps,
             "time/data_loading_s": self.data_seconds / self.interval_steps,
-            "time/data_loading_pct": 100 * self.data_seconds / seconds,
+            "time/data_loading_pct": 100 * self.data_seconds / (now - self.interval_start),
             "tokens_seen": self.tokens_seen,
             **self.memory.peak(),
         }
         if self.peak_flops:
-            metrics["throughput/mfu_pct"] = 100 * flops / self.peak_flops
+            metrics["throughput/mfu_pct"] = self._mfu(tps)
+        if self._steady_start is None:
+            self._steady_start = (now, self.tokens_seen)
+        else:
+            start, tokens_before = self._steady_start
+            mean_tps = self._tps(self.tokens_seen - tokens_before, now - start)
+            metrics["throughput/tps_per_device_mean"] = mean_tps
+            if self.peak_flops:
+                metrics["throughput/mfu_pct_mean"] = self._mfu(mean_tps)
         self._reset()
         return metrics
+
+    def _tps(self, tokens: int, seconds: float) -> float:
+        return tokens / (seconds * self.non_data_parallel_size)
+
+    def _mfu(self, tps: float) -> float:
+        return 100 * self.flops_per_token * tps / self.peak_flops
 
 
 def format_line(step: int, metrics: dict[str, float]) -> str:

@@ -7,8 +7,13 @@ from titan_exp.parallel.dims import ParallelDims
 
 
 def run_name(cfg: JobConfig) -> str:
-    """e.g. llama3_debug·fsdp2, llama3_8b·hsdp2x4 (tracking.run_name wins when set)."""
-    return cfg.tracking.run_name or f"{cfg.model.name}_{cfg.model.flavor}·{ParallelDims.from_config(cfg.parallelism).label()}"
+    """e.g. llama3_debug·fsdp2, llama3_8b·fsdp8·tp2·float8 (tracking.run_name wins when set)."""
+    if cfg.tracking.run_name:
+        return cfg.tracking.run_name
+    parts = [f"{cfg.model.name}_{cfg.model.flavor}", ParallelDims.from_config(cfg.parallelism).label()]
+    if cfg.quantize.name != "none":
+        parts.append(cfg.quantize.name)
+    return "·".join(parts)
 
 
 def run_tags(cfg: JobConfig, world_size: int, launcher: str, device: str) -> dict[str, str]:
@@ -16,6 +21,7 @@ def run_tags(cfg: JobConfig, world_size: int, launcher: str, device: str) -> dic
     return {
         "model": f"{cfg.model.name}_{cfg.model.flavor}",
         "strategy": cfg.parallelism.name,
+        "quantize": cfg.quantize.name,
         "layout": dims.label(),
         "world_size": str(world_size),
         "mesh": dims.describe(),

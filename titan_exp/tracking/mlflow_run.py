@@ -2,10 +2,11 @@
 
 The launching process creates the store and the experiment before any rank starts (several
 processes opening a brand-new SQLite store race in its migrations), then stays out of it unless the
-ranks die: then it closes their run as FAILED with the reason. Rank 0 writes through a background
-thread, so training never waits on the store.
+ranks die: then it closes their run as FAILED with the reason. Rank 0 writes through a separate
+low-priority process (BackgroundTracker), so training never waits on the store.
 """
 
+import fcntl
 import getpass
 import os
 import queue
@@ -15,15 +16,29 @@ import subprocess
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlparse
 
 from titan_exp.tracking.config import TrackingConfig
 
 # MLflow's per-call limits for log_batch.
 _MAX_PARAMS_PER_BATCH = 100
+_MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAM_LENGTH = 6000
 _MAX_TAG_LENGTH = 5000
+# SQLite lets one writer in at a time; a busy store is retried for this long before giving up.
+_RETRY_SECONDS = 60.0
+# Metrics of at most this many log steps go out in one batch when the store fell behind.
+_MAX_MERGED_STEPS = 64
+# MLflow's tag that nests a run under another in the UI and in search.
+PARENT_TAG = "mlflow.parentRunId"
+# Set to "sweep" on a sweep's parent run, which trains nothing itself.
+ROLE_TAG = "titan_exp.role"
+
+T = TypeVar("T")
+_STOP = ("stop", ())
 
 
 def absolute_uri(uri: str) -> str:
@@ -34,34 +49,52 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
-def _sqlite_path(uri: str) -> Path | None:
+def sqlite_path(uri: str) -> Path | None:
     return Path(urlparse(uri).path) if uri.startswith("sqlite:///") else None
 
 
-def _client(uri: str):
+def client(uri: str):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
 
 
 def ensure_store(cfg: TrackingConfig) -> None:
-    """Create the store (a new SQLite file runs its migrations) and the experiment, once."""
-    db = _sqlite_path(cfg.uri)
-    if db is not None and db.exists():
-        return  # opened before: nothing to migrate; the experiment is checked by rank 0
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    _experiment_id(_client(cfg.uri), cfg)
+    """Create the store (a new SQLite file runs its migrations) and the experiment, once, even when
+    several launching processes start at the same moment (they take turns on a lock file)."""
+    db = sqlite_path(cfg.uri)
+    if db is None:
+        experiment_id(client(cfg.uri), cfg)
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        experiment_id(client(cfg.uri), cfg)
 
 
-def _experiment_id(client, cfg: TrackingConfig) -> str:
-    experiment = client.get_experiment_by_name(cfg.experiment)
+def experiment_id(mlflow_client, cfg: TrackingConfig) -> str:
+    experiment = mlflow_client.get_experiment_by_name(cfg.experiment)
     if experiment:
         return experiment.experiment_id
-    db = _sqlite_path(cfg.uri)
+    db = sqlite_path(cfg.uri)
     # For a SQLite store artifacts go beside the database (MLflow would use ./mlruns of the cwd).
     location = (db.parent / "mlartifacts" / cfg.experiment).as_uri() if db else None
-    return client.create_experiment(cfg.experiment, artifact_location=location)
+    return mlflow_client.create_experiment(cfg.experiment, artifact_location=location)
+
+
+def with_retries(call: Callable[[], T]) -> T:
+    """`call()`, retried while the store is busy (SQLite's "database is locked") or unreachable."""
+    deadline = time.monotonic() + _RETRY_SECONDS
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except Exception as err:
+            transient = "database is locked" in str(err) or isinstance(err, ConnectionError)
+            if not transient or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 5.0)
 
 
 def git_commit() -> str:
@@ -74,16 +107,24 @@ def git_commit() -> str:
         return "unknown"
 
 
+def origin_tags() -> dict[str, str]:
+    """Where and from which code a run was made."""
+    return {"hostname": socket.gethostname(), "user": getpass.getuser(), "git_commit": git_commit()}
+
+
 class MlflowRun:
     def __init__(self, uri: str, run_id: str):
-        self.client = _client(uri)
+        self.uri = uri
+        self.client = client(uri)
         self.run_id = run_id
 
     @classmethod
-    def create(cls, cfg: TrackingConfig, run_name: str, tags: dict[str, str]) -> "MlflowRun":
-        client = _client(cfg.uri)
-        base_tags = {"hostname": socket.gethostname(), "user": getpass.getuser(), "git_commit": git_commit()}
-        run = client.create_run(_experiment_id(client, cfg), run_name=run_name, tags={**base_tags, **tags})
+    def create(cls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], start_ms: int | None = None) -> "MlflowRun":
+        mlflow_client = client(cfg.uri)
+        tags = {**origin_tags(), **tags}
+        if cfg.parent_run_id:
+            tags[PARENT_TAG] = cfg.parent_run_id
+        run = with_retries(lambda: mlflow_client.create_run(experiment_id(mlflow_client, cfg), start_time=start_ms, run_name=run_name, tags=tags))
         return cls(cfg.uri, run.info.run_id)
 
     def log_params(self, params: dict[str, object]) -> None:
@@ -91,91 +132,169 @@ class MlflowRun:
 
         items = [Param(k, str(v)[:_MAX_PARAM_LENGTH]) for k, v in params.items()]
         for i in range(0, len(items), _MAX_PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=items[i : i + _MAX_PARAMS_PER_BATCH])
+            with_retries(lambda: self.client.log_batch(self.run_id, params=items[i : i + _MAX_PARAMS_PER_BATCH]))
 
-    def log_metrics(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> None:
+    def log_metrics(self, records: list[tuple[int, dict[str, float], int]]) -> None:
+        """records: (step, {name: value}, timestamp in ms), written in as few calls as MLflow allows."""
         from mlflow.entities import Metric
 
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), timestamp_ms, step) for k, v in metrics.items()])
+        items = [Metric(k, float(v), timestamp, step) for step, metrics, timestamp in records for k, v in metrics.items()]
+        for i in range(0, len(items), _MAX_METRICS_PER_BATCH):
+            with_retries(lambda: self.client.log_batch(self.run_id, metrics=items[i : i + _MAX_METRICS_PER_BATCH]))
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        with_retries(lambda: self.client.log_text(self.run_id, text, artifact_file))
+
+    def log_artifact(self, path: Path, artifact_dir: str) -> None:
+        with_retries(lambda: self.client.log_artifact(self.run_id, str(path), artifact_dir))
+
+    def set_tag(self, key: str, value: str) -> None:
+        with_retries(lambda: self.client.set_tag(self.run_id, key, value[:_MAX_TAG_LENGTH]))
 
     def finish(self, status: str, reason: str | None = None) -> None:
         """status: FINISHED | FAILED | KILLED, also kept as the `status` tag (with `failure_reason`)."""
-        self.client.set_tag(self.run_id, "status", status.lower())
+        self.set_tag("status", status.lower())
         if reason:
-            self.client.set_tag(self.run_id, "failure_reason", reason[:_MAX_TAG_LENGTH])
-        self.client.set_terminated(self.run_id, status=status)
+            self.set_tag("failure_reason", reason)
+        with_retries(lambda: self.client.set_terminated(self.run_id, status=status))
 
 
 class BackgroundTracker:
-    """Rank 0's writer. A thread creates the run, records its id in `run_id_file` for the launching
-    process, then writes whatever the training loop queued, in order. A store that fails is reported
-    once and training goes on without tracking.
+    """Rank 0's writer: a separate process, started with `begin()` once the first step is done,
+    creates the run, records its id in `run_id_file` for the launching process, then writes what
+    the training loop queued, in order; metrics that queued up while the store was busy go out
+    together in one batch. A store that fails is reported once and training goes on untracked.
 
-    The thread is not a daemon: a rank that is interrupted (SIGINT) or raises still exits only once
-    everything queued is written. The thread waits for `begin()` (the trainer calls it once the first step is done): importing
-    MLflow and opening the store take seconds of Python work that would otherwise compete with the
-    rank's own start-up for the interpreter lock.
+    Why a process and not a thread: MLflow's client is pure Python (SQLAlchemy, HTTP) and a thread
+    running it holds the interpreter lock that the training loop needs between every two torch ops;
+    measured on CPU ranks, steps ran ~8× slower while a tracker thread imported MLflow. The writer
+    also runs at the lowest CPU priority, so on busy cores it writes when the ranks wait, and on
+    `close()` whatever is still queued; metric timestamps are taken when they are queued, and the
+    run's start time when the tracker is made. It dies with rank 0 (Linux), so a killed rank leaves
+    no writer behind and the launching process closes the run.
     """
 
     def __init__(self, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None):
-        self._queue: queue.Queue = queue.Queue()
-        self._error: str | None = None
-        self._go = threading.Event()
-        self._thread = threading.Thread(
-            target=self._work, args=(cfg, run_name, tags, run_id_file), name="mlflow-tracker"
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied torch or process-group state
+        self._queue = context.Queue()
+        start_ms = int(time.time() * 1000)
+        self._process = context.Process(
+            target=_write_run, args=(self._queue, cfg, run_name, tags, run_id_file, start_ms), name="mlflow-tracker", daemon=True
         )
-        self._thread.start()
 
     def log_params(self, params: dict[str, object]) -> None:
         self._queue.put(("log_params", (params,)))
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self._queue.put(("log_metrics", (step, metrics, int(time.time() * 1000))))
+        self._queue.put(("log_metrics", ([(step, metrics, int(time.time() * 1000))],)))
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self._queue.put(("log_text", (text, artifact_file)))
 
+    def log_artifact(self, path: Path, artifact_dir: str) -> None:
+        self._queue.put(("log_artifact", (path, artifact_dir)))
+
     def begin(self) -> None:
-        self._go.set()
+        if self._process.pid is None:
+            self._process.start()
 
     def close(self, status: str, reason: str | None = None) -> None:
-        """Write everything queued, end the run with `status`, and wait for the thread."""
-        self._go.set()
+        """Write everything queued, end the run with `status`, and wait for the writer."""
         self._queue.put(("finish", (status, reason)))
-        self._queue.put(None)
+        self._queue.put(_STOP)
+        self.begin()
         # The launcher interrupts the ranks of a failed job; finish writing first (its SIGKILL
         # after a grace period still bounds the wait).
         in_main_thread = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
         try:
-            self._thread.join()
+            self._process.join()
         finally:
             if in_main_thread:
                 signal.signal(signal.SIGINT, previous)
-        if self._error:
-            print(f"titan_exp: tracking failed, the run's MLflow record is incomplete: {self._error}", flush=True)
 
-    def _work(self, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None) -> None:
-        self._go.wait()
+
+def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None, start_ms: int) -> None:
+    """The writer process's body."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the rank decides when writing ends (close)
+    os.nice(19)
+    error, monitor = None, None
+    try:
+        run = MlflowRun.create(cfg, run_name, tags, start_ms)
+        if run_id_file is not None:
+            run_id_file.write_text(run.run_id)
+        print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
+        if cfg.system_metrics:
+            monitor = _start_system_metrics(cfg, run.run_id)
+    except Exception:
+        error, run = _last_line(traceback.format_exc()), None
+    for method, args in _batches(calls):
+        if run is None:
+            continue  # drain, so the training loop's queue never fills up
+        if method == "finish" and monitor is not None:
+            _stop_system_metrics(monitor)
         try:
-            run = MlflowRun.create(cfg, run_name, tags)
-            if run_id_file is not None:
-                run_id_file.write_text(run.run_id)
-            print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
+            getattr(run, method)(*args)
         except Exception:
-            self._error = traceback.format_exc(limit=1).strip().splitlines()[-1]
-            run = None
-        while (item := self._queue.get()) is not None:
-            if run is None:
-                continue  # drain, so the training loop never blocks on a dead store
-            method, args = item
-            try:
-                getattr(run, method)(*args)
-            except Exception:
-                self._error = self._error or traceback.format_exc(limit=1).strip().splitlines()[-1]
+            error = error or _last_line(traceback.format_exc())
+    if error:
+        print(f"titan_exp: tracking failed, the run's MLflow record is incomplete: {error}", flush=True)
+
+
+def _batches(calls):
+    """The queued calls in order until the stop marker; consecutive log_metrics calls merged into one."""
+    pending = None
+    while True:
+        item, pending = pending or calls.get(), None
+        if item == _STOP:
+            return
+        if item[0] == "log_metrics":
+            records = list(item[1][0])
+            while len(records) < _MAX_MERGED_STEPS:
+                try:
+                    pending = calls.get_nowait()
+                except queue.Empty:
+                    break
+                if pending[0] != "log_metrics":
+                    break
+                records += pending[1][0]
+                pending = None
+            item = ("log_metrics", (records,))
+        yield item
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the rank that started it dies (PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the writer then outlives a killed rank by as long as its queue lasts
+
+
+def _last_line(formatted_traceback: str) -> str:
+    return formatted_traceback.strip().splitlines()[-1]
+
+
+def _start_system_metrics(cfg: TrackingConfig, run_id: str):
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=cfg.system_metrics_interval_s, tracking_uri=cfg.uri)
+    monitor.start()
+    return monitor
+
+
+def _stop_system_metrics(monitor) -> None:
+    """Stop sampling, then take one last sample, so that a run shorter than the interval has one
+    too (MLflow's monitor drops the sample it took when it is told to stop)."""
+    monitor.finish()
+    monitor.collect_metrics()
+    monitor.publish_metrics(monitor.aggregate_metrics())
+    monitor.mlflow_logger.flush()
 
 
 def close_run_from_outside(cfg: TrackingConfig, run_id_file: Path, run_name: str, tags: dict[str, str], status: str, reason: str) -> None:

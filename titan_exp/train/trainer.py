@@ -4,6 +4,7 @@ initialize, and train, logging on rank 0."""
 import contextlib
 import os
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import Pipeline, split_model
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.quantize.float8 import after_optimizer_step, convert_linears
+from titan_exp.tracking.run_log import run_log
 from titan_exp.train.grad import clip_grad_norm_
 from titan_exp.train.optim import build_lr_scheduler, build_optimizer
 
@@ -59,7 +61,25 @@ def train(cfg: JobConfig, ctx: RunContext) -> dict[str, float]:
     env = rank_env.current()
     device = select_device(cfg.launcher.device, env.local_rank)
     set_determinism(cfg.debug.seed, cfg.debug.deterministic)
-    tracker = _open_tracker(cfg, ctx, env, device) if env.rank == 0 and cfg.tracking.enable else None
+    if env.rank != 0 or not cfg.tracking.enable:
+        return _train_distributed(cfg, env, device, tracker=None)
+    with run_log(ctx.run_log_file) as log_copy:
+        tracker = _open_tracker(cfg, ctx, env, device)
+        try:
+            result = _train_distributed(cfg, env, device, tracker)
+        except BaseException as err:
+            log_copy.write(traceback.format_exc())
+            log_copy.flush()
+            tracker.log_artifact(ctx.run_log_file, "logs")
+            tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", f"{type(err).__name__}: {err}")
+            raise
+    tracker.log_artifact(ctx.run_log_file, "logs")
+    tracker.close("FINISHED")
+    return result
+
+
+def _train_distributed(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, tracker) -> dict[str, float]:
+    """Join the process group, train, and leave it."""
     try:
         # On CPU, measured before the rendezvous, while the other ranks wait in it and leave the cores free.
         peak_flops = _peak_flops(cfg, device) if env.rank == 0 else 0.0
@@ -71,16 +91,10 @@ def train(cfg: JobConfig, ctx: RunContext) -> dict[str, float]:
             # No rank tears its process group down while another is still in a last collective
             # (seen once: a torchrun rank aborting at exit, "terminate called without an active exception").
             dist.barrier()
-    except BaseException as err:
-        if tracker:
-            tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", f"{type(err).__name__}: {err}")
-        raise
+        return result
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    if tracker:
-        tracker.close("FINISHED")
-    return result
 
 
 def _open_tracker(cfg: JobConfig, ctx: RunContext, env: rank_env.RankEnv, device: torch.device):

@@ -1,0 +1,191 @@
+"""Tracking and comparison against real MLflow stores: a `mlflow server` on loopback read back over
+REST, its UI in headless Chromium, a SQLite store shared by eight jobs, sweeps as parent + child
+runs, and the strategy table computed from what the runs logged."""
+
+import csv
+import html
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, mlflow_runs, run_cli
+
+SMOKE = ["experiment=smoke", "tracking=mlflow", "launcher.device=cpu"]
+# Where tests leave files for people to look at (git-ignored); CI can collect them.
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", REPO / "outputs" / "test-artifacts"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rest(base: str, path: str, body: dict | None = None) -> dict:
+    request = urllib.request.Request(
+        f"{base}/api/2.0/mlflow/{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """`titan_exp ui` (a real `mlflow server`) on 127.0.0.1 over a fresh SQLite store; yields its URL."""
+    root = tmp_path_factory.mktemp("server")
+    db = root / "mlflow.db"
+    port = _free_port()
+    command = [sys.executable, "-m", "titan_exp", "ui", "--uri", f"sqlite:///{db}", "--port", str(port)]
+    server = subprocess.Popen(command, cwd=REPO, stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"mlflow server did not come up: {(root / 'server.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def server_sweep(mlflow_server, tmp_path_factory):
+    """A 2-point sweep that tracks over HTTP into the server; yields (server URL, experiment id)."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    result = run_cli([*SMOKE, f"tracking.uri={mlflow_server}", "training.steps=3", "parallelism=ddp,fsdp"], tmp, flags=("-m",))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    experiment = _rest(mlflow_server, "experiments/get-by-name?experiment_name=titan_exp")["experiment"]
+    return mlflow_server, experiment["experiment_id"]
+
+
+def test_sweep_tracked_over_http_reads_back_through_the_rest_api(server_sweep):
+    url, experiment_id = server_sweep
+    runs = _rest(url, "runs/search", {"experiment_ids": [experiment_id]})["runs"]
+    tags = {run["info"]["run_id"]: {t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs}
+    [parent] = [r for r in runs if tags[r["info"]["run_id"]].get("titan_exp.role") == "sweep"]
+    children = [r for r in runs if r is not parent]
+    parent_id = parent["info"]["run_id"]
+    assert parent["info"]["status"] == "FINISHED" and parent["info"]["run_name"] == "sweep: parallelism=ddp,fsdp"
+    assert sorted(r["info"]["run_name"] for r in children) == ["llama3_debug·ddp2", "llama3_debug·fsdp2"]
+    for child in children:
+        child_id = child["info"]["run_id"]
+        assert child["info"]["status"] == "FINISHED"
+        assert tags[child_id]["mlflow.parentRunId"] == parent_id
+        history = _rest(url, f"metrics/get-history?run_id={child_id}&metric_key=loss/global_avg")["metrics"]
+        assert sorted(m["step"] for m in history) == [1, 2, 3]
+        logs = _rest(url, f"artifacts/list?run_id={child_id}&path=logs")["files"]
+        assert [f["path"] for f in logs] == ["logs/rank0.log"]
+    compare = {f["path"] for f in _rest(url, f"artifacts/list?run_id={parent_id}&path=compare")["files"]}
+    assert {"compare/strategy_table.html", "compare/strategy_table.csv", "compare/loss_curves.png", "compare/scaling.png"} <= compare
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess:
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.fail("Debian's chromium is not installed: ./setup.sh --test installs it")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+             "--window-size=1400,900", "--virtual-time-budget=20000"]
+    return subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=180)
+
+
+def _page_text(url: str) -> str:
+    """The text a reader sees on the page once its scripts have run (tags stripped, spaces collapsed)."""
+    dom = _chromium("--dump-dom", url).stdout
+    dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
+
+
+def test_mlflow_ui_lists_the_sweep_in_headless_chromium(server_sweep):
+    url, experiment_id = server_sweep
+    runs_page = f"{url}/#/experiments/{experiment_id}/runs"
+    text = _page_text(runs_page)
+    assert "sweep: parallelism=ddp,fsdp" in text and "3 matching runs" in text, text[-2000:]
+    [child] = _rest(url, "runs/search", {"experiment_ids": [experiment_id], "filter": "attributes.run_name = 'llama3_debug·fsdp2'"})["runs"]
+    assert "llama3_debug·fsdp2" in _page_text(f"{url}/#/experiments/{experiment_id}/runs/{child['info']['run_id']}")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    screenshot = ARTIFACTS / "mlflow_ui_sweep_runs.png"
+    screenshot.unlink(missing_ok=True)
+    _chromium(f"--screenshot={screenshot}", runs_page)
+    assert screenshot.stat().st_size > 10_000  # a rendered page, not an empty canvas
+    print(f"screenshot: {screenshot}")
+
+
+def test_local_sweep_compares_its_points_into_the_parent_run(tmp_path, store):
+    uri, db = store
+    result = run_cli(
+        [*SMOKE, uri, "parallelism=fsdp", "launcher.nproc_per_node=1,2", "tracking.system_metrics=true", "tracking.system_metrics_interval_s=1"],
+        tmp_path, flags=("-m",),
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [parent] = mlflow_runs(db, sweeps=True)
+    points = mlflow_runs(db)
+    assert parent.info.status == "FINISHED"
+    assert [p.data.tags["mlflow.parentRunId"] for p in points] == [parent.info.run_id] * 2
+    assert any(key.startswith("system/cpu_utilization_percentage") for key in points[0].data.metrics), points[0].data.metrics.keys()
+
+    with open(tmp_path / "multirun" / "compare" / "strategy_table.csv") as file:
+        rows = {row["world size"]: row for row in csv.DictReader(file)}
+    tps = {p.data.tags["world_size"]: p.data.metrics["throughput/tps_per_device_mean"] for p in points}
+    assert rows["1"]["scaling efficiency"] == "1.00"
+    assert rows["2"]["scaling efficiency"] == f"{tps['2'] / tps['1']:.2f}"
+    assert rows["2"]["TPS/device"] == f"{tps['2']:,.0f}" and rows["2"]["status"] == "FINISHED"
+    artifacts = {a.path for a in _client(db).list_artifacts(parent.info.run_id, "compare")}
+    assert {f"compare/{name}" for name in ("strategy_table.md", "strategy_table.csv", "strategy_table.html", "loss_curves.png", "throughput.png", "memory.png", "scaling.png")} <= artifacts
+
+    # The same table again from the command line, into another folder.
+    out = tmp_path / "again"
+    cli = subprocess.run([sys.executable, "-m", "titan_exp.compare", "--uri", f"sqlite:///{db}", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert "| llama3_debug·single | 1 |" in cli.stdout and "| llama3_debug·fsdp2 | 2 |" in cli.stdout
+    assert (out / "strategy_table.csv").read_text() == (tmp_path / "multirun" / "compare" / "strategy_table.csv").read_text()
+    bad = subprocess.run([sys.executable, "-m", "titan_exp", "compare", "--uri", f"sqlite:///{db}", "--sweep", "nope"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()] and "--sweep=nope: no such run" in bad.stderr
+
+
+def _client(db: Path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{db}")
+
+
+def test_eight_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, store):
+    uri, db = store
+    jobs = []
+    for i in range(8):
+        command = [sys.executable, "-m", "titan_exp", f"hydra.run.dir={tmp_path}/job{i}", *SMOKE, uri,
+                   "parallelism=single", "launcher.nproc_per_node=1", f"tracking.run_name=job{i}", f"debug.seed={i}"]
+        log = open(tmp_path / f"job{i}.log", "w")
+        jobs.append(subprocess.Popen(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT))
+    for i, job in enumerate(jobs):
+        assert job.wait(timeout=600) == 0, (tmp_path / f"job{i}.log").read_text()[-3000:]
+    runs = mlflow_runs(db)
+    assert sorted(r.info.run_name for r in runs) == [f"job{i}" for i in range(8)]
+    client = _client(db)
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert len(run.data.metrics) >= 12
+        for key in run.data.metrics:
+            steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+            expected = [1, 2, 3, 4, 5, 6] if not key.endswith("_mean") else [2, 3, 4, 5, 6]
+            assert steps == expected, (run.info.run_name, key, steps)

@@ -1,0 +1,109 @@
+"""Runs read back from MLflow: which runs to compare, and one summary per training job with the
+figures of the strategy table."""
+
+import statistics
+from dataclasses import dataclass, field
+
+from titan_exp.tracking.mlflow_run import PARENT_TAG, ROLE_TAG
+
+# Steady-state figures first (after step 1); a run that logged a single interval has only the plain ones.
+_TPS_KEYS = ("throughput/tps_per_device_mean", "throughput/tps_per_device")
+_MFU_KEYS = ("throughput/mfu_pct_mean", "throughput/mfu_pct")
+# CUDA's allocator peak, else the CPU resident-set peak: never mixed in one figure (see metrics/memory.py).
+_MEMORY_KEYS = (("memory/max_active_gib", "active"), ("memory/cpu_rss_peak_gib", "cpu rss"))
+_LOSS_KEY = "loss/global_avg"
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    name: str
+    status: str
+    model: str
+    strategy: str
+    quantize: str
+    mesh: dict[str, int]
+    world_size: int
+    tps_per_device: float | None
+    mfu_pct: float | None
+    peak_memory_gib: float | None
+    memory_kind: str
+    final_loss: float | None
+    loss_curve: list[tuple[int, float]] = field(default_factory=list)
+    failure_reason: str = ""
+    # TPS/device over that of the smallest world size in the same family (filled by add_scaling_efficiency).
+    scaling_efficiency: float | None = None
+
+    @property
+    def family(self) -> tuple:
+        """Runs that differ only in their data-parallel degree: the same model, strategy, precision
+        and model-parallel degrees. Scaling efficiency is measured within a family."""
+        model_parallel = tuple(self.mesh.get(dim, 1) for dim in ("tp", "pp", "cp"))
+        return (self.model, self.strategy, self.quantize, model_parallel)
+
+
+def latest_sweep(client, experiment_id: str):
+    runs = client.search_runs([experiment_id], f"tags.`{ROLE_TAG}` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
+def sweep_points(client, parent) -> list:
+    """The training runs of a sweep, in the order they started."""
+    query = f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'"
+    return client.search_runs([parent.info.experiment_id], query, order_by=["attributes.start_time ASC"])
+
+
+def experiment_training_runs(client, experiment_id: str) -> list:
+    """Every training run of an experiment (sweep parents left out), in the order they started."""
+    runs = client.search_runs([experiment_id], order_by=["attributes.start_time ASC"])
+    return [run for run in runs if run.data.tags.get(ROLE_TAG) != "sweep"]
+
+
+def summarize(client, run) -> RunSummary:
+    metrics, tags = run.data.metrics, run.data.tags
+    memory_key, memory_kind = next(((k, kind) for k, kind in _MEMORY_KEYS if k in metrics), (None, ""))
+    loss_curve = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, _LOSS_KEY))
+    return RunSummary(
+        run_id=run.info.run_id,
+        name=run.info.run_name,
+        status=run.info.status,
+        model=tags.get("model", "?"),
+        strategy=tags.get("strategy", "?"),
+        quantize=tags.get("quantize", "none"),
+        mesh=_parse_mesh(tags.get("mesh", "")),
+        world_size=int(tags.get("world_size", 0) or 0),
+        tps_per_device=_first(metrics, _TPS_KEYS),
+        mfu_pct=_first(metrics, _MFU_KEYS),
+        peak_memory_gib=max(m.value for m in client.get_metric_history(run.info.run_id, memory_key)) if memory_key else None,
+        memory_kind=memory_kind,
+        final_loss=loss_curve[-1][1] if loss_curve else None,
+        loss_curve=loss_curve,
+        failure_reason=tags.get("failure_reason", ""),
+    )
+
+
+def add_scaling_efficiency(summaries: list[RunSummary]) -> None:
+    """Each run's TPS/device relative to the median TPS/device of its family's smallest world size."""
+    families: dict[tuple, list[RunSummary]] = {}
+    for summary in summaries:
+        if summary.tps_per_device is not None and summary.world_size > 0:
+            families.setdefault(summary.family, []).append(summary)
+    for members in families.values():
+        smallest = min(s.world_size for s in members)
+        baseline = statistics.median(s.tps_per_device for s in members if s.world_size == smallest)
+        for summary in members:
+            summary.scaling_efficiency = summary.tps_per_device / baseline if baseline > 0 else None
+
+
+def _first(metrics: dict[str, float], keys: tuple[str, ...]) -> float | None:
+    return next((metrics[k] for k in keys if k in metrics), None)
+
+
+def _parse_mesh(text: str) -> dict[str, int]:
+    """'dp_shard2·tp2' → {'dp_shard': 2, 'tp': 2}; 'single' → {}."""
+    mesh = {}
+    for part in text.split("·"):
+        name = part.rstrip("0123456789")
+        if name and name != part:
+            mesh[name] = int(part[len(name):])
+    return mesh

@@ -1,0 +1,102 @@
+"""A Hydra multirun as one MLflow parent run, with each point's run as its child.
+
+Hydra calls `SweepParentRun` (registered under hydra.callbacks in conf/config.yaml) in the process
+that starts the sweep: it creates the store and the parent run before any point starts and leaves
+the parent's id in the sweep directory, where every point finds it, also a point that runs as a
+separate job (another process, a Slurm job) on a shared file system. When the sweep is over it writes
+the strategy comparison into the parent run and ends it.
+"""
+
+import dataclasses
+from pathlib import Path
+
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from titan_exp.config.schema import JobConfig
+from titan_exp.tracking.config import TrackingConfig
+
+PARENT_RUN_FILE = "mlflow_parent_run_id"
+_MAX_RUN_NAME = 250
+
+# The sweep this process started, if any: main() ends it as KILLED when the user interrupts.
+_active: "SweepParentRun | None" = None
+
+
+def join_sweep(cfg: JobConfig, sweep_dir: Path) -> JobConfig:
+    """The point's config, its run a child of the sweep's parent run (if the sweep has one)."""
+    parent_file = sweep_dir / PARENT_RUN_FILE
+    if not cfg.tracking.enable or cfg.tracking.parent_run_id or not parent_file.exists():
+        return cfg
+    tracking = dataclasses.replace(cfg.tracking, parent_run_id=parent_file.read_text().strip())
+    return dataclasses.replace(cfg, tracking=tracking)
+
+
+class SweepParentRun(Callback):
+    def __init__(self) -> None:
+        self.tracking: TrackingConfig | None = None
+        self.sweep_dir: Path | None = None
+        self.run = None
+        self.failed_points = 0
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        global _active
+        from titan_exp.tracking.mlflow_run import ROLE_TAG, MlflowRun, absolute_uri, ensure_store
+
+        tracking: TrackingConfig = OmegaConf.to_object(config.tracking)
+        if not tracking.enable or tracking.parent_run_id:
+            return  # nothing tracked, or the points join the parent the user named
+        self.tracking = dataclasses.replace(tracking, uri=absolute_uri(tracking.uri))
+        self.sweep_dir = sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        overrides = list(config.hydra.overrides.task)
+        ensure_store(self.tracking)
+        self.run = MlflowRun.create(self.tracking, _parent_name(overrides), {ROLE_TAG: "sweep", "sweep_dir": str(sweep_dir)})
+        self.run.log_params({"sweep.overrides": " ".join(overrides)})
+        (sweep_dir / PARENT_RUN_FILE).write_text(self.run.run_id)
+        print(f"MLflow parent run {self.run.run_id} for the sweep in {sweep_dir}", flush=True)
+        _active = self
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
+        # Points that run in this process report here; a point's task returns False when it failed.
+        if job_return.status != JobStatus.COMPLETED or job_return.return_value is False:
+            self.failed_points += 1
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self.finish(interrupted=False)
+
+    def finish(self, interrupted: bool) -> None:
+        """Compare the points into the parent run, then end it: KILLED if interrupted, FAILED if a
+        point failed (its reason in `failure_reason`), else FINISHED."""
+        global _active
+        if self.run is None:
+            return
+        from titan_exp.compare.report import compare_sweep
+
+        _active = None
+        try:
+            report = compare_sweep(self.tracking.uri, self.run.run_id, self.sweep_dir / "compare")
+            print(f"\n{report.markdown}tables and plots: {self.sweep_dir / 'compare'} (and the parent run's compare/ artifacts)", flush=True)
+            rows = report.summaries
+            # A point that failed here counts once, whether or not it got as far as a run of its own.
+            failed = max(self.failed_points, sum(row.status != "FINISHED" for row in rows))
+            reason = f"{failed} sweep point(s) failed" if failed else None
+        except Exception as err:  # the comparison must not leave the parent run open
+            failed, reason = 1, f"comparison failed: {type(err).__name__}: {err}"
+        status = "KILLED" if interrupted else "FAILED" if failed else "FINISHED"
+        self.run.finish(status, "interrupted" if interrupted else reason)
+        self.run = None
+
+
+def _parent_name(overrides: list[str]) -> str:
+    """'sweep: parallelism=ddp,fsdp': what the points vary (all overrides if Hydra finds no sweep among them)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    swept = [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if o.is_sweep_override()]
+    return f"sweep: {' '.join(swept or overrides)}"[:_MAX_RUN_NAME]
+
+
+def end_active_sweep_interrupted() -> None:
+    if _active is not None:
+        _active.finish(interrupted=True)

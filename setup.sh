@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Set up this checkout: ./setup.sh installs titan_exp (editable) and its Python dependencies;
-# ./setup.sh --test also installs what the tests need: pytest, and Debian's slurm-wlm and munge for
-# the one-node Slurm cluster the tests start (as root, with apt-get).
+# ./setup.sh --test also installs what the tests need: pytest, Debian's slurm-wlm and munge for the
+# one-node Slurm cluster the tests start, and Debian's chromium for the MLflow UI check (as root,
+# with apt-get).
 set -euo pipefail
 cd "$(dirname "$0")"
 
 extras=""
 if [ "${1:-}" = "--test" ]; then
   extras="[test]"
-  if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+  if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v chromium >/dev/null; then
     if [ "$(id -u)" -ne 0 ]; then
-      echo "setup.sh: the Slurm tests need slurm-wlm and munge; install them as root (apt-get install slurm-wlm munge)" >&2
+      echo "setup.sh: the tests need slurm-wlm, munge and chromium; install them as root (apt-get install slurm-wlm munge chromium)" >&2
       exit 1
     fi
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge chromium >/dev/null
   fi
 fi
 

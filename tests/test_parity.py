@@ -10,6 +10,8 @@ scale, a wrong batch split or different initial weights would fail (the negative
 that a different seed is far outside it).
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -180,7 +182,7 @@ def test_float8_stays_close_to_full_precision(tmp_path, store):
 
 
 def test_loss_parity_preset_writes_table_and_plot(tmp_path, store):
-    uri, _ = store
+    uri, db = store
     layouts = "parity.layouts=['parallelism=single','parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2']"
     result = run_cli(["experiment=loss_parity", layouts, "training.steps=4", uri], tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -188,3 +190,10 @@ def test_loss_parity_preset_writes_table_and_plot(tmp_path, store):
     assert table.count("| yes |") == 2 and "| NO |" not in table
     png = (tmp_path / "run" / "loss_parity.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    # The layouts' runs are children of one parent run, which holds the report and the comparison.
+    [parent] = mlflow_runs(db, sweeps=True)
+    assert parent.info.run_name == "loss_parity" and parent.info.status == "FINISHED"
+    assert {run.data.tags["mlflow.parentRunId"] for run in mlflow_runs(db)} == {parent.info.run_id}
+    artifacts = Path(parent.info.artifact_uri.removeprefix("file://"))
+    assert (artifacts / "parity" / "loss_parity.md").read_text() == table
+    assert (artifacts / "compare" / "strategy_table.csv").read_text().count("FINISHED") == 2

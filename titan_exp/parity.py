@@ -14,18 +14,35 @@ from titan_exp.config.schema import JobConfig
 
 
 def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool:
-    """Returns True when every layout stays within cfg.parity.rtol of the reference."""
+    """Returns True when every layout stays within cfg.parity.rtol of the reference. With tracking
+    on, the layouts' runs are children of one parent run that gets the comparison and the report."""
     from titan_exp.job import prepare, run_job
 
     seed_folder = job_dir / "seed_checkpoint"
     base = [o for o in task_overrides if not o.startswith("experiment=")] + ["experiment=loss_parity"]
     _run(base + ["parallelism=single", "checkpoint.create_seed_checkpoint=true", f"checkpoint.folder={seed_folder}", "tracking=none"], job_dir / "seed", prepare, run_job)
+    group = None
+    if cfg.tracking.enable:
+        from titan_exp.tracking.sweep import RunGroup
+
+        group = RunGroup(cfg.tracking, "loss_parity", job_dir, {"parity.layouts": " | ".join(cfg.parity.layouts)})
+        base.append(f"tracking.parent_run_id={group.run_id}")
     curves: dict[str, list[float]] = {}
-    for layout in cfg.parity.layouts:
-        overrides = base + layout.split() + [f"checkpoint.initial_load_path={seed_folder}/step-0"]
-        run_id = _run(overrides, job_dir / layout.replace(" ", "_").replace("=", "-"), prepare, run_job)
-        curves[layout] = _loss_curve(cfg.tracking.uri, run_id)
-    return _report(curves, cfg.parity.rtol, job_dir)
+    try:
+        for layout in cfg.parity.layouts:
+            overrides = base + layout.split() + [f"checkpoint.initial_load_path={seed_folder}/step-0"]
+            run_id = _run(overrides, job_dir / layout.replace(" ", "_").replace("=", "-"), prepare, run_job)
+            curves[layout] = _loss_curve(cfg.tracking.uri, run_id)
+        passed = _report(curves, cfg.parity.rtol, job_dir)
+    except BaseException as err:
+        if group:
+            group.finish(failed_jobs=1, interrupted=isinstance(err, KeyboardInterrupt))
+        raise
+    if group:
+        for name in ("loss_parity.md", "loss_parity.png"):
+            group.run.log_artifact(job_dir / name, "parity")
+        group.finish(failure=None if passed else f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}")
+    return passed
 
 
 def _run(overrides: list[str], job_dir: Path, prepare, run_job) -> str | None:

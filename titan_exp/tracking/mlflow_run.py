@@ -30,8 +30,9 @@ _MAX_PARAM_LENGTH = 6000
 _MAX_TAG_LENGTH = 5000
 # SQLite lets one writer in at a time; a busy store is retried for this long before giving up.
 _RETRY_SECONDS = 60.0
-# Metrics of at most this many log steps go out in one batch when the store fell behind.
-_MAX_MERGED_STEPS = 64
+# The writer sends the metrics that arrived within this many seconds as one batch: every log step
+# is recorded, with far fewer store transactions (each costs milliseconds of CPU) than one per step.
+_METRICS_FLUSH_SECONDS = 2.0
 # MLflow's tag that nests a run under another in the UI and in search.
 PARENT_TAG = "mlflow.parentRunId"
 # Set to "sweep" on a sweep's parent run, which trains nothing itself.
@@ -119,12 +120,12 @@ class MlflowRun:
         self.run_id = run_id
 
     @classmethod
-    def create(cls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], start_ms: int | None = None) -> "MlflowRun":
+    def create(cls, cfg: TrackingConfig, run_name: str, tags: dict[str, str]) -> "MlflowRun":
         mlflow_client = client(cfg.uri)
         tags = {**origin_tags(), **tags}
         if cfg.parent_run_id:
             tags[PARENT_TAG] = cfg.parent_run_id
-        run = with_retries(lambda: mlflow_client.create_run(experiment_id(mlflow_client, cfg), start_time=start_ms, run_name=run_name, tags=tags))
+        run = with_retries(lambda: mlflow_client.create_run(experiment_id(mlflow_client, cfg), run_name=run_name, tags=tags))
         return cls(cfg.uri, run.info.run_id)
 
     def log_params(self, params: dict[str, object]) -> None:
@@ -160,18 +161,18 @@ class MlflowRun:
 
 
 class BackgroundTracker:
-    """Rank 0's writer: a separate process, started with `begin()` once the first step is done,
-    creates the run, records its id in `run_id_file` for the launching process, then writes what
-    the training loop queued, in order; metrics that queued up while the store was busy go out
-    together in one batch. A store that fails is reported once and training goes on untracked.
+    """Rank 0's writer: a separate process, started before training, creates the run, records its
+    id in `run_id_file` for the launching process, then writes what the training loop queues, in
+    order, the metrics of every ~2 s in one batch. A store that fails is reported once and training
+    goes on untracked.
 
     Why a process and not a thread: MLflow's client is pure Python (SQLAlchemy, HTTP) and a thread
     running it holds the interpreter lock that the training loop needs between every two torch ops;
     measured on CPU ranks, steps ran ~8× slower while a tracker thread imported MLflow. The writer
-    also runs at the lowest CPU priority, so on busy cores it writes when the ranks wait, and on
-    `close()` whatever is still queued; metric timestamps are taken when they are queued, and the
-    run's start time when the tracker is made. It dies with rank 0 (Linux), so a killed rank leaves
-    no writer behind and the launching process closes the run.
+    imports MLflow while the ranks start up, then drops to the lowest CPU priority, so on busy
+    cores it writes when the ranks wait. Metric timestamps are taken when they are queued. It dies
+    with rank 0 (Linux), so a killed rank leaves no writer behind and the launching process closes
+    the run.
     """
 
     def __init__(self, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None):
@@ -179,10 +180,10 @@ class BackgroundTracker:
 
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied torch or process-group state
         self._queue = context.Queue()
-        start_ms = int(time.time() * 1000)
         self._process = context.Process(
-            target=_write_run, args=(self._queue, cfg, run_name, tags, run_id_file, start_ms), name="mlflow-tracker", daemon=True
+            target=_write_run, args=(self._queue, cfg, run_name, tags, run_id_file), name="mlflow-tracker", daemon=True
         )
+        self._process.start()
 
     def log_params(self, params: dict[str, object]) -> None:
         self._queue.put(("log_params", (params,)))
@@ -196,15 +197,10 @@ class BackgroundTracker:
     def log_artifact(self, path: Path, artifact_dir: str) -> None:
         self._queue.put(("log_artifact", (path, artifact_dir)))
 
-    def begin(self) -> None:
-        if self._process.pid is None:
-            self._process.start()
-
     def close(self, status: str, reason: str | None = None) -> None:
         """Write everything queued, end the run with `status`, and wait for the writer."""
         self._queue.put(("finish", (status, reason)))
         self._queue.put(_STOP)
-        self.begin()
         # The launcher interrupts the ranks of a failed job; finish writing first (its SIGKILL
         # after a grace period still bounds the wait).
         in_main_thread = threading.current_thread() is threading.main_thread()
@@ -216,14 +212,13 @@ class BackgroundTracker:
                 signal.signal(signal.SIGINT, previous)
 
 
-def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None, start_ms: int) -> None:
+def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None) -> None:
     """The writer process's body."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the rank decides when writing ends (close)
-    os.nice(19)
     error, monitor = None, None
     try:
-        run = MlflowRun.create(cfg, run_name, tags, start_ms)
+        run = MlflowRun.create(cfg, run_name, tags)
         if run_id_file is not None:
             run_id_file.write_text(run.run_id)
         print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
@@ -231,6 +226,7 @@ def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], 
             monitor = _start_system_metrics(cfg, run.run_id)
     except Exception:
         error, run = _last_line(traceback.format_exc()), None
+    os.nice(19)  # from here on, write only when the ranks leave a core free
     for method, args in _batches(calls):
         if run is None:
             continue  # drain, so the training loop's queue never fills up
@@ -245,7 +241,8 @@ def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], 
 
 
 def _batches(calls):
-    """The queued calls in order until the stop marker; consecutive log_metrics calls merged into one."""
+    """The queued calls in order until the stop marker; log_metrics calls that arrive within
+    _METRICS_FLUSH_SECONDS of each other are merged into one."""
     pending = None
     while True:
         item, pending = pending or calls.get(), None
@@ -253,13 +250,14 @@ def _batches(calls):
             return
         if item[0] == "log_metrics":
             records = list(item[1][0])
-            while len(records) < _MAX_MERGED_STEPS:
+            deadline = time.monotonic() + _METRICS_FLUSH_SECONDS
+            while (wait := deadline - time.monotonic()) > 0:
                 try:
-                    pending = calls.get_nowait()
+                    pending = calls.get(timeout=wait)
                 except queue.Empty:
                     break
                 if pending[0] != "log_metrics":
-                    break
+                    break  # a finish or an artifact: write what came before it now
                 records += pending[1][0]
                 pending = None
             item = ("log_metrics", (records,))

@@ -1,10 +1,9 @@
 """A Hydra multirun as one MLflow parent run, with each point's run as its child.
 
-Hydra calls `SweepParentRun` (registered under hydra.callbacks in conf/config.yaml) in the process
-that starts the sweep: it creates the store and the parent run before any point starts and leaves
-the parent's id in the sweep directory, where every point finds it, also a point that runs as a
-separate job (another process, a Slurm job) on a shared file system. When the sweep is over it writes
-the strategy comparison into the parent run and ends it.
+Hydra calls `SweepParentRun` in the process that starts the sweep: it creates the store and the
+parent run before any point starts and leaves the parent's id in the sweep directory, where every
+point finds it, also a point that runs as a separate job (another process, a Slurm job) on a shared
+file system. When the sweep is over it writes the strategy comparison into the parent run and ends it.
 """
 
 import dataclasses
@@ -33,29 +32,62 @@ def join_sweep(cfg: JobConfig, sweep_dir: Path) -> JobConfig:
     return dataclasses.replace(cfg, tracking=tracking)
 
 
+class RunGroup:
+    """A parent MLflow run over several training jobs (a sweep's points, a parity check's layouts).
+    Its id is left in `folder`, where the jobs find it; `finish` compares the jobs into it."""
+
+    def __init__(self, tracking: TrackingConfig, name: str, folder: Path, params: dict[str, object]):
+        from titan_exp.tracking.mlflow_run import ROLE_TAG, MlflowRun, absolute_uri, ensure_store
+
+        self.uri = absolute_uri(tracking.uri)
+        self.folder = folder
+        tracking = dataclasses.replace(tracking, uri=self.uri)
+        ensure_store(tracking)
+        self.run = MlflowRun.create(tracking, name[:_MAX_RUN_NAME], {ROLE_TAG: "sweep", "sweep_dir": str(folder)})
+        self.run.log_params(params)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / PARENT_RUN_FILE).write_text(self.run.run_id)
+        print(f"MLflow parent run {self.run.run_id} ({name}) for the jobs in {folder}", flush=True)
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def finish(self, failed_jobs: int = 0, interrupted: bool = False, failure: str | None = None) -> None:
+        """Compare the jobs into the parent run (and `folder`/compare), then end it: KILLED if
+        interrupted, FAILED if a job failed (how many in `failure_reason`) or `failure` is given
+        (the reason), else FINISHED."""
+        from titan_exp.compare.report import compare_sweep
+
+        out_dir = self.folder / "compare"
+        try:
+            report = compare_sweep(self.uri, self.run.run_id, out_dir)
+            print(f"\n{report.markdown}tables and plots: {out_dir} (and the parent run's compare/ artifacts)", flush=True)
+            # A job that failed counts once, whether or not it got as far as a run of its own.
+            failed = max(failed_jobs, sum(row.status != "FINISHED" for row in report.summaries))
+            reason = f"{failed} sweep point(s) failed" if failed else failure
+            failed = failed or failure is not None
+        except Exception as err:  # the comparison must not leave the parent run open
+            failed, reason = 1, f"comparison failed: {type(err).__name__}: {err}"
+        status = "KILLED" if interrupted else "FAILED" if failed else "FINISHED"
+        self.run.finish(status, "interrupted" if interrupted else reason)
+
+
 class SweepParentRun(Callback):
+    """Registered under hydra.callbacks (conf/config.yaml): Hydra calls it in the process that
+    starts a multirun."""
+
     def __init__(self) -> None:
-        self.tracking: TrackingConfig | None = None
-        self.sweep_dir: Path | None = None
-        self.run = None
+        self.group: RunGroup | None = None
         self.failed_points = 0
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         global _active
-        from titan_exp.tracking.mlflow_run import ROLE_TAG, MlflowRun, absolute_uri, ensure_store
-
         tracking: TrackingConfig = OmegaConf.to_object(config.tracking)
         if not tracking.enable or tracking.parent_run_id:
             return  # nothing tracked, or the points join the parent the user named
-        self.tracking = dataclasses.replace(tracking, uri=absolute_uri(tracking.uri))
-        self.sweep_dir = sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         overrides = list(config.hydra.overrides.task)
-        ensure_store(self.tracking)
-        self.run = MlflowRun.create(self.tracking, _parent_name(overrides), {ROLE_TAG: "sweep", "sweep_dir": str(sweep_dir)})
-        self.run.log_params({"sweep.overrides": " ".join(overrides)})
-        (sweep_dir / PARENT_RUN_FILE).write_text(self.run.run_id)
-        print(f"MLflow parent run {self.run.run_id} for the sweep in {sweep_dir}", flush=True)
+        self.group = RunGroup(tracking, _parent_name(overrides), Path(config.hydra.sweep.dir), {"sweep.overrides": " ".join(overrides)})
         _active = self
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
@@ -67,26 +99,11 @@ class SweepParentRun(Callback):
         self.finish(interrupted=False)
 
     def finish(self, interrupted: bool) -> None:
-        """Compare the points into the parent run, then end it: KILLED if interrupted, FAILED if a
-        point failed (its reason in `failure_reason`), else FINISHED."""
         global _active
-        if self.run is None:
-            return
-        from titan_exp.compare.report import compare_sweep
-
         _active = None
-        try:
-            report = compare_sweep(self.tracking.uri, self.run.run_id, self.sweep_dir / "compare")
-            print(f"\n{report.markdown}tables and plots: {self.sweep_dir / 'compare'} (and the parent run's compare/ artifacts)", flush=True)
-            rows = report.summaries
-            # A point that failed here counts once, whether or not it got as far as a run of its own.
-            failed = max(self.failed_points, sum(row.status != "FINISHED" for row in rows))
-            reason = f"{failed} sweep point(s) failed" if failed else None
-        except Exception as err:  # the comparison must not leave the parent run open
-            failed, reason = 1, f"comparison failed: {type(err).__name__}: {err}"
-        status = "KILLED" if interrupted else "FAILED" if failed else "FINISHED"
-        self.run.finish(status, "interrupted" if interrupted else reason)
-        self.run = None
+        if self.group is not None:
+            self.group.finish(self.failed_points, interrupted)
+            self.group = None
 
 
 def _parent_name(overrides: list[str]) -> str:

@@ -61,12 +61,15 @@ def train(cfg: JobConfig, ctx: RunContext) -> dict[str, float]:
     env = rank_env.current()
     device = select_device(cfg.launcher.device, env.local_rank)
     set_determinism(cfg.debug.seed, cfg.debug.deterministic)
+    # On CPU, measured first, while nothing else runs: the other ranks wait in the rendezvous and
+    # rank 0's MLflow writer has not started.
+    peak_flops = _peak_flops(cfg, device) if env.rank == 0 else 0.0
     if env.rank != 0 or not cfg.tracking.enable:
-        return _train_distributed(cfg, env, device, tracker=None)
+        return _train_distributed(cfg, env, device, peak_flops, tracker=None)
     with run_log(ctx.run_log_file) as log_copy:
         tracker = _open_tracker(cfg, ctx, env, device)
         try:
-            result = _train_distributed(cfg, env, device, tracker)
+            result = _train_distributed(cfg, env, device, peak_flops, tracker)
         except BaseException as err:
             log_copy.write(traceback.format_exc())
             log_copy.flush()
@@ -78,11 +81,9 @@ def train(cfg: JobConfig, ctx: RunContext) -> dict[str, float]:
     return result
 
 
-def _train_distributed(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, tracker) -> dict[str, float]:
+def _train_distributed(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float, tracker) -> dict[str, float]:
     """Join the process group, train, and leave it."""
     try:
-        # On CPU, measured before the rendezvous, while the other ranks wait in it and leave the cores free.
-        peak_flops = _peak_flops(cfg, device) if env.rank == 0 else 0.0
         if env.world_size > 1:
             backend = "nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=timedelta(minutes=10), device_id=device if device.type == "cuda" else None)
@@ -217,7 +218,6 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
                 print(format_line(step, last), flush=True)
                 if tracker:
                     tracker.log_metrics(step, last)
-                    tracker.begin()
         checkpointer.maybe_save(step, cfg.training.steps, is_writer=env.rank == 0)
     return last
 

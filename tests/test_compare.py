@@ -1,0 +1,68 @@
+"""The strategy table's arithmetic and formats, and the tracker's writer process, on their own."""
+
+import csv
+import io
+
+from titan_exp.compare.report import COLUMNS, table, to_html, to_markdown
+from titan_exp.compare.runs import RunSummary, add_scaling_efficiency
+
+
+def _summary(name: str, strategy: str, world_size: int, tps: float | None, mesh: dict[str, int], status: str = "FINISHED") -> RunSummary:
+    return RunSummary(
+        run_id=f"{name}-id-0123456789", name=name, status=status, model="llama3_8b", strategy=strategy, quantize="none",
+        mesh=mesh, world_size=world_size, tps_per_device=tps, mfu_pct=None if tps is None else tps / 100,
+        peak_memory_gib=1.5, memory_kind="active", final_loss=2.0,
+    )
+
+
+def test_scaling_efficiency_is_relative_to_the_smallest_world_size_of_the_family():
+    runs = [
+        _summary("fsdp8", "fsdp", 8, 900.0, {"dp_shard": 8}),
+        _summary("fsdp2-a", "fsdp", 2, 1000.0, {"dp_shard": 2}),
+        _summary("fsdp2-b", "fsdp", 2, 1200.0, {"dp_shard": 2}),  # median of the baseline: 1100
+        _summary("fsdp4tp2", "fsdp_tp", 8, 600.0, {"dp_shard": 4, "tp": 2}),
+        _summary("fsdp2tp2", "fsdp_tp", 4, 800.0, {"dp_shard": 2, "tp": 2}),
+        _summary("fsdp2tp4", "fsdp_tp", 8, 400.0, {"dp_shard": 2, "tp": 4}),  # another tp degree: its own family
+        _summary("failed", "fsdp", 16, None, {"dp_shard": 16}, status="FAILED"),
+    ]
+    add_scaling_efficiency(runs)
+    efficiency = {r.name: r.scaling_efficiency for r in runs}
+    assert efficiency["fsdp8"] == 900 / 1100
+    assert efficiency["fsdp2-a"] == 1000 / 1100 and efficiency["fsdp2-b"] == 1200 / 1100
+    assert efficiency["fsdp4tp2"] == 600 / 800 and efficiency["fsdp2tp2"] == 1.0
+    assert efficiency["fsdp2tp4"] == 1.0
+    assert efficiency["failed"] is None
+
+
+def test_table_formats_agree_and_escape():
+    run = _summary("a|b<c>", "fsdp", 2, 1234.5, {"dp_shard": 2}, status="FAILED")
+    run.failure_reason = "RankFailure: rank 1 failed"
+    add_scaling_efficiency([run])
+    rows = table([run])
+    assert rows == [["a|b<c>", "2", "1,234", "12.35", "1.50 (active)", "1.00", "2.0000", "FAILED: RankFailure: rank 1 failed", "a|b<c>-i"]]
+    markdown = to_markdown(rows).splitlines()
+    assert markdown[0] == "| " + " | ".join(COLUMNS) + " |" and markdown[2].startswith("| a\\|b<c> | 2 | 1,234 |")
+    assert "<td>a|b&lt;c&gt;</td>" in to_html(rows, "t")
+    written = io.StringIO()
+    csv.writer(written).writerows([COLUMNS, *rows])
+    assert list(csv.DictReader(io.StringIO(written.getvalue())))[0]["TPS/device"] == "1,234"
+
+
+def test_tracker_writes_every_queued_step_from_its_own_process(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from titan_exp.tracking.config import TrackingConfig
+    from titan_exp.tracking.mlflow_run import BackgroundTracker, ensure_store
+
+    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
+    ensure_store(cfg)
+    tracker = BackgroundTracker(cfg, "burst", {"model": "test"}, tmp_path / "run_id")
+    tracker.log_params({"a.b": 1})
+    for step in range(1, 301):  # far faster than one log_batch each: the writer merges them
+        tracker.log_metrics(step, {"loss": 1.0 / step, "lr": 0.1})
+    tracker.close("FINISHED")
+    client = MlflowClient(tracking_uri=cfg.uri)
+    run = client.get_run((tmp_path / "run_id").read_text())
+    assert run.info.status == "FINISHED" and run.data.params == {"a.b": "1"} and run.data.tags["status"] == "finished"
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert history == [(step, 1.0 / step) for step in range(1, 301)]

@@ -91,7 +91,8 @@ def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
     assert run.data.tags["status"] == "failed" and "rank 1 failed" in run.data.tags["failure_reason"]
     # What was logged before the failure is kept, rank 0's console output included.
     assert run.data.metrics["loss/global_avg"] > 0
-    run_log = Path(run.info.artifact_uri.removeprefix("file://"), "logs", "rank0.log").read_text()
+    # Artifacts live beside the SQLite store.
+    run_log = (db.parent / "mlartifacts" / "titan_exp" / run.info.run_id / "artifacts" / "logs" / "rank0.log").read_text()
     assert "step     3" in run_log
 
 

@@ -10,8 +10,6 @@ scale, a wrong batch split or different initial weights would fail (the negative
 that a different seed is far outside it).
 """
 
-from pathlib import Path
-
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -194,6 +192,6 @@ def test_loss_parity_preset_writes_table_and_plot(tmp_path, store):
     [parent] = mlflow_runs(db, sweeps=True)
     assert parent.info.run_name == "loss_parity" and parent.info.status == "FINISHED"
     assert {run.data.tags["mlflow.parentRunId"] for run in mlflow_runs(db)} == {parent.info.run_id}
-    artifacts = Path(parent.info.artifact_uri.removeprefix("file://"))
+    artifacts = db.parent / "mlartifacts" / "titan_exp" / parent.info.run_id / "artifacts"
     assert (artifacts / "parity" / "loss_parity.md").read_text() == table
     assert (artifacts / "compare" / "strategy_table.csv").read_text().count("FINISHED") == 2

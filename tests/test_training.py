@@ -17,7 +17,8 @@ SHORT_RUN = [
 
 @pytest.mark.parametrize(
     "layout,nproc,mesh",
-    [("ddp", 2, "dp_replicate2"), ("fsdp", 2, "dp_shard2"), ("ddp", 4, "dp_replicate4"), ("fsdp", 4, "dp_shard4"), ("hsdp", 4, "dp_replicate2·dp_shard2")],
+    # 4-rank DDP and FSDP add little: HSDP here and the parity matrix run 4 and 8 ranks.
+    [("ddp", 2, "dp_replicate2"), ("fsdp", 2, "dp_shard2"), ("hsdp", 4, "dp_replicate2·dp_shard2")],
 )
 def test_layout_trains_and_lowers_the_loss(tmp_path, store, layout, nproc, mesh):
     uri, db = store

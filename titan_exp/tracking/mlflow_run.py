@@ -19,7 +19,6 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlparse
 
 from titan_exp.tracking.config import TrackingConfig
 
@@ -51,7 +50,10 @@ def absolute_uri(uri: str) -> str:
 
 
 def sqlite_path(uri: str) -> Path | None:
-    return Path(urlparse(uri).path) if uri.startswith("sqlite:///") else None
+    """sqlite:///rel.db → rel.db, sqlite:////abs.db → /abs.db (not urlparse: it keeps '//abs.db',
+    which pathlib keeps too, and file URIs made from it lose their first directory)."""
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix):]) if uri.startswith(prefix) else None
 
 
 def client(uri: str):
@@ -210,6 +212,9 @@ class BackgroundTracker:
         finally:
             if in_main_thread:
                 signal.signal(signal.SIGINT, previous)
+        # The writer read everything up to the stop marker, or died: either way nothing is left
+        # for the queue's feeder thread to deliver, and exit must not wait on it.
+        self._queue.cancel_join_thread()
 
 
 def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None) -> None:

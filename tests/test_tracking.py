@@ -153,12 +153,15 @@ def test_local_sweep_compares_its_points_into_the_parent_run(tmp_path, store):
     artifacts = {a.path for a in _client(db).list_artifacts(parent.info.run_id, "compare")}
     assert {f"compare/{name}" for name in ("strategy_table.md", "strategy_table.csv", "strategy_table.html", "loss_curves.png", "throughput.png", "memory.png", "scaling.png")} <= artifacts
 
-    # The same table again from the command line, into another folder.
+    # A job started on its own joins the sweep by its parent run id; the command line compares all three.
+    joined = run_cli([*SMOKE, uri, "parallelism=ddp", "launcher.nproc_per_node=2", f"tracking.parent_run_id={parent.info.run_id}"], tmp_path / "joined")
+    assert joined.returncode == 0, joined.stderr[-3000:]
     out = tmp_path / "again"
     cli = subprocess.run([sys.executable, "-m", "titan_exp.compare", "--uri", f"sqlite:///{db}", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
-    assert "| llama3_debug·single | 1 |" in cli.stdout and "| llama3_debug·fsdp2 | 2 |" in cli.stdout
-    assert (out / "strategy_table.csv").read_text() == (tmp_path / "multirun" / "compare" / "strategy_table.csv").read_text()
+    assert "| llama3_debug·single | 1 |" in cli.stdout and "| llama3_debug·fsdp2 | 2 |" in cli.stdout and "| llama3_debug·ddp2 | 2 |" in cli.stdout
+    sweep_rows = (tmp_path / "multirun" / "compare" / "strategy_table.csv").read_text().splitlines()
+    assert (out / "strategy_table.csv").read_text().splitlines()[:3] == sweep_rows
     bad = subprocess.run([sys.executable, "-m", "titan_exp", "compare", "--uri", f"sqlite:///{db}", "--sweep", "nope"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()] and "--sweep=nope: no such run" in bad.stderr
 

@@ -27,8 +27,9 @@ _MAX_PARAMS_PER_BATCH = 100
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAM_LENGTH = 6000
 _MAX_TAG_LENGTH = 5000
-# SQLite lets one writer in at a time; a busy store is retried for this long before giving up.
-_RETRY_SECONDS = 60.0
+# SQLite lets one writer in at a time; a busy store is retried for this long before giving up
+# (long: a writer that holds the lock may wait for an idle core, see _run_only_on_idle_cores).
+_RETRY_SECONDS = 600.0
 # The writer sends the metrics that arrived within this many seconds as one batch: every log step
 # is recorded, with far fewer store transactions (each costs milliseconds of CPU) than one per step.
 _METRICS_FLUSH_SECONDS = 2.0
@@ -63,16 +64,18 @@ def client(uri: str):
 
 
 def ensure_store(cfg: TrackingConfig) -> None:
-    """Create the store (a new SQLite file runs its migrations) and the experiment, once, even when
-    several launching processes start at the same moment (they take turns on a lock file)."""
+    """Create a SQLite store (its migrations) and the experiment once, even when several launching
+    processes start at the same moment: they take turns on a lock file, and a store that exists was
+    completed under that lock. An existing store is left alone without importing MLflow (seconds of
+    start-up); rank 0 creates the experiment if it is new. A server's store exists already."""
     db = sqlite_path(cfg.uri)
     if db is None:
-        experiment_id(client(cfg.uri), cfg)
         return
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        experiment_id(client(cfg.uri), cfg)
+        if not db.exists():
+            experiment_id(client(cfg.uri), cfg)
 
 
 def experiment_id(mlflow_client, cfg: TrackingConfig) -> str:
@@ -81,8 +84,15 @@ def experiment_id(mlflow_client, cfg: TrackingConfig) -> str:
         return experiment.experiment_id
     db = sqlite_path(cfg.uri)
     # For a SQLite store artifacts go beside the database (MLflow would use ./mlruns of the cwd).
-    location = (db.parent / "mlartifacts" / cfg.experiment).as_uri() if db else None
-    return mlflow_client.create_experiment(cfg.experiment, artifact_location=location)
+    location = (db.resolve().parent / "mlartifacts" / cfg.experiment).as_uri() if db else None
+    try:
+        return mlflow_client.create_experiment(cfg.experiment, artifact_location=location)
+    except Exception:
+        # Another job created it in the meantime.
+        experiment = mlflow_client.get_experiment_by_name(cfg.experiment)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
 
 
 def with_retries(call: Callable[[], T]) -> T:
@@ -171,8 +181,9 @@ class BackgroundTracker:
     Why a process and not a thread: MLflow's client is pure Python (SQLAlchemy, HTTP) and a thread
     running it holds the interpreter lock that the training loop needs between every two torch ops;
     measured on CPU ranks, steps ran ~8× slower while a tracker thread imported MLflow. The writer
-    imports MLflow while the ranks start up, then drops to the lowest CPU priority, so on busy
-    cores it writes when the ranks wait. Metric timestamps are taken when they are queued. It dies
+    runs only on idle cores (its MLflow import alone is ~3 CPU-seconds), so where the ranks keep
+    every core busy it writes when they wait, or at the end; on GPU nodes, with cores to spare, it
+    keeps up. Metric timestamps are taken when they are queued. It dies
     with rank 0 (Linux), so a killed rank leaves no writer behind and the launching process closes
     the run.
     """
@@ -186,6 +197,8 @@ class BackgroundTracker:
             target=_write_run, args=(self._queue, cfg, run_name, tags, run_id_file), name="mlflow-tracker", daemon=True
         )
         self._process.start()
+        # At once, from here: the child's own interpreter start-up is already CPU the ranks want.
+        _run_only_on_idle_cores(self._process.pid)
 
     def log_params(self, params: dict[str, object]) -> None:
         self._queue.put(("log_params", (params,)))
@@ -231,7 +244,6 @@ def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], 
             monitor = _start_system_metrics(cfg, run.run_id)
     except Exception:
         error, run = _last_line(traceback.format_exc()), None
-    os.nice(19)  # from here on, write only when the ranks leave a core free
     for method, args in _batches(calls):
         if run is None:
             continue  # drain, so the training loop's queue never fills up
@@ -277,6 +289,16 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
     except OSError:
         pass  # not Linux: the writer then outlives a killed rank by as long as its queue lasts
+
+
+def _run_only_on_idle_cores(pid: int) -> None:
+    """Linux's SCHED_IDLE for process `pid`: it runs only on a core nothing else wants and yields
+    at once when a rank wakes up (stronger than nice 19, whose time slices still delay the ranks'
+    collectives). Elsewhere it keeps the normal priority."""
+    try:
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
 
 
 def _last_line(formatted_traceback: str) -> str:

@@ -1,16 +1,15 @@
 """The strategy table's arithmetic and formats, and the tracker's writer process, on their own."""
 
 import csv
-import io
 
-from titan_exp.compare.report import COLUMNS, table, to_html, to_markdown
+from titan_exp.compare.report import COLUMNS, table, to_html, to_markdown, write_csv
 from titan_exp.compare.runs import RunSummary, add_scaling_efficiency
 
 
 def _summary(name: str, strategy: str, world_size: int, tps: float | None, mesh: dict[str, int], status: str = "FINISHED") -> RunSummary:
     return RunSummary(
         run_id=f"{name}-id-0123456789", name=name, status=status, model="llama3_8b", strategy=strategy, quantize="none",
-        mesh=mesh, world_size=world_size, tps_per_device=tps, mfu_pct=None if tps is None else tps / 100,
+        mesh=mesh, device="cuda", tokens_per_micro_batch=8192, world_size=world_size, tps_per_device=tps, mfu_pct=None if tps is None else tps / 100,
         peak_memory_gib=1.5, memory_kind="active", final_loss=2.0,
     )
 
@@ -24,28 +23,36 @@ def test_scaling_efficiency_is_relative_to_the_smallest_world_size_of_the_family
         _summary("fsdp2tp2", "fsdp_tp", 4, 800.0, {"dp_shard": 2, "tp": 2}),
         _summary("fsdp2tp4", "fsdp_tp", 8, 400.0, {"dp_shard": 2, "tp": 4}),  # another tp degree: its own family
         _summary("failed", "fsdp", 16, None, {"dp_shard": 16}, status="FAILED"),
+        _summary("failed-fast", "fsdp", 1, 5000.0, {}, status="FAILED"),  # never a baseline
     ]
+    runs.append(_summary("other-batch", "fsdp", 4, 500.0, {"dp_shard": 4}))
+    runs[-1].tokens_per_micro_batch = 4096  # a different per-rank batch: a family of its own
     add_scaling_efficiency(runs)
     efficiency = {r.name: r.scaling_efficiency for r in runs}
     assert efficiency["fsdp8"] == 900 / 1100
     assert efficiency["fsdp2-a"] == 1000 / 1100 and efficiency["fsdp2-b"] == 1200 / 1100
     assert efficiency["fsdp4tp2"] == 600 / 800 and efficiency["fsdp2tp2"] == 1.0
     assert efficiency["fsdp2tp4"] == 1.0
-    assert efficiency["failed"] is None
+    assert efficiency["failed"] is None and efficiency["failed-fast"] is None
+    assert efficiency["other-batch"] == 1.0
 
 
-def test_table_formats_agree_and_escape():
-    run = _summary("a|b<c>", "fsdp", 2, 1234.5, {"dp_shard": 2}, status="FAILED")
-    run.failure_reason = "RankFailure: rank 1 failed"
-    add_scaling_efficiency([run])
-    rows = table([run])
-    assert rows == [["a|b<c>", "2", "1,234", "12.35", "1.50 (active)", "1.00", "2.0000", "FAILED: RankFailure: rank 1 failed", "a|b<c>-i"]]
+def test_table_formats_agree_and_escape(tmp_path):
+    run = _summary("a|b<c>", "fsdp", 2, 1234.5, {"dp_shard": 2})
+    failed = _summary("f", "fsdp", 4, None, {"dp_shard": 4}, status="FAILED")
+    failed.failure_reason = "RankFailure: rank 1 failed"
+    add_scaling_efficiency([run, failed])
+    rows = table([run, failed])
+    assert rows[0] == ["a|b<c>", "2", "1,234", "12.35", "1.50 (active)", "1.00", "2.0000", "FINISHED", "a|b<c>-i"]
+    assert rows[1][2] == "n/a" and rows[1][5] == "n/a" and rows[1][7] == "FAILED: RankFailure: rank 1 failed"
     markdown = to_markdown(rows).splitlines()
     assert markdown[0] == "| " + " | ".join(COLUMNS) + " |" and markdown[2].startswith("| a\\|b<c> | 2 | 1,234 |")
     assert "<td>a|b&lt;c&gt;</td>" in to_html(rows, "t")
-    written = io.StringIO()
-    csv.writer(written).writerows([COLUMNS, *rows])
-    assert list(csv.DictReader(io.StringIO(written.getvalue())))[0]["TPS/device"] == "1,234"
+    write_csv([run, failed], tmp_path / "t.csv")
+    with open(tmp_path / "t.csv") as file:
+        written = list(csv.DictReader(file))
+    assert float(written[0]["tps_per_device"]) == 1234.5 and float(written[0]["scaling_efficiency"]) == 1.0
+    assert written[1]["tps_per_device"] == "" and written[1]["failure_reason"] == "RankFailure: rank 1 failed"
 
 
 def test_tracker_writes_every_queued_step_from_its_own_process(tmp_path):

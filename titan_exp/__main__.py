@@ -75,15 +75,15 @@ def main() -> None:
     register_schema()
     try:
         _task()
-    except KeyboardInterrupt:
-        from titan_exp.tracking.sweep import end_active_sweep_interrupted
+    except BaseException as err:
+        # A sweep that stops early (interrupted, or Hydra rejects a later point's overrides) still
+        # ends its parent run.
+        from titan_exp.tracking.sweep import end_active_sweep
 
-        end_active_sweep_interrupted()
-        raise
-    except SystemExit as exit_:
-        # Hydra reports composition errors (unknown key, unknown option) itself with status 1,
-        # before our task runs: those are config errors too.
-        if exit_.code == 1 and not _state["task_started"]:
+        end_active_sweep(err)
+        if isinstance(err, SystemExit) and err.code == 1 and not _state["task_started"]:
+            # Hydra reports composition errors (unknown key, unknown option) itself with status 1,
+            # before our task runs: those are config errors too.
             sys.exit(EXIT_BAD_CONFIG)
         raise
     if _state["failures"]:

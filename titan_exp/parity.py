@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra import compose
 from omegaconf import OmegaConf
 
-from titan_exp.config.schema import JobConfig
+from titan_exp.config.schema import JobConfig, RunContext
 
 
 def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool:
@@ -34,13 +34,14 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
             run_id = _run(overrides, job_dir / layout.replace(" ", "_").replace("=", "-"), prepare, run_job)
             curves[layout] = _loss_curve(cfg.tracking.uri, run_id)
         passed = _report(curves, cfg.parity.rtol, job_dir)
+        if group:
+            for name in ("loss_parity.md", "loss_parity.png"):
+                group.run.log_artifact(job_dir / name, "parity")
     except BaseException as err:
         if group:
             group.finish(failed_jobs=1, interrupted=isinstance(err, KeyboardInterrupt))
         raise
     if group:
-        for name in ("loss_parity.md", "loss_parity.png"):
-            group.run.log_artifact(job_dir / name, "parity")
         group.finish(failure=None if passed else f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}")
     return passed
 
@@ -50,7 +51,7 @@ def _run(overrides: list[str], job_dir: Path, prepare, run_job) -> str | None:
     cfg, placement = prepare(OmegaConf.to_object(compose(config_name="config", overrides=overrides + ["parity.layouts=[]"])))
     print(f"== {' '.join(overrides)}", flush=True)
     run_job(cfg, placement, job_dir)
-    run_id_file = job_dir / "mlflow_run_id"
+    run_id_file = RunContext(str(job_dir), cfg.launcher.name).run_id_file
     return run_id_file.read_text().strip() if run_id_file.exists() else None
 
 

@@ -47,11 +47,20 @@ def to_html(rows: list[list[str]], title: str) -> str:
     )
 
 
-def write_csv(rows: list[list[str]], path: Path) -> None:
+# The CSV carries plain numbers (no separators, full precision) for spreadsheets and pandas.
+CSV_COLUMNS = ["strategy", "world_size", "tps_per_device", "mfu_pct", "peak_memory_gib", "memory_kind",
+               "scaling_efficiency", "final_loss", "status", "failure_reason", "run_id"]
+
+
+def write_csv(summaries: list[RunSummary], path: Path) -> None:
     with open(path, "w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow(COLUMNS)
-        writer.writerows(rows)
+        writer.writerow(CSV_COLUMNS)
+        for s in summaries:
+            writer.writerow([
+                s.name, s.world_size, s.tps_per_device, s.mfu_pct, s.peak_memory_gib, s.memory_kind,
+                s.scaling_efficiency, s.final_loss, s.status, s.failure_reason, s.run_id,
+            ])
 
 
 def write_plots(summaries: list[RunSummary], out_dir: Path) -> list[Path]:
@@ -95,9 +104,9 @@ def write_plots(summaries: list[RunSummary], out_dir: Path) -> list[Path]:
     for s in summaries:
         if s.scaling_efficiency is not None:
             families.setdefault(s.family, []).append(s)
-    for (model, strategy, quantize, (tp, pp, cp)), members in families.items():
+    for (model, strategy, quantize, (tp, pp, cp), device, tokens), members in families.items():
         members.sort(key=lambda s: s.world_size)
-        label = f"{model} {strategy}" + (f" {quantize}" if quantize != "none" else "") + f" tp{tp} pp{pp} cp{cp}"
+        label = f"{model} {strategy}" + (f" {quantize}" if quantize != "none" else "") + f" tp{tp} pp{pp} cp{cp} {device} {tokens} tok/rank"
         axis.plot([s.world_size for s in members], [s.scaling_efficiency for s in members], marker="o", label=label)
     axis.axhline(1.0, linestyle="--", color="grey", linewidth=1)
     axis.set(xlabel="world size (devices)", ylabel="TPS/device ÷ that of the family's smallest world size", title="Scaling efficiency")
@@ -122,7 +131,7 @@ def write_report(summaries: list[RunSummary], out_dir: Path, title: str) -> Repo
     markdown = to_markdown(rows)
     (out_dir / "strategy_table.md").write_text(f"# {title}\n\n{markdown}")
     (out_dir / "strategy_table.html").write_text(to_html(rows, title))
-    write_csv(rows, out_dir / "strategy_table.csv")
+    write_csv(summaries, out_dir / "strategy_table.csv")
     files = [out_dir / f"strategy_table.{ext}" for ext in ("md", "csv", "html")] + write_plots(summaries, out_dir)
     return Report(summaries, markdown, files)
 

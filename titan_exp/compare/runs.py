@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 
 from titan_exp.tracking.mlflow_run import PARENT_TAG, ROLE_TAG
 
-# Steady-state figures first (after step 1); a run that logged a single interval has only the plain ones.
-_TPS_KEYS = ("throughput/tps_per_device_mean", "throughput/tps_per_device")
-_MFU_KEYS = ("throughput/mfu_pct_mean", "throughput/mfu_pct")
+# Steady-state figures only (everything after step 1, which includes start-up and compilation); a
+# run that never got past its first log interval has none.
+_TPS_KEY = "throughput/tps_per_device_mean"
+_MFU_KEY = "throughput/mfu_pct_mean"
 # CUDA's allocator peak, else the CPU resident-set peak: never mixed in one figure (see metrics/memory.py).
 _MEMORY_KEYS = (("memory/max_active_gib", "active"), ("memory/cpu_rss_peak_gib", "cpu rss"))
 _LOSS_KEY = "loss/global_avg"
@@ -23,6 +24,9 @@ class RunSummary:
     strategy: str
     quantize: str
     mesh: dict[str, int]
+    device: str
+    # Tokens each rank processes per micro-batch: runs that differ here do not scale the same work.
+    tokens_per_micro_batch: int
     world_size: int
     tps_per_device: float | None
     mfu_pct: float | None
@@ -36,10 +40,11 @@ class RunSummary:
 
     @property
     def family(self) -> tuple:
-        """Runs that differ only in their data-parallel degree: the same model, strategy, precision
-        and model-parallel degrees. Scaling efficiency is measured within a family."""
+        """Runs that differ only in their data-parallel degree: the same model, strategy, precision,
+        model-parallel degrees, device kind and per-rank batch. Scaling efficiency is measured
+        within a family."""
         model_parallel = tuple(self.mesh.get(dim, 1) for dim in ("tp", "pp", "cp"))
-        return (self.model, self.strategy, self.quantize, model_parallel)
+        return (self.model, self.strategy, self.quantize, model_parallel, self.device, self.tokens_per_micro_batch)
 
 
 def latest_sweep(client, experiment_id: str):
@@ -60,7 +65,7 @@ def experiment_training_runs(client, experiment_id: str) -> list:
 
 
 def summarize(client, run) -> RunSummary:
-    metrics, tags = run.data.metrics, run.data.tags
+    metrics, tags, params = run.data.metrics, run.data.tags, run.data.params
     memory_key, memory_kind = next(((k, kind) for k, kind in _MEMORY_KEYS if k in metrics), (None, ""))
     loss_curve = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, _LOSS_KEY))
     return RunSummary(
@@ -71,9 +76,11 @@ def summarize(client, run) -> RunSummary:
         strategy=tags.get("strategy", "?"),
         quantize=tags.get("quantize", "none"),
         mesh=_parse_mesh(tags.get("mesh", "")),
+        device=tags.get("device", "?"),
+        tokens_per_micro_batch=int(params.get("training.local_batch_size", 0)) * int(params.get("training.seq_len", 0)),
         world_size=int(tags.get("world_size", 0) or 0),
-        tps_per_device=_first(metrics, _TPS_KEYS),
-        mfu_pct=_first(metrics, _MFU_KEYS),
+        tps_per_device=metrics.get(_TPS_KEY),
+        mfu_pct=metrics.get(_MFU_KEY),
         peak_memory_gib=max(m.value for m in client.get_metric_history(run.info.run_id, memory_key)) if memory_key else None,
         memory_kind=memory_kind,
         final_loss=loss_curve[-1][1] if loss_curve else None,
@@ -83,20 +90,17 @@ def summarize(client, run) -> RunSummary:
 
 
 def add_scaling_efficiency(summaries: list[RunSummary]) -> None:
-    """Each run's TPS/device relative to the median TPS/device of its family's smallest world size."""
+    """Each finished run's TPS/device relative to the median TPS/device of its family's smallest
+    world size (failed runs neither get one nor serve as the baseline)."""
     families: dict[tuple, list[RunSummary]] = {}
     for summary in summaries:
-        if summary.tps_per_device is not None and summary.world_size > 0:
+        if summary.status == "FINISHED" and summary.tps_per_device is not None and summary.world_size > 0:
             families.setdefault(summary.family, []).append(summary)
     for members in families.values():
         smallest = min(s.world_size for s in members)
         baseline = statistics.median(s.tps_per_device for s in members if s.world_size == smallest)
         for summary in members:
             summary.scaling_efficiency = summary.tps_per_device / baseline if baseline > 0 else None
-
-
-def _first(metrics: dict[str, float], keys: tuple[str, ...]) -> float | None:
-    return next((metrics[k] for k in keys if k in metrics), None)
 
 
 def _parse_mesh(text: str) -> dict[str, int]:

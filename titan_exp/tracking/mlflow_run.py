@@ -6,6 +6,7 @@ ranks die: then it closes their run as FAILED with the reason. Rank 0 writes thr
 low-priority process (BackgroundTracker), so training never waits on the store.
 """
 
+import contextlib
 import fcntl
 import getpass
 import os
@@ -16,7 +17,7 @@ import subprocess
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -95,16 +96,20 @@ def experiment_id(mlflow_client, cfg: TrackingConfig) -> str:
         return experiment.experiment_id
 
 
+def is_store_busy(err: Exception) -> bool:
+    return "database is locked" in str(err)
+
+
 def with_retries(call: Callable[[], T]) -> T:
-    """`call()`, retried while the store is busy (SQLite's "database is locked") or unreachable."""
+    """`call()`, retried while a SQLite store is busy ("database is locked"); MLflow's REST client
+    retries an unreachable server itself."""
     deadline = time.monotonic() + _RETRY_SECONDS
     delay = 0.2
     while True:
         try:
             return call()
         except Exception as err:
-            transient = "database is locked" in str(err) or isinstance(err, ConnectionError)
-            if not transient or time.monotonic() > deadline:
+            if not is_store_busy(err) or time.monotonic() > deadline:
                 raise
             time.sleep(delay)
             delay = min(2 * delay, 5.0)
@@ -127,7 +132,6 @@ def origin_tags() -> dict[str, str]:
 
 class MlflowRun:
     def __init__(self, uri: str, run_id: str):
-        self.uri = uri
         self.client = client(uri)
         self.run_id = run_id
 
@@ -194,7 +198,7 @@ class BackgroundTracker:
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied torch or process-group state
         self._queue = context.Queue()
         self._process = context.Process(
-            target=_write_run, args=(self._queue, cfg, run_name, tags, run_id_file), name="mlflow-tracker", daemon=True
+            target=_write_run, args=(self._queue, cfg, run_name, tags, run_id_file, os.getpid()), name="mlflow-tracker", daemon=True
         )
         self._process.start()
         # At once, from here: the child's own interpreter start-up is already CPU the ranks want.
@@ -216,34 +220,41 @@ class BackgroundTracker:
         """Write everything queued, end the run with `status`, and wait for the writer."""
         self._queue.put(("finish", (status, reason)))
         self._queue.put(_STOP)
-        # The launcher interrupts the ranks of a failed job; finish writing first (its SIGKILL
-        # after a grace period still bounds the wait).
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
-        try:
+        with sigint_ignored():
             self._process.join()
-        finally:
-            if in_main_thread:
-                signal.signal(signal.SIGINT, previous)
         # The writer read everything up to the stop marker, or died: either way nothing is left
         # for the queue's feeder thread to deliver, and exit must not wait on it.
         self._queue.cancel_join_thread()
 
 
-def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None) -> None:
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """The launcher interrupts the ranks of a failed job (SIGINT), more than once: what is being
+    written then is finished first (the launcher's SIGKILL after a grace period bounds the wait)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None, parent_pid: int) -> None:
     """The writer process's body."""
-    _die_with_parent()
+    _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the rank decides when writing ends (close)
     error, monitor = None, None
     try:
         run = MlflowRun.create(cfg, run_name, tags)
+    except Exception:
+        error, run = _last_line(traceback.format_exc()), None
+    if run is not None:
         if run_id_file is not None:
             run_id_file.write_text(run.run_id)
         print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
-        if cfg.system_metrics:
-            monitor = _start_system_metrics(cfg, run.run_id)
-    except Exception:
-        error, run = _last_line(traceback.format_exc()), None
+        monitor = _start_system_metrics(cfg, run.run_id) if cfg.system_metrics else None
     for method, args in _batches(calls):
         if run is None:
             continue  # drain, so the training loop's queue never fills up
@@ -251,8 +262,10 @@ def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], 
             _stop_system_metrics(monitor)
         try:
             getattr(run, method)(*args)
-        except Exception:
+        except Exception as err:
             error = error or _last_line(traceback.format_exc())
+            if is_store_busy(err):
+                run = None  # busy past the retry window: give up rather than wait that long per call
     if error:
         print(f"titan_exp: tracking failed, the run's MLflow record is incomplete: {error}", flush=True)
 
@@ -281,14 +294,17 @@ def _batches(calls):
         yield item
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the rank that started it dies (PR_SET_PDEATHSIG)."""
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when the rank that started it dies (PR_SET_PDEATHSIG),
+    and leave at once if it died before the request was made."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
     except OSError:
-        pass  # not Linux: the writer then outlives a killed rank by as long as its queue lasts
+        pass  # not Linux: the writer then outlives a killed rank until its queue is drained
+    if os.getppid() != parent_pid:
+        os._exit(0)
 
 
 def _run_only_on_idle_cores(pid: int) -> None:
@@ -306,20 +322,29 @@ def _last_line(formatted_traceback: str) -> str:
 
 
 def _start_system_metrics(cfg: TrackingConfig, run_id: str):
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    """MLflow's system-metrics sampler for the run; None (reported) if it cannot start."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    monitor = SystemMetricsMonitor(run_id, sampling_interval=cfg.system_metrics_interval_s, tracking_uri=cfg.uri)
-    monitor.start()
-    return monitor
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=cfg.system_metrics_interval_s, tracking_uri=cfg.uri)
+        monitor.start()
+        return monitor
+    except Exception as err:
+        print(f"titan_exp: system metrics are off: {type(err).__name__}: {err}", flush=True)
+        return None
 
 
 def _stop_system_metrics(monitor) -> None:
     """Stop sampling, then take one last sample, so that a run shorter than the interval has one
-    too (MLflow's monitor drops the sample it took when it is told to stop)."""
-    monitor.finish()
-    monitor.collect_metrics()
-    monitor.publish_metrics(monitor.aggregate_metrics())
-    monitor.mlflow_logger.flush()
+    too (MLflow's monitor drops the sample it took when it is told to stop). Best effort: the run
+    is finished whatever happens here."""
+    try:
+        monitor.finish()
+        monitor.collect_metrics()
+        monitor.publish_metrics(monitor.aggregate_metrics())
+        monitor.mlflow_logger.flush()
+    except Exception as err:
+        print(f"titan_exp: last system metrics sample lost: {type(err).__name__}: {err}", flush=True)
 
 
 def close_run_from_outside(cfg: TrackingConfig, run_id_file: Path, run_name: str, tags: dict[str, str], status: str, reason: str) -> None:

@@ -44,9 +44,13 @@ class RunGroup:
         tracking = dataclasses.replace(tracking, uri=self.uri)
         ensure_store(tracking)
         self.run = MlflowRun.create(tracking, name[:_MAX_RUN_NAME], {ROLE_TAG: "sweep", "sweep_dir": str(folder)})
-        self.run.log_params(params)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / PARENT_RUN_FILE).write_text(self.run.run_id)
+        try:
+            self.run.log_params(params)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / PARENT_RUN_FILE).write_text(self.run.run_id)
+        except Exception as err:
+            self.run.finish("FAILED", f"{type(err).__name__}: {err}")
+            raise
         print(f"MLflow parent run {self.run.run_id} ({name}) for the jobs in {folder}", flush=True)
 
     @property
@@ -98,11 +102,11 @@ class SweepParentRun(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         self.finish(interrupted=False)
 
-    def finish(self, interrupted: bool) -> None:
+    def finish(self, interrupted: bool, failure: str | None = None) -> None:
         global _active
         _active = None
         if self.group is not None:
-            self.group.finish(self.failed_points, interrupted)
+            self.group.finish(self.failed_points, interrupted, failure)
             self.group = None
 
 
@@ -114,6 +118,8 @@ def _parent_name(overrides: list[str]) -> str:
     return f"sweep: {' '.join(swept or overrides)}"[:_MAX_RUN_NAME]
 
 
-def end_active_sweep_interrupted() -> None:
+def end_active_sweep(stopped_by: BaseException) -> None:
+    """End the parent run of a sweep that `stopped_by` cut short: KILLED if interrupted, else FAILED."""
     if _active is not None:
-        _active.finish(interrupted=True)
+        interrupted = isinstance(stopped_by, KeyboardInterrupt)
+        _active.finish(interrupted, None if interrupted else f"the sweep stopped: {type(stopped_by).__name__}: {stopped_by}")

@@ -28,6 +28,7 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import Pipeline, split_model
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.quantize.float8 import after_optimizer_step, convert_linears
+from titan_exp.tracking.mlflow_run import sigint_ignored
 from titan_exp.tracking.run_log import run_log
 from titan_exp.train.grad import clip_grad_norm_
 from titan_exp.train.optim import build_lr_scheduler, build_optimizer
@@ -71,10 +72,11 @@ def train(cfg: JobConfig, ctx: RunContext) -> dict[str, float]:
         try:
             result = _train_distributed(cfg, env, device, peak_flops, tracker)
         except BaseException as err:
-            log_copy.write(traceback.format_exc())
-            log_copy.flush()
-            tracker.log_artifact(ctx.run_log_file, "logs")
-            tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", f"{type(err).__name__}: {err}")
+            with sigint_ignored():  # the next interrupt must not cut the record short
+                log_copy.write(traceback.format_exc())
+                log_copy.flush()
+                tracker.log_artifact(ctx.run_log_file, "logs")
+                tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", f"{type(err).__name__}: {err}")
             raise
     tracker.log_artifact(ctx.run_log_file, "logs")
     tracker.close("FINISHED")

@@ -36,19 +36,23 @@ def store(tmp_path: Path) -> tuple[str, Path]:
     return f"tracking.uri=sqlite:///{db}", db
 
 
+def mlflow_client(db: Path):
+    """A client of the SQLite store at `db`."""
+    from titan_exp.tracking.mlflow_run import client
+
+    return client(f"sqlite:///{db}")
+
+
 def mlflow_runs(db: Path, *, sweeps: bool = False) -> list:
     """The training runs (sweeps=True: the sweeps' parent runs) of the titan_exp experiment in a SQLite
     store, oldest first."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    client = mlflow_client(db)
     experiment = client.get_experiment_by_name("titan_exp")
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
     return [run for run in runs if (run.data.tags.get("titan_exp.role") == "sweep") == sweeps]
 
 
 def loss_curve(db: Path, run_id: str) -> list[float]:
-    from mlflow.tracking import MlflowClient
+    from titan_exp.compare.runs import loss_curve as steps_and_losses
 
-    history = MlflowClient(tracking_uri=f"sqlite:///{db}").get_metric_history(run_id, "loss/global_avg")
-    return [m.value for m in sorted(history, key=lambda m: m.step)]
+    return [loss for _, loss in steps_and_losses(mlflow_client(db), run_id)]

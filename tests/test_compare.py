@@ -56,10 +56,8 @@ def test_table_formats_agree_and_escape(tmp_path):
 
 
 def test_tracker_writes_every_queued_step_from_its_own_process(tmp_path):
-    from mlflow.tracking import MlflowClient
-
     from titan_exp.tracking.config import TrackingConfig
-    from titan_exp.tracking.mlflow_run import BackgroundTracker, ensure_store
+    from titan_exp.tracking.mlflow_run import BackgroundTracker, client, ensure_store
 
     cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
     ensure_store(cfg)
@@ -68,8 +66,8 @@ def test_tracker_writes_every_queued_step_from_its_own_process(tmp_path):
     for step in range(1, 301):  # far faster than one log_batch each: the writer merges them
         tracker.log_metrics(step, {"loss": 1.0 / step, "lr": 0.1})
     tracker.close("FINISHED")
-    client = MlflowClient(tracking_uri=cfg.uri)
-    run = client.get_run((tmp_path / "run_id").read_text())
+    store = client(cfg.uri)
+    run = store.get_run((tmp_path / "run_id").read_text())
     assert run.info.status == "FINISHED" and run.data.params == {"a.b": "1"} and run.data.tags["status"] == "finished"
-    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+    history = sorted((m.step, m.value) for m in store.get_metric_history(run.info.run_id, "loss"))
     assert history == [(step, 1.0 / step) for step in range(1, 301)]

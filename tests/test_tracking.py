@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,17 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, mlflow_runs, run_cli
+from conftest import REPO, mlflow_client, mlflow_runs, run_cli
+from launchers.env import free_port
 
 SMOKE = ["experiment=smoke", "tracking=mlflow", "launcher.device=cpu"]
 # Where tests leave files for people to look at (git-ignored); CI can collect them.
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", REPO / "outputs" / "test-artifacts"))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rest(base: str, path: str, body: dict | None = None) -> dict:
@@ -46,7 +40,7 @@ def mlflow_server(tmp_path_factory):
     """`titan_exp ui` (a real `mlflow server`) on 127.0.0.1 over a fresh SQLite store; yields its URL."""
     root = tmp_path_factory.mktemp("server")
     db = root / "mlflow.db"
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "titan_exp", "ui", "--uri", f"sqlite:///{db}", "--port", str(port)]
     server = subprocess.Popen(command, cwd=REPO, stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -150,7 +144,7 @@ def test_local_sweep_compares_its_points_into_the_parent_run(tmp_path, store):
     assert float(rows["1"]["scaling_efficiency"]) == 1.0
     assert float(rows["2"]["scaling_efficiency"]) == pytest.approx(tps["2"] / tps["1"])
     assert float(rows["2"]["tps_per_device"]) == tps["2"] and rows["2"]["status"] == "FINISHED"
-    artifacts = {a.path for a in _client(db).list_artifacts(parent.info.run_id, "compare")}
+    artifacts = {a.path for a in mlflow_client(db).list_artifacts(parent.info.run_id, "compare")}
     assert {f"compare/{name}" for name in ("strategy_table.md", "strategy_table.csv", "strategy_table.html", "loss_curves.png", "throughput.png", "memory.png", "scaling.png")} <= artifacts
 
     # A job started on its own joins the sweep by its parent run id; the command line compares all three.
@@ -166,12 +160,6 @@ def test_local_sweep_compares_its_points_into_the_parent_run(tmp_path, store):
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()] and "--sweep=nope: no such run" in bad.stderr
 
 
-def _client(db: Path):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=f"sqlite:///{db}")
-
-
 def test_eight_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, store):
     uri, db = store
     jobs = []
@@ -184,7 +172,7 @@ def test_eight_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, store
         assert job.wait(timeout=600) == 0, (tmp_path / f"job{i}.log").read_text()[-3000:]
     runs = mlflow_runs(db)
     assert sorted(r.info.run_name for r in runs) == [f"job{i}" for i in range(8)]
-    client = _client(db)
+    client = mlflow_client(db)
     for run in runs:
         assert run.info.status == "FINISHED"
         assert len(run.data.metrics) >= 12

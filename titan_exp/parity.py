@@ -56,10 +56,10 @@ def _run(overrides: list[str], job_dir: Path, prepare, run_job) -> str | None:
 
 
 def _loss_curve(uri: str, run_id: str) -> list[float]:
-    from mlflow.tracking import MlflowClient
+    from titan_exp.compare.runs import loss_curve
+    from titan_exp.tracking.mlflow_run import client
 
-    history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, "loss/global_avg")
-    return [m.value for m in sorted(history, key=lambda m: m.step)]
+    return [loss for _, loss in loss_curve(client(uri), run_id)]
 
 
 def _report(curves: dict[str, list[float]], rtol: float, job_dir: Path) -> bool:

@@ -12,13 +12,14 @@ from pathlib import Path
 from titan_exp.tracking.config import TrackingConfig
 
 
-def server_command(backend_uri: str, host: str, port: int, workers: int = 1) -> list[str]:
-    """`mlflow server` over a store; for a SQLite store, uploaded artifacts land beside the database."""
+def server_command(backend_uri: str, host: str, port: int) -> list[str]:
+    """`mlflow server` over a store, one worker (a UI for one person, not a fleet's tracking
+    server); for a SQLite store, uploaded artifacts land beside the database."""
     from titan_exp.tracking.mlflow_run import absolute_uri, sqlite_path
 
     backend_uri = absolute_uri(backend_uri)
     command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
-               "--host", host, "--port", str(port), "--workers", str(workers)]
+               "--host", host, "--port", str(port), "--workers", "1"]
     db = sqlite_path(backend_uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)

@@ -64,10 +64,15 @@ def experiment_training_runs(client, experiment_id: str) -> list:
     return [run for run in runs if run.data.tags.get(ROLE_TAG) != "sweep"]
 
 
+def loss_curve(client, run_id: str) -> list[tuple[int, float]]:
+    """(step, global average loss) of every logged step, in step order."""
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, _LOSS_KEY))
+
+
 def summarize(client, run) -> RunSummary:
     metrics, tags, params = run.data.metrics, run.data.tags, run.data.params
     memory_key, memory_kind = next(((k, kind) for k, kind in _MEMORY_KEYS if k in metrics), (None, ""))
-    loss_curve = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, _LOSS_KEY))
+    curve = loss_curve(client, run.info.run_id)
     return RunSummary(
         run_id=run.info.run_id,
         name=run.info.run_name,
@@ -83,8 +88,8 @@ def summarize(client, run) -> RunSummary:
         mfu_pct=metrics.get(_MFU_KEY),
         peak_memory_gib=max(m.value for m in client.get_metric_history(run.info.run_id, memory_key)) if memory_key else None,
         memory_kind=memory_kind,
-        final_loss=loss_curve[-1][1] if loss_curve else None,
-        loss_curve=loss_curve,
+        final_loss=curve[-1][1] if curve else None,
+        loss_curve=curve,
         failure_reason=tags.get("failure_reason", ""),
     )
 

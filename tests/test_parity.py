@@ -15,7 +15,6 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import compose_config, loss_curve, mlflow_runs, run_cli
-from titan_exp.config.schema import RunContext
 from titan_exp.job import prepare
 from titan_exp.train.trainer import train
 
@@ -86,13 +85,13 @@ def test_tolerance_is_discriminating(matrix):
 
 
 @pytest.fixture
-def in_process(tmp_path):
+def in_process():
     """Run the trainer in this process as a world of one (no tracking), restoring global torch state."""
 
     def run(overrides: list[str]) -> float:
         cfg, placement = prepare(OmegaConf.to_object(compose_config(["parallelism=single", "tracking=none", *PARITY_RUN, "training.steps=3", *overrides])))
         assert placement.world_size == 1
-        return train(cfg, RunContext(job_dir=str(tmp_path), launcher="local"))["loss/global_avg"]
+        return train(cfg)["loss/global_avg"]
 
     yield run
     torch.use_deterministic_algorithms(False)

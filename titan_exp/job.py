@@ -1,14 +1,17 @@
 """The launching side of one training job: resolve the config, prepare the store, place the ranks,
 and record the outcome of a job whose ranks died. Ranks receive only the resolved config."""
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
 
+from launchers import env as rank_env
 from launchers.local import cpu_threads_per_rank, launch_local
 from launchers.placement import Placement, plan, visible_gpus
 from titan_exp.config.check import ConfigError, resolve
 from titan_exp.config.schema import JobConfig, RunContext
+from titan_exp.tracking.rank0 import tracked_run
 
 
 def comm_mode(cfg: JobConfig) -> str:
@@ -77,11 +80,20 @@ def uses_gpus(cfg: JobConfig) -> bool:
     return cfg.launcher.device == "cuda" or (cfg.launcher.device == "auto" and visible_gpus() > 0)
 
 
-def _train_entry(args: tuple[JobConfig, RunContext]) -> dict[str, float]:
-    # Imported here, in the rank: the launching process never loads torch.
-    from titan_exp.train.trainer import train
+def device_kind(cfg: JobConfig) -> str:
+    return "cuda" if uses_gpus(cfg) else "cpu"
 
-    return train(*args)
+
+def _train_entry(args: tuple[JobConfig, RunContext]) -> dict[str, float]:
+    """A rank's body. Rank 0 of a tracked job starts its MLflow writer first, before torch is
+    imported here (the launching process never loads torch)."""
+    cfg, ctx = args
+    env = rank_env.current()
+    tracking = env.rank == 0 and cfg.tracking.enable
+    with tracked_run(cfg, ctx, env.world_size, device_kind(cfg)) if tracking else contextlib.nullcontext() as tracker:
+        from titan_exp.train.trainer import train
+
+        return train(cfg, tracker)
 
 
 def run_job(cfg: JobConfig, placement: Placement, job_dir: Path) -> dict[str, float]:
@@ -132,5 +144,5 @@ def _record_failure(cfg: JobConfig, ctx: RunContext, placement: Placement, err: 
     from titan_exp.tracking.mlflow_run import close_run_from_outside
 
     status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
-    tags = run_tags(cfg, placement.world_size, ctx.launcher, "cuda" if uses_gpus(cfg) else "cpu")
+    tags = run_tags(cfg, placement.world_size, ctx.launcher, device_kind(cfg))
     close_run_from_outside(cfg.tracking, ctx.run_id_file, run_name(cfg), tags, status, f"{type(err).__name__}: {err}")

@@ -3,7 +3,7 @@
 The launching process creates the store and the experiment before any rank starts (several
 processes opening a brand-new SQLite store race in its migrations), then stays out of it unless the
 ranks die: then it closes their run as FAILED with the reason. Rank 0 writes through a separate
-low-priority process (BackgroundTracker), so training never waits on the store.
+process (BackgroundTracker), so training never waits on the store.
 """
 
 import contextlib
@@ -177,19 +177,22 @@ class MlflowRun:
 
 
 class BackgroundTracker:
-    """Rank 0's writer: a separate process, started before training, creates the run, records its
-    id in `run_id_file` for the launching process, then writes what the training loop queues, in
-    order, the metrics of every ~2 s in one batch. A store that fails is reported once and training
-    goes on untracked.
+    """Rank 0's writer: a separate process, started before anything else in the rank, creates the
+    run, records its id in `run_id_file` for the launching process, then writes what the training
+    loop queues, in order, the metrics of every ~2 s in one batch. A store that fails is reported
+    once and training goes on untracked.
 
     Why a process and not a thread: MLflow's client is pure Python (SQLAlchemy, HTTP) and a thread
     running it holds the interpreter lock that the training loop needs between every two torch ops;
-    measured on CPU ranks, steps ran ~8× slower while a tracker thread imported MLflow. The writer
-    runs only on idle cores (its MLflow import alone is ~3 CPU-seconds), so where the ranks keep
-    every core busy it writes when they wait, or at the end; on GPU nodes, with cores to spare, it
-    keeps up. Metric timestamps are taken when they are queued. It dies
-    with rank 0 (Linux), so a killed rank leaves no writer behind and the launching process closes
-    the run.
+    measured on CPU ranks, steps ran ~8× slower while a tracker thread imported MLflow.
+
+    When it runs: its start-up (MLflow's import, opening the store, creating the run: 2-3
+    CPU-seconds) at normal priority, alongside the rank's own (importing torch, building the model),
+    so that it is done before training's first step; from the first metrics on, only on idle cores
+    (measured on 2 CPU ranks that keep both cores busy: a start-up that spilled into the steps at
+    idle priority cost 5-7% of their tokens/s). On GPU nodes, with cores to spare, neither matters.
+    Metric timestamps are taken when they are queued. It dies with rank 0 (Linux), so a killed rank
+    leaves no writer behind and the launching process closes the run.
     """
 
     def __init__(self, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None):
@@ -201,8 +204,6 @@ class BackgroundTracker:
             target=_write_run, args=(self._queue, cfg, run_name, tags, run_id_file, os.getpid()), name="mlflow-tracker", daemon=True
         )
         self._process.start()
-        # At once, from here: the child's own interpreter start-up is already CPU the ranks want.
-        _run_only_on_idle_cores(self._process.pid)
 
     def log_params(self, params: dict[str, object]) -> None:
         self._queue.put(("log_params", (params,)))
@@ -215,6 +216,15 @@ class BackgroundTracker:
 
     def log_artifact(self, path: Path, artifact_dir: str) -> None:
         self._queue.put(("log_artifact", (path, artifact_dir)))
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The writer stopped while inside (for a measurement that needs the core to itself)."""
+        os.kill(self._process.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self._process.pid, signal.SIGCONT)
 
     def close(self, status: str, reason: str | None = None) -> None:
         """Write everything queued, end the run with `status`, and wait for the writer."""
@@ -255,7 +265,11 @@ def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], 
             run_id_file.write_text(run.run_id)
         print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
         monitor = _start_system_metrics(cfg, run.run_id) if cfg.system_metrics else None
+    training = False
     for method, args in _batches(calls):
+        if method == "log_metrics" and not training:
+            training = True
+            _run_only_on_idle_cores()  # see BackgroundTracker
         if run is None:
             continue  # drain, so the training loop's queue never fills up
         if method == "finish" and monitor is not None:
@@ -307,12 +321,12 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def _run_only_on_idle_cores(pid: int) -> None:
-    """Linux's SCHED_IDLE for process `pid`: it runs only on a core nothing else wants and yields
+def _run_only_on_idle_cores() -> None:
+    """Linux's SCHED_IDLE for this process: it runs only on a core nothing else wants and yields
     at once when a rank wakes up (stronger than nice 19, whose time slices still delay the ranks'
     collectives). Elsewhere it keeps the normal priority."""
     try:
-        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
         pass
 

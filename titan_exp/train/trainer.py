@@ -4,9 +4,7 @@ initialize, and train, logging on rank 0."""
 import contextlib
 import os
 import time
-import traceback
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -16,7 +14,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from launchers import env as rank_env
 from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model, step_dir
-from titan_exp.config.schema import JobConfig, RunContext
+from titan_exp.config.schema import JobConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.metrics.device import cpu_peak_flops, gpu_peak_flops
 from titan_exp.metrics.flops import flops_per_token
@@ -28,8 +26,7 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import Pipeline, split_model
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.quantize.float8 import after_optimizer_step, convert_linears
-from titan_exp.tracking.mlflow_run import sigint_ignored
-from titan_exp.tracking.run_log import run_log
+from titan_exp.tracking.mlflow_run import BackgroundTracker
 from titan_exp.train.grad import clip_grad_norm_
 from titan_exp.train.optim import build_lr_scheduler, build_optimizer
 
@@ -57,33 +54,22 @@ def log0(rank: int, message: str) -> None:
         print(message, flush=True)
 
 
-def train(cfg: JobConfig, ctx: RunContext) -> dict[str, float]:
-    """Run the job as this process's rank; returns rank 0's last logged metrics (empty elsewhere)."""
+def train(cfg: JobConfig, tracker: BackgroundTracker | None = None) -> dict[str, float]:
+    """Run the job as this process's rank; returns rank 0's last logged metrics (empty elsewhere).
+    `tracker`: rank 0's MLflow writer, started by the caller (see tracking.rank0)."""
     env = rank_env.current()
     device = select_device(cfg.launcher.device, env.local_rank)
     set_determinism(cfg.debug.seed, cfg.debug.deterministic)
-    # On CPU, measured first, while nothing else runs: the other ranks wait in the rendezvous and
-    # rank 0's MLflow writer has not started.
-    peak_flops = _peak_flops(cfg, device) if env.rank == 0 else 0.0
-    if env.rank != 0 or not cfg.tracking.enable:
-        return _train_distributed(cfg, env, device, peak_flops, tracker=None)
-    with run_log(ctx.run_log_file) as log_copy:
-        tracker = _open_tracker(cfg, ctx, env, device)
-        try:
-            result = _train_distributed(cfg, env, device, peak_flops, tracker)
-        except BaseException as err:
-            with sigint_ignored():  # the next interrupt must not cut the record short
-                log_copy.write(traceback.format_exc())
-                log_copy.flush()
-                tracker.log_artifact(ctx.run_log_file, "logs")
-                tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", f"{type(err).__name__}: {err}")
-            raise
-    tracker.log_artifact(ctx.run_log_file, "logs")
-    tracker.close("FINISHED")
-    return result
+    peak_flops = 0.0
+    if env.rank == 0:
+        # On CPU, measured while nothing else runs: the other ranks wait in the rendezvous and
+        # rank 0's MLflow writer is paused.
+        with tracker.paused() if tracker else contextlib.nullcontext():
+            peak_flops = _peak_flops(cfg, device)
+    return _train_distributed(cfg, env, device, peak_flops, tracker)
 
 
-def _train_distributed(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float, tracker) -> dict[str, float]:
+def _train_distributed(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float, tracker: BackgroundTracker | None) -> dict[str, float]:
     """Join the process group, train, and leave it."""
     try:
         if env.world_size > 1:
@@ -98,21 +84,6 @@ def _train_distributed(cfg: JobConfig, env: rank_env.RankEnv, device: torch.devi
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _open_tracker(cfg: JobConfig, ctx: RunContext, env: rank_env.RankEnv, device: torch.device):
-    from omegaconf import OmegaConf
-
-    from titan_exp.tracking.identity import flatten, run_name, run_tags
-    from titan_exp.tracking.mlflow_run import BackgroundTracker
-
-    tracker = BackgroundTracker(cfg.tracking, run_name(cfg), run_tags(cfg, env.world_size, ctx.launcher, device.type), ctx.run_id_file)
-    resolved = OmegaConf.structured(cfg)
-    tracker.log_params(flatten(OmegaConf.to_container(resolved)))
-    tracker.log_text(OmegaConf.to_yaml(resolved), "config/resolved.yaml")
-    for hydra_file in sorted(Path(ctx.job_dir, ".hydra").glob("*.yaml")):
-        tracker.log_text(hydra_file.read_text(), f"config/hydra/{hydra_file.name}")
-    return tracker
 
 
 def _peak_flops(cfg: JobConfig, device: torch.device) -> float:
@@ -152,7 +123,7 @@ def _build_model(cfg: JobConfig, dims: ParallelDims, mesh, device: torch.device)
     return parts, facts, pipeline
 
 
-def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float, tracker) -> dict[str, float]:
+def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flops: float, tracker: BackgroundTracker | None) -> dict[str, float]:
     dims = ParallelDims.from_config(cfg.parallelism)
     mesh = dims.build_mesh(device.type)
     parts, facts, pipeline = _build_model(cfg, dims, mesh, device)

@@ -38,6 +38,7 @@ def _pid_file_name(job_id: str, rank: int) -> str:
 
 
 def _rank_entry(fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int, pid_dir: str) -> Any:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the controller, not by us
     job = submitit.JobEnvironment()
     rank_env.export(job.global_rank, job.local_rank, job.num_tasks, nproc, "127.0.0.1", master_port)
     Path(pid_dir, _pid_file_name(job.job_id, job.global_rank)).write_text(str(os.getpid()))
@@ -57,6 +58,16 @@ def _environment(**values: str):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children():
+    """SIGINT ignored while inside, so that processes started here inherit it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def cpu_threads_per_rank(requested: int, local_ranks: int) -> int:
@@ -83,7 +94,10 @@ def launch_local(
         timeout_min=timeout_min,
         stderr_to_stdout=True,
     )
-    with _environment(OMP_NUM_THREADS=str(threads_per_rank)):
+    # submitit's controller process inherits an ignored SIGINT: on a terminal's Ctrl-C it would
+    # otherwise SIGKILL the ranks 1 s later, cutting short what rank 0 records; the supervisor
+    # below stops them instead, with a grace period.
+    with _environment(OMP_NUM_THREADS=str(threads_per_rank)), _sigint_ignored_by_children():
         job = executor.submit(_rank_entry, fn, arg, rank_env.free_port(), nproc, str(folder))
     return _Supervisor(job, nproc, folder).run()
 

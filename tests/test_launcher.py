@@ -1,5 +1,6 @@
 """Placement: failures propagate, nothing is left running, external launchers are not spawned again."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from conftest import REPO, mlflow_runs, run_cli
+from conftest import REPO, mlflow_client, mlflow_runs, run_cli
 from launchers.local import RankFailure, launch_local, process_alive
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -106,3 +107,37 @@ def test_torchrun_started_ranks_train_without_spawning_again(tmp_path, store):
     [run] = mlflow_runs(db)
     assert run.info.status == "FINISHED" and run.data.tags["launcher"] == "torchrun"
     assert run.data.tags["world_size"] == "2"
+
+
+@pytest.mark.parametrize(
+    "launcher,stop,reason",
+    [
+        # Ctrl-C in a terminal: SIGINT to every process of the foreground group.
+        ([sys.executable, "-m", "titan_exp", "launcher.nproc_per_node=2"], lambda proc: os.killpg(proc.pid, signal.SIGINT), "KeyboardInterrupt"),
+        # A stopped torchrun job: its agent passes SIGTERM on to the ranks (srun/scancel do the same).
+        ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "titan_exp"], lambda proc: proc.send_signal(signal.SIGTERM), "SIGTERM"),
+    ],
+    ids=["ctrl_c_local", "sigterm_torchrun"],
+)
+def test_interrupted_job_ends_its_run_killed_keeping_what_was_logged(tmp_path, store, launcher, stop, reason):
+    uri, db = store
+    command = [*launcher, f"hydra.run.dir={tmp_path}/run", *LONG_RUN, uri]
+    proc = subprocess.Popen(
+        command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("step     5"):
+                break
+        stop(proc)
+        proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # nothing is left of the group: as it should be
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    [run] = mlflow_runs(db)
+    assert run.info.status == "KILLED", run.data.tags
+    assert run.data.tags["status"] == "killed" and reason in run.data.tags["failure_reason"]
+    steps = [m.step for m in mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg")]
+    assert steps[:5] == [1, 2, 3, 4, 5]  # what was logged before stays
+    assert _processes_using(tmp_path / "run") == []

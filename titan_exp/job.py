@@ -143,6 +143,5 @@ def _record_failure(cfg: JobConfig, ctx: RunContext, placement: Placement, err: 
     from titan_exp.tracking.identity import run_name, run_tags
     from titan_exp.tracking.mlflow_run import close_run_from_outside
 
-    status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
     tags = run_tags(cfg, placement.world_size, ctx.launcher, device_kind(cfg))
-    close_run_from_outside(cfg.tracking, ctx.run_id_file, run_name(cfg), tags, status, f"{type(err).__name__}: {err}")
+    close_run_from_outside(cfg.tracking, ctx.run_id_file, run_name(cfg), tags, err)

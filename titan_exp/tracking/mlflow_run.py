@@ -230,7 +230,7 @@ class BackgroundTracker:
         """Write everything queued, end the run with `status`, and wait for the writer."""
         self._queue.put(("finish", (status, reason)))
         self._queue.put(_STOP)
-        with sigint_ignored():
+        with interrupts_ignored():
             self._process.join()
         # The writer read everything up to the stop marker, or died: either way nothing is left
         # for the queue's feeder thread to deliver, and exit must not wait on it.
@@ -238,23 +238,28 @@ class BackgroundTracker:
 
 
 @contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
-    """The launcher interrupts the ranks of a failed job (SIGINT), more than once: what is being
-    written then is finished first (the launcher's SIGKILL after a grace period bounds the wait)."""
+def interrupts_ignored() -> Iterator[None]:
+    """The launcher interrupts the ranks of a failed job (SIGINT; torchrun and Slurm: SIGTERM), more
+    than once: what is being written then is finished first (the launcher's SIGKILL after a grace
+    period bounds the wait)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None, parent_pid: int) -> None:
     """The writer process's body."""
     _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the rank decides when writing ends (close)
+    # Launchers signal the whole process group (torchrun, Slurm: SIGTERM; Ctrl-C: SIGINT): the rank
+    # decides when writing ends (close), and the writer dies with it anyway.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     error, monitor = None, None
     try:
         run = MlflowRun.create(cfg, run_name, tags)
@@ -361,9 +366,16 @@ def _stop_system_metrics(monitor) -> None:
         print(f"titan_exp: last system metrics sample lost: {type(err).__name__}: {err}", flush=True)
 
 
-def close_run_from_outside(cfg: TrackingConfig, run_id_file: Path, run_name: str, tags: dict[str, str], status: str, reason: str) -> None:
-    """The launching process's last word when the ranks died: end their run (or, if rank 0 never
-    got to create one, a new run) with `status` and `reason`."""
+def outcome(err: BaseException) -> tuple[str, str]:
+    """(MLflow status, failure reason) of a run that `err` ended: KILLED when interrupted, else FAILED."""
+    status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+    return status, f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+def close_run_from_outside(cfg: TrackingConfig, run_id_file: Path, run_name: str, tags: dict[str, str], err: BaseException) -> None:
+    """The launching process's last word when the ranks died of `err`: end their run (or, if rank
+    0 never got to create one, a new run) with the status and reason `err` implies."""
+    status, reason = outcome(err)
     if run_id_file.exists():
         run = MlflowRun(cfg.uri, run_id_file.read_text().strip())
     else:

@@ -3,6 +3,8 @@ run ended the way training ended. Torch-free on purpose: the writer is started b
 imports torch, so that the writer's own start-up overlaps the rank's (see BackgroundTracker)."""
 
 import contextlib
+import signal
+import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,28 +13,51 @@ from omegaconf import OmegaConf
 
 from titan_exp.config.schema import JobConfig, RunContext
 from titan_exp.tracking.identity import flatten, run_name, run_tags
-from titan_exp.tracking.mlflow_run import BackgroundTracker, sigint_ignored
+from titan_exp.tracking.mlflow_run import BackgroundTracker, interrupts_ignored, outcome
 from titan_exp.tracking.run_log import run_log
 
 
 @contextlib.contextmanager
 def tracked_run(cfg: JobConfig, ctx: RunContext, world_size: int, device_kind: str) -> Iterator[BackgroundTracker]:
     """The writer of this job's run while inside. Leaving normally ends the run FINISHED; an
-    exception ends it FAILED (KILLED for an interrupt) with the reason, after the traceback and
-    the log so far are recorded."""
-    with run_log(ctx.run_log_file) as log_copy:
+    exception ends it FAILED (KILLED for an interrupt or a SIGTERM) with the reason, after the
+    traceback and the log so far are recorded."""
+    with run_log(ctx.run_log_file) as log_copy, _sigterm_raises():
         tracker = _start_writer(cfg, ctx, world_size, device_kind)
         try:
             yield tracker
         except BaseException as err:
-            with sigint_ignored():  # the next interrupt must not cut the record short
+            with interrupts_ignored():  # the next interrupt must not cut the record short
                 log_copy.write(traceback.format_exc())
                 log_copy.flush()
                 tracker.log_artifact(ctx.run_log_file, "logs")
-                tracker.close("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED", f"{type(err).__name__}: {err}")
+                tracker.close(*outcome(err))
             raise
     tracker.log_artifact(ctx.run_log_file, "logs")
     tracker.close("FINISHED")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached rank 0: torchrun's agent, srun (scancel, a time limit) stops the job."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises Terminated in rank 0 while inside, so its run ends KILLED with the reason
+    instead of staying RUNNING. Only where nothing handles SIGTERM already: submitit's tasks (our
+    local ranks) bypass it on purpose, for Slurm preemption; there the launcher interrupts with SIGINT."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        raise Terminated("SIGTERM: the job was stopped by its launcher or by Slurm")
+
+    signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _start_writer(cfg: JobConfig, ctx: RunContext, world_size: int, device_kind: str) -> BackgroundTracker:

@@ -17,6 +17,7 @@ import submitit
 from submitit.core.utils import pickle_load
 
 from launchers import env as rank_env
+from launchers import signals
 
 POLL_SECONDS = 0.1
 # After SIGINT, how long ranks get to finish what they were writing (rank 0 flushes its MLflow
@@ -60,16 +61,6 @@ def _environment(**values: str):
                 os.environ[key] = old
 
 
-@contextlib.contextmanager
-def _sigint_ignored_by_children():
-    """SIGINT ignored while inside, so that processes started here inherit it ignored."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def cpu_threads_per_rank(requested: int, local_ranks: int) -> int:
     return requested if requested > 0 else max(1, (os.cpu_count() or 1) // local_ranks)
 
@@ -97,7 +88,7 @@ def launch_local(
     # submitit's controller process inherits an ignored SIGINT: on a terminal's Ctrl-C it would
     # otherwise SIGKILL the ranks 1 s later, cutting short what rank 0 records; the supervisor
     # below stops them instead, with a grace period.
-    with _environment(OMP_NUM_THREADS=str(threads_per_rank)), _sigint_ignored_by_children():
+    with _environment(OMP_NUM_THREADS=str(threads_per_rank)), signals.ignored(signal.SIGINT):
         job = executor.submit(_rank_entry, fn, arg, rank_env.free_port(), nproc, str(folder))
     return _Supervisor(job, nproc, folder).run()
 
@@ -169,23 +160,32 @@ class _Supervisor:
         """Stop every rank (SIGINT, then SIGKILL after a grace period); the controller then exits.
 
         Ranks are signalled directly: submitit's own cancel interrupts the controller, which then
-        prints a traceback, and submitit's tasks ignore SIGTERM.
+        prints a traceback, and submitit's tasks ignore SIGTERM. Another Ctrl-C during the grace
+        period ends it: SIGKILL at once.
         """
-        controller = self.job._process
-        for sig, grace in ((signal.SIGINT, INTERRUPT_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
-            pids = self._rank_pids()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
-                time.sleep(0.05)
-        if controller is not None:
-            try:
-                controller.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                controller.kill()
-                controller.wait()
+        try:
+            self._signal_ranks(signal.SIGINT, INTERRUPT_GRACE_SECONDS)
+        except KeyboardInterrupt:
+            pass
+        with signals.ignored(signal.SIGINT, signal.SIGTERM):
+            self._signal_ranks(signal.SIGKILL, 5.0)
+            controller = self.job._process
+            if controller is not None:
+                try:
+                    controller.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    controller.kill()
+                    controller.wait()
+
+    def _signal_ranks(self, sig: signal.Signals, grace: float) -> None:
+        """Send `sig` to every live rank and wait up to `grace` seconds for them to exit."""
+        pids = self._rank_pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
+            time.sleep(0.05)
 
     def _rank_pids(self) -> list[int]:
         """Live rank processes: those that wrote a pid file and any other child of the controller."""
@@ -216,7 +216,7 @@ def process_alive(pid: int) -> bool:
     """True while the process exists and is not a zombie (/proc; no psutil needed)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+    except (OSError, IndexError):  # gone, or going while being read
         return False
     return state not in ("Z", "X")
 

@@ -90,9 +90,15 @@ def test_tracker_starts_at_normal_priority_steps_down_when_training_starts_and_c
     pid = tracker._process.pid
     # Its start-up competes on equal terms with the rank's own.
     assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+    def becomes(stopped: bool) -> bool:  # a signalled process stops (or continues) a moment later
+        deadline = time.monotonic() + 10
+        while (state(pid) == "T") != stopped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return (state(pid) == "T") == stopped
+
     with tracker.paused():
-        assert state(pid) == "T"
-    assert state(pid) != "T"
+        assert becomes(stopped=True)
+    assert becomes(stopped=False)
     tracker.log_metrics(1, {"loss": 1.0})  # the first step's metrics: from here on, idle cores only
     deadline = time.monotonic() + 120
     while os.sched_getscheduler(pid) != os.SCHED_IDLE:

@@ -33,6 +33,18 @@ def _processes_using(folder: Path) -> list[int]:
     return found
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is left in process group `pgid`."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
 def fail_on_rank_1(seconds: float) -> int:
     rank = int(os.environ["RANK"])
     if rank == 1:
@@ -122,17 +134,24 @@ def test_torchrun_started_ranks_train_without_spawning_again(tmp_path, store):
 def test_interrupted_job_ends_its_run_killed_keeping_what_was_logged(tmp_path, store, launcher, stop, reason):
     uri, db = store
     command = [*launcher, f"hydra.run.dir={tmp_path}/run", *LONG_RUN, uri]
-    proc = subprocess.Popen(
-        command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen(
+            command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+        )
     try:
         for line in proc.stdout:
             if line.startswith("step     5"):
                 break
         stop(proc)
         proc.communicate(timeout=120)
+        # Every process of the job is gone (the MLflow writer included), not merely its launcher.
+        deadline = time.monotonic() + 10
+        while _group_alive(proc.pid):
+            assert time.monotonic() < deadline, "processes of the stopped job are still running"
+            time.sleep(0.1)
     finally:
-        with contextlib.suppress(ProcessLookupError):  # nothing is left of the group: as it should be
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     [run] = mlflow_runs(db)
@@ -140,4 +159,3 @@ def test_interrupted_job_ends_its_run_killed_keeping_what_was_logged(tmp_path, s
     assert run.data.tags["status"] == "killed" and reason in run.data.tags["failure_reason"]
     steps = [m.step for m in mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg")]
     assert steps[:5] == [1, 2, 3, 4, 5]  # what was logged before stays
-    assert _processes_using(tmp_path / "run") == []

@@ -2,7 +2,7 @@
 
 The launching process creates the store and the experiment before any rank starts (several
 processes opening a brand-new SQLite store race in its migrations), then stays out of it unless the
-ranks die: then it closes their run as FAILED with the reason. Rank 0 writes through a separate
+ranks die: then it closes their run as FAILED (KILLED if interrupted) with the reason. Rank 0 writes through a separate
 process (BackgroundTracker), so training never waits on the store.
 """
 
@@ -14,13 +14,13 @@ import queue
 import signal
 import socket
 import subprocess
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from launchers import signals
 from titan_exp.tracking.config import TrackingConfig
 
 # MLflow's per-call limits for log_batch.
@@ -177,7 +177,7 @@ class MlflowRun:
 
 
 class BackgroundTracker:
-    """Rank 0's writer: a separate process, started before anything else in the rank, creates the
+    """Rank 0's writer: a separate process, started before the rank imports torch, creates the
     run, records its id in `run_id_file` for the launching process, then writes what the training
     loop queues, in order, the metrics of every ~2 s in one batch. A store that fails is reported
     once and training goes on untracked.
@@ -192,7 +192,8 @@ class BackgroundTracker:
     (measured on 2 CPU ranks that keep both cores busy: a start-up that spilled into the steps at
     idle priority cost 5-7% of their tokens/s). On GPU nodes, with cores to spare, neither matters.
     Metric timestamps are taken when they are queued. It dies with rank 0 (Linux), so a killed rank
-    leaves no writer behind and the launching process closes the run.
+    leaves no writer behind (our local launcher then closes the run; under torchrun or srun nothing
+    does, and a SIGKILLed rank 0 leaves it RUNNING).
     """
 
     def __init__(self, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None):
@@ -228,6 +229,7 @@ class BackgroundTracker:
 
     def close(self, status: str, reason: str | None = None) -> None:
         """Write everything queued, end the run with `status`, and wait for the writer."""
+        os.kill(self._process.pid, signal.SIGCONT)  # in case an interrupt came between pause and resume
         self._queue.put(("finish", (status, reason)))
         self._queue.put(_STOP)
         with interrupts_ignored():
@@ -237,20 +239,11 @@ class BackgroundTracker:
         self._queue.cancel_join_thread()
 
 
-@contextlib.contextmanager
-def interrupts_ignored() -> Iterator[None]:
+def interrupts_ignored() -> contextlib.AbstractContextManager[None]:
     """The launcher interrupts the ranks of a failed job (SIGINT; torchrun and Slurm: SIGTERM), more
     than once: what is being written then is finished first (the launcher's SIGKILL after a grace
     period bounds the wait)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return signals.ignored(signal.SIGINT, signal.SIGTERM)
 
 
 def _write_run(calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None, parent_pid: int) -> None:
@@ -327,11 +320,13 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _run_only_on_idle_cores() -> None:
-    """Linux's SCHED_IDLE for this process: it runs only on a core nothing else wants and yields
-    at once when a rank wakes up (stronger than nice 19, whose time slices still delay the ranks'
-    collectives). Elsewhere it keeps the normal priority."""
+    """Linux's SCHED_IDLE for every thread of this process (the policy is per thread; threads
+    started later inherit it): it runs only on a core nothing else wants and yields at once when a
+    rank wakes up (stronger than nice 19, whose time slices still delay the ranks' collectives).
+    Elsewhere it keeps the normal priority."""
     try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        for thread_id in os.listdir("/proc/self/task"):
+            os.sched_setscheduler(int(thread_id), os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
         pass
 

@@ -21,20 +21,24 @@ from titan_exp.tracking.run_log import run_log
 def tracked_run(cfg: JobConfig, ctx: RunContext, world_size: int, device_kind: str) -> Iterator[BackgroundTracker]:
     """The writer of this job's run while inside. Leaving normally ends the run FINISHED; an
     exception ends it FAILED (KILLED for an interrupt or a SIGTERM) with the reason, after the
-    traceback and the log so far are recorded."""
+    traceback and the log so far are recorded. The writer is closed on every way out: one left
+    open would hold up the interpreter's exit."""
     with run_log(ctx.run_log_file) as log_copy, _sigterm_raises():
-        tracker = _start_writer(cfg, ctx, world_size, device_kind)
+        tracker = BackgroundTracker(cfg.tracking, run_name(cfg), run_tags(cfg, world_size, ctx.launcher, device_kind), ctx.run_id_file)
+        status, reason = "FINISHED", None
         try:
+            _queue_config(tracker, cfg, ctx)
             yield tracker
         except BaseException as err:
-            with interrupts_ignored():  # the next interrupt must not cut the record short
+            status, reason = outcome(err)
+            with interrupts_ignored(), contextlib.suppress(OSError):
                 log_copy.write(traceback.format_exc())
                 log_copy.flush()
-                tracker.log_artifact(ctx.run_log_file, "logs")
-                tracker.close(*outcome(err))
             raise
-    tracker.log_artifact(ctx.run_log_file, "logs")
-    tracker.close("FINISHED")
+        finally:
+            with interrupts_ignored():  # the next interrupt must not cut the record short
+                tracker.log_artifact(ctx.run_log_file, "logs")
+                tracker.close(status, reason)
 
 
 class Terminated(KeyboardInterrupt):
@@ -60,12 +64,10 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _start_writer(cfg: JobConfig, ctx: RunContext, world_size: int, device_kind: str) -> BackgroundTracker:
-    """The writer, with the resolved config and the Hydra files queued as the run's first records."""
-    tracker = BackgroundTracker(cfg.tracking, run_name(cfg), run_tags(cfg, world_size, ctx.launcher, device_kind), ctx.run_id_file)
+def _queue_config(tracker: BackgroundTracker, cfg: JobConfig, ctx: RunContext) -> None:
+    """The resolved config and the Hydra files, as the run's first records."""
     resolved = OmegaConf.structured(cfg)
     tracker.log_params(flatten(OmegaConf.to_container(resolved)))
     tracker.log_text(OmegaConf.to_yaml(resolved), "config/resolved.yaml")
     for hydra_file in sorted(Path(ctx.job_dir, ".hydra").glob("*.yaml")):
         tracker.log_text(hydra_file.read_text(), f"config/hydra/{hydra_file.name}")
-    return tracker

@@ -188,9 +188,9 @@ def _train(cfg: JobConfig, env: rank_env.RankEnv, device: torch.device, peak_flo
             loss_avg, loss_max = _global_loss(step_loss, pp_group, loss_group)  # collectives: every rank takes part
             if meter:
                 last = {"loss/global_avg": loss_avg, "loss/global_max": loss_max, "grad_norm": grad_norm.item(), "lr": lr, **meter.collect()}
-                print(format_line(step, last), flush=True)
-                if tracker:
+                if tracker:  # queued before printed: a step on the console is a step in the run
                     tracker.log_metrics(step, last)
+                print(format_line(step, last), flush=True)
         checkpointer.maybe_save(step, cfg.training.steps, is_writer=env.rank == 0)
     return last
 

@@ -42,7 +42,11 @@ def _rank_entry(fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int
     signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the controller, not by us
     job = submitit.JobEnvironment()
     rank_env.export(job.global_rank, job.local_rank, job.num_tasks, nproc, "127.0.0.1", master_port)
-    Path(pid_dir, _pid_file_name(job.job_id, job.global_rank)).write_text(str(os.getpid()))
+    # Written whole or not at all: the supervisor polls these files (an empty one read once: int('')).
+    pid_file = Path(pid_dir, _pid_file_name(job.job_id, job.global_rank))
+    partial = pid_file.with_suffix(".partial")
+    partial.write_text(str(os.getpid()))
+    partial.replace(pid_file)
     return fn(arg)
 
 

@@ -105,24 +105,23 @@ class _Supervisor:
         self._partial = ""
 
     def run(self) -> Any:
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        try:
-            while True:
+        with signals.handled(_raise_interrupt, signal.SIGTERM):
+            try:
+                while True:
+                    self._stream_rank0()
+                    failure = self._first_failure()
+                    if failure:
+                        raise failure
+                    if self.job.done():
+                        break
+                    time.sleep(POLL_SECONDS)
                 self._stream_rank0()
-                failure = self._first_failure()
+                failure = self._first_failure(final=True)
                 if failure:
                     raise failure
-                if self.job.done():
-                    break
-                time.sleep(POLL_SECONDS)
-            self._stream_rank0()
-            failure = self._first_failure(final=True)
-            if failure:
-                raise failure
-            return pickle_load(self.job.task(0).paths.result_pickle)[1]
-        finally:
-            self._stop_all()
-            signal.signal(signal.SIGTERM, previous)
+                return pickle_load(self.job.task(0).paths.result_pickle)[1]
+            finally:
+                self._stop_all()
 
     def _stream_rank0(self) -> None:
         path = self.logs[0]

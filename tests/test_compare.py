@@ -81,8 +81,14 @@ def test_tracker_starts_at_normal_priority_steps_down_when_training_starts_and_c
     from titan_exp.tracking.config import TrackingConfig
     from titan_exp.tracking.mlflow_run import BackgroundTracker, ensure_store
 
-    def state(pid: int) -> str:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    def stopped(pid: int) -> bool:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+    def becomes(pid: int, want_stopped: bool) -> bool:  # a signalled process stops (or continues) a moment later
+        deadline = time.monotonic() + 10
+        while stopped(pid) != want_stopped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return stopped(pid) == want_stopped
 
     cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
     ensure_store(cfg)
@@ -90,15 +96,9 @@ def test_tracker_starts_at_normal_priority_steps_down_when_training_starts_and_c
     pid = tracker._process.pid
     # Its start-up competes on equal terms with the rank's own.
     assert os.sched_getscheduler(pid) == os.SCHED_OTHER
-    def becomes(stopped: bool) -> bool:  # a signalled process stops (or continues) a moment later
-        deadline = time.monotonic() + 10
-        while (state(pid) == "T") != stopped and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return (state(pid) == "T") == stopped
-
     with tracker.paused():
-        assert becomes(stopped=True)
-    assert becomes(stopped=False)
+        assert becomes(pid, want_stopped=True)
+    assert becomes(pid, want_stopped=False)
     tracker.log_metrics(1, {"loss": 1.0})  # the first step's metrics: from here on, idle cores only
     deadline = time.monotonic() + 120
     while os.sched_getscheduler(pid) != os.SCHED_IDLE:

@@ -2,8 +2,8 @@
 
 The launching process creates the store and the experiment before any rank starts (several
 processes opening a brand-new SQLite store race in its migrations), then stays out of it unless the
-ranks die: then it closes their run as FAILED (KILLED if interrupted) with the reason. Rank 0 writes through a separate
-process (BackgroundTracker), so training never waits on the store.
+ranks die: then it closes their run as FAILED (KILLED if interrupted) with the reason. Rank 0
+writes through a separate process (BackgroundTracker), so training never waits on the store.
 """
 
 import contextlib

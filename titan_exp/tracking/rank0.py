@@ -4,13 +4,13 @@ imports torch, so that the writer's own start-up overlaps the rank's (see Backgr
 
 import contextlib
 import signal
-import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from launchers import signals
 from titan_exp.config.schema import JobConfig, RunContext
 from titan_exp.tracking.identity import flatten, run_name, run_tags
 from titan_exp.tracking.mlflow_run import BackgroundTracker, interrupts_ignored, outcome
@@ -45,23 +45,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM reached rank 0: torchrun's agent, srun (scancel, a time limit) stops the job."""
 
 
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
+def _sigterm_raises() -> contextlib.AbstractContextManager[None]:
     """SIGTERM raises Terminated in rank 0 while inside, so its run ends KILLED with the reason
     instead of staying RUNNING. Only where nothing handles SIGTERM already: submitit's tasks (our
     local ranks) bypass it on purpose, for Slurm preemption; there the launcher interrupts with SIGINT."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return contextlib.nullcontext()
+    return signals.handled(_raise_terminated, signal.SIGTERM)
 
-    def raise_terminated(signum: int, frame: object) -> None:
-        raise Terminated("SIGTERM: the job was stopped by its launcher or by Slurm")
 
-    signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated("SIGTERM: the job was stopped by its launcher or by Slurm")
 
 
 def _queue_config(tracker: BackgroundTracker, cfg: JobConfig, ctx: RunContext) -> None:

@@ -24,8 +24,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-JOB = ["parallelism=fsdp", "launcher.nproc_per_node=2", "launcher.device=cpu", "data=synthetic",
-       "training.local_batch_size=4", "training.seq_len=128", "metrics.log_freq=1"]
+JOB = [
+    "parallelism=fsdp",
+    "launcher.nproc_per_node=2",
+    "launcher.device=cpu",
+    "data=synthetic",
+    "training.local_batch_size=4",
+    "training.seq_len=128",
+    "metrics.log_freq=1",
+]
 
 
 def run(workdir: Path, steps: int, tracking: bool) -> tuple[float, float]:
@@ -33,14 +40,15 @@ def run(workdir: Path, steps: int, tracking: bool) -> tuple[float, float]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from titan_exp.job import prepare, run_job
+    from titan_exp.config.resolve import resolve
+    from titan_exp.job.launch import run_job
 
     store = [f"tracking.uri=sqlite:///{workdir}/mlflow.db"] if tracking else ["tracking=none"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         composed = compose(config_name="config", overrides=[*JOB, f"training.steps={steps}", *store])
-    cfg, placement = prepare(OmegaConf.to_object(composed))
+    cfg = resolve(OmegaConf.to_object(composed))
     start = time.perf_counter()
-    last = run_job(cfg, placement, workdir / f"job-{time.time_ns()}")
+    last = run_job(cfg, workdir / f"job-{time.time_ns()}")
     return last["throughput/tps_per_device_mean"], time.perf_counter() - start
 
 
@@ -53,7 +61,12 @@ def main() -> None:
     from titan_exp.config.schema import register_schema
 
     register_schema()
-    samples: dict[str, list[float]] = {"tps_tracked": [], "tps_untracked": [], "wall_tracked_s": [], "wall_untracked_s": []}
+    samples: dict[str, list[float]] = {
+        "tps_tracked": [],
+        "tps_untracked": [],
+        "wall_tracked_s": [],
+        "wall_untracked_s": [],
+    }
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
         workdir = Path(tmp)
         run(workdir, 3, tracking=True)  # creates the store and warms caches; not counted
@@ -66,19 +79,27 @@ def main() -> None:
     ratio = median["tps_tracked"] / median["tps_untracked"]
     # Each tracked job against the untracked job just before it: the machine's drift cancels out.
     pair_ratios = [on / off for on, off in zip(samples["tps_tracked"], samples["tps_untracked"])]
-    print(json.dumps({
-        "tokens_per_s_per_device": {
-            "tracking_every_step": round(median["tps_tracked"], 1),
-            "tracking_none": round(median["tps_untracked"], 1),
-            "ratio_of_medians": round(ratio, 4),
-            "cost_pct": round(100 * (1 - ratio), 2),
-            "median_paired_cost_pct": round(100 * (1 - statistics.median(pair_ratios)), 2),
-            "target": "cost < 2%",
-        },
-        "job_wall_s": {"tracking_every_step": round(median["wall_tracked_s"], 2), "tracking_none": round(median["wall_untracked_s"], 2)},
-        "samples": {key: [round(v, 2) for v in values] for key, values in samples.items()},
-        "setup": {"job": JOB, "steps": args.steps, "repeats": args.repeats},
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "tokens_per_s_per_device": {
+                    "tracking_every_step": round(median["tps_tracked"], 1),
+                    "tracking_none": round(median["tps_untracked"], 1),
+                    "ratio_of_medians": round(ratio, 4),
+                    "cost_pct": round(100 * (1 - ratio), 2),
+                    "median_paired_cost_pct": round(100 * (1 - statistics.median(pair_ratios)), 2),
+                    "target": "cost < 2%",
+                },
+                "job_wall_s": {
+                    "tracking_every_step": round(median["wall_tracked_s"], 2),
+                    "tracking_none": round(median["wall_untracked_s"], 2),
+                },
+                "samples": {key: [round(v, 2) for v in values] for key, values in samples.items()},
+                "setup": {"job": JOB, "steps": args.steps, "repeats": args.repeats},
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

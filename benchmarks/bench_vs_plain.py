@@ -46,8 +46,15 @@ def env_with(threads: int) -> dict[str, str]:
 
 def titan_tps(workdir: Path, threads: int) -> float:
     args = [
-        sys.executable, "-m", "titan_exp", f"hydra.run.dir={workdir}/tps-{time.time_ns()}", "parallelism=single",
-        *SHAPE, f"training.steps={STEPS}", f"metrics.log_freq={WARMUP}", f"launcher.cpu_threads_per_rank={threads}",
+        sys.executable,
+        "-m",
+        "titan_exp",
+        f"hydra.run.dir={workdir}/tps-{time.time_ns()}",
+        "parallelism=single",
+        *SHAPE,
+        f"training.steps={STEPS}",
+        f"metrics.log_freq={WARMUP}",
+        f"launcher.cpu_threads_per_rank={threads}",
         f"tracking.uri=sqlite:///{workdir}/mlflow.db",
     ]
     _, lines = stream(args, env_with(threads), "step     1 ")
@@ -61,21 +68,43 @@ def titan_tps(workdir: Path, threads: int) -> float:
 
 
 def plain_tps(threads: int) -> float:
-    _, lines = stream([sys.executable, "benchmarks/minimal_llama.py", f"--steps={STEPS}", f"--batch={BATCH}", f"--seq={SEQ}"], env_with(threads), "step 1 ")
-    times = {int(m.group(1)): float(m.group(2)) for line in lines if (m := re.match(r"step (\d+) loss \S+ time (\S+)", line))}
+    _, lines = stream(
+        [sys.executable, "benchmarks/minimal_llama.py", f"--steps={STEPS}", f"--batch={BATCH}", f"--seq={SEQ}"],
+        env_with(threads),
+        "step 1 ",
+    )
+    times = {
+        int(m.group(1)): float(m.group(2)) for line in lines if (m := re.match(r"step (\d+) loss \S+ time (\S+)", line))
+    }
     return (STEPS - WARMUP) * BATCH * SEQ / (times[STEPS] - times[WARMUP])
 
 
 def titan_first_step(workdir: Path) -> float:
     args = [
-        sys.executable, "-m", "titan_exp", f"hydra.run.dir={workdir}/first-{time.time_ns()}", "parallelism=ddp",
-        "launcher.nproc_per_node=2", *SHAPE, "training.steps=1", f"tracking.uri=sqlite:///{workdir}/mlflow.db",
+        sys.executable,
+        "-m",
+        "titan_exp",
+        f"hydra.run.dir={workdir}/first-{time.time_ns()}",
+        "parallelism=ddp",
+        "launcher.nproc_per_node=2",
+        *SHAPE,
+        "training.steps=1",
+        f"tracking.uri=sqlite:///{workdir}/mlflow.db",
     ]
     return stream(args, env_with(1), "step     1 ")[0]
 
 
 def torchrun_first_step() -> float:
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "benchmarks/minimal_llama.py", "--steps=1", f"--batch={BATCH}", f"--seq={SEQ}"]
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "benchmarks/minimal_llama.py",
+        "--steps=1",
+        f"--batch={BATCH}",
+        f"--seq={SEQ}",
+    ]
     return stream(args, env_with(1), "step 1 ")[0]
 
 
@@ -87,29 +116,46 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         titan_first_step(workdir)  # creates the store and warms caches for both sides; not counted
-        samples: dict[str, list[float]] = {"titan_tps": [], "plain_tps": [], "titan_first_step_s": [], "torchrun_first_step_s": []}
+        samples: dict[str, list[float]] = {
+            "titan_tps": [],
+            "plain_tps": [],
+            "titan_first_step_s": [],
+            "torchrun_first_step_s": [],
+        }
         for _ in range(args.repeats):
             samples["plain_tps"].append(plain_tps(args.threads))
             samples["titan_tps"].append(titan_tps(workdir, args.threads))
             samples["torchrun_first_step_s"].append(torchrun_first_step())
             samples["titan_first_step_s"].append(titan_first_step(workdir))
     median = {key: statistics.median(values) for key, values in samples.items()}
-    print(json.dumps({
-        "tokens_per_s": {
-            "titan_exp": round(median["titan_tps"], 1),
-            "plain_pytorch": round(median["plain_tps"], 1),
-            "ratio": round(median["titan_tps"] / median["plain_tps"], 3),
-            "target": ">= 0.95",
-        },
-        "first_step_s": {
-            "titan_exp": round(median["titan_first_step_s"], 2),
-            "torchrun_plain": round(median["torchrun_first_step_s"], 2),
-            "ratio": round(median["titan_first_step_s"] / median["torchrun_first_step_s"], 3),
-            "target": "<= 1.5",
-        },
-        "samples": {key: [round(v, 2) for v in values] for key, values in samples.items()},
-        "setup": {"batch": BATCH, "seq_len": SEQ, "steps": STEPS, "warmup_steps": WARMUP, "threads": args.threads, "repeats": args.repeats},
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "tokens_per_s": {
+                    "titan_exp": round(median["titan_tps"], 1),
+                    "plain_pytorch": round(median["plain_tps"], 1),
+                    "ratio": round(median["titan_tps"] / median["plain_tps"], 3),
+                    "target": ">= 0.95",
+                },
+                "first_step_s": {
+                    "titan_exp": round(median["titan_first_step_s"], 2),
+                    "torchrun_plain": round(median["torchrun_first_step_s"], 2),
+                    "ratio": round(median["titan_first_step_s"] / median["torchrun_first_step_s"], 3),
+                    "target": "<= 1.5",
+                },
+                "samples": {key: [round(v, 2) for v in values] for key, values in samples.items()},
+                "setup": {
+                    "batch": BATCH,
+                    "seq_len": SEQ,
+                    "steps": STEPS,
+                    "warmup_steps": WARMUP,
+                    "threads": args.threads,
+                    "repeats": args.repeats,
+                },
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

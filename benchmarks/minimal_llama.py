@@ -32,7 +32,12 @@ class Block(nn.Module):
         b, t, _ = x.shape
         h = self.norm1(x)
         q, k, v = (proj(h).view(b, t, -1, self.head_dim) for proj in (self.q, self.k, self.v))
-        q, k = (torch.view_as_real(torch.view_as_complex(z.float().reshape(b, t, z.shape[2], -1, 2)) * rope[:t, None]).flatten(3) for z in (q, k))
+        q, k = (
+            torch.view_as_real(
+                torch.view_as_complex(z.float().reshape(b, t, z.shape[2], -1, 2)) * rope[:t, None]
+            ).flatten(3)
+            for z in (q, k)
+        )
         k, v = (z.repeat_interleave(self.heads // self.kv_heads, 2) for z in (k, v))
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, -1))
@@ -47,7 +52,9 @@ class Llama(nn.Module):
         self.blocks = nn.ModuleList(Block(dim, heads, kv_heads, hidden) for _ in range(layers))
         self.norm, self.out = nn.RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
         freqs = 1.0 / 500000.0 ** (torch.arange(0, dim // heads, 2).float() / (dim // heads))
-        self.register_buffer("rope", torch.polar(torch.ones(max_len, len(freqs)), torch.outer(torch.arange(max_len).float(), freqs)))
+        self.register_buffer(
+            "rope", torch.polar(torch.ones(max_len, len(freqs)), torch.outer(torch.arange(max_len).float(), freqs))
+        )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.emb(tokens)

@@ -1,5 +1,5 @@
-"""The torch.distributed environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) of a rank,
-whoever started it: torchrun, srun, or our own submitit launch."""
+"""The torch.distributed environment of a rank (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR/PORT), whoever started it: torchrun, srun, or our own launch."""
 
 import os
 import socket
@@ -14,6 +14,25 @@ class RankEnv:
     world_size: int
     local_world_size: int
 
+    @classmethod
+    def from_environ(cls) -> "RankEnv":
+        """This process's place in the job, read (never changed) from torch.distributed's variables,
+        else from srun's SLURM_* ones, else a world of one."""
+        if "RANK" not in os.environ and external_launcher() == "srun":
+            return cls(
+                rank=int(os.environ["SLURM_PROCID"]),
+                local_rank=int(os.environ["SLURM_LOCALID"]),
+                world_size=int(os.environ["SLURM_NTASKS"]),
+                local_world_size=_slurm_tasks_on_this_node(),
+            )
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return cls(
+            rank=int(os.environ.get("RANK", "0")),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            world_size=world,
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
+        )
+
 
 def external_launcher() -> str | None:
     """'torchrun' or 'srun' when this process is already one rank of a job; None when we must spawn."""
@@ -25,42 +44,49 @@ def external_launcher() -> str | None:
     return None
 
 
-def export_from_slurm() -> None:
-    """Translate srun's SLURM_* variables into torch.distributed's, keeping any already set."""
+def _slurm_tasks_on_this_node() -> int:
+    """Tasks of this step on this node: srun's counts read like '8' or '8(x2),4'; this node's entry
+    is the one its SLURM_NODEID falls in."""
+    counts = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE") or "1"
+    node = int(os.environ.get("SLURM_NODEID", "0"))
+    for entry in counts.split(","):
+        tasks, _, repeat = entry.partition("(x")
+        repeats = int(repeat.rstrip(")")) if repeat else 1
+        if node < repeats:
+            return int(tasks)
+        node -= repeats
+    raise ValueError(f"SLURM_NODEID={os.environ.get('SLURM_NODEID')} is not among the nodes of {counts!r}")
+
+
+def export_slurm_environment() -> None:
+    """Set torch.distributed's variables from srun's, keeping any already set. Call once per rank:
+    it asks `scontrol` for the job's first host (the rendezvous address)."""
+    env = RankEnv.from_environ()
     nodes = subprocess.run(
-        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     os.environ.setdefault("MASTER_ADDR", nodes[0])
     # Derived from the job id so that every task of the job agrees without talking first.
     os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
-    os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
-    os.environ.setdefault("LOCAL_RANK", os.environ["SLURM_LOCALID"])
-    os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
-    os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+    for key, value in _as_variables(env).items():
+        os.environ.setdefault(key, value)
 
 
-def export(rank: int, local_rank: int, world_size: int, local_world_size: int, master_addr: str, master_port: int) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(local_rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(local_world_size),
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(master_port),
-    )
+def export(env: RankEnv, master_addr: str, master_port: int) -> None:
+    """Set this process's torch.distributed variables."""
+    os.environ.update(_as_variables(env), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
 
 
-def current() -> RankEnv:
-    """This process's place in the job, from the environment (world of 1 when nothing is set)."""
-    if external_launcher() == "srun":
-        export_from_slurm()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return RankEnv(
-        rank=int(os.environ.get("RANK", "0")),
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        world_size=world,
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
-    )
+def _as_variables(env: RankEnv) -> dict[str, str]:
+    return {
+        "RANK": str(env.rank),
+        "LOCAL_RANK": str(env.local_rank),
+        "WORLD_SIZE": str(env.world_size),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size),
+    }
 
 
 def free_port() -> int:

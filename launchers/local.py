@@ -10,14 +10,15 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import submitit
 from submitit.core.utils import pickle_load
 
-from launchers import env as rank_env
 from launchers import signals
+from launchers.env import RankEnv, export, free_port
 
 POLL_SECONDS = 0.1
 # After SIGINT, how long ranks get to finish what they were writing (rank 0 flushes its MLflow
@@ -41,7 +42,7 @@ def _pid_file_name(job_id: str, rank: int) -> str:
 def _rank_entry(fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int, pid_dir: str) -> Any:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the controller, not by us
     job = submitit.JobEnvironment()
-    rank_env.export(job.global_rank, job.local_rank, job.num_tasks, nproc, "127.0.0.1", master_port)
+    export(RankEnv(job.global_rank, job.local_rank, job.num_tasks, nproc), "127.0.0.1", master_port)
     # Written whole or not at all: the supervisor polls these files (an empty one read once: int('')).
     pid_file = Path(pid_dir, _pid_file_name(job.job_id, job.global_rank))
     partial = pid_file.with_suffix(".partial")
@@ -65,10 +66,6 @@ def _environment(**values: str):
                 os.environ[key] = old
 
 
-def cpu_threads_per_rank(requested: int, local_ranks: int) -> int:
-    return requested if requested > 0 else max(1, (os.cpu_count() or 1) // local_ranks)
-
-
 def launch_local(
     fn: Callable[[Any], Any],
     arg: Any,
@@ -79,7 +76,10 @@ def launch_local(
     timeout_min: int,
     threads_per_rank: int,
 ) -> Any:
-    """Run fn(arg) in `nproc` rank processes; return rank 0's result or raise RankFailure."""
+    """Run fn(arg) in `nproc` rank processes on this machine, each with the torch.distributed
+    environment of its rank, `threads_per_rank` intra-op threads (OMP_NUM_THREADS) and, with
+    `use_gpus`, one GPU; their logs, pid files and results go under `folder`. Returns rank 0's
+    result or raises RankFailure; past `timeout_min` submitit kills the ranks."""
     folder.mkdir(parents=True, exist_ok=True)
     executor = submitit.LocalExecutor(folder=folder)
     executor.update_parameters(
@@ -93,7 +93,7 @@ def launch_local(
     # otherwise SIGKILL the ranks 1 s later, cutting short what rank 0 records; the supervisor
     # below stops them instead, with a grace period.
     with _environment(OMP_NUM_THREADS=str(threads_per_rank)), signals.ignored(signal.SIGINT):
-        job = executor.submit(_rank_entry, fn, arg, rank_env.free_port(), nproc, str(folder))
+        job = executor.submit(_rank_entry, fn, arg, free_port(), nproc, str(folder))
     return _Supervisor(job, nproc, folder).run()
 
 
@@ -149,7 +149,9 @@ class _Supervisor:
             if result.exists():
                 outcome, payload = pickle_load(result)
                 if outcome == "error":
-                    raised.append((result.stat().st_mtime, RankFailure(rank, _last_line(str(payload)), self.logs[rank])))
+                    raised.append(
+                        (result.stat().st_mtime, RankFailure(rank, _last_line(str(payload)), self.logs[rank]))
+                    )
                 continue
             pid_file = self.folder / _pid_file_name(self.job.job_id, rank)
             if (pid_file.exists() and not process_alive(int(pid_file.read_text()))) or final:

@@ -21,7 +21,15 @@ def compose_config(overrides: list[str]):
         return compose(config_name="config", overrides=overrides)
 
 
-def run_cli(args: list[str], tmp_path: Path, *, flags: tuple[str, ...] = (), timeout: int = 300, launcher: list[str] | None = None, env: dict | None = None):
+def run_cli(
+    args: list[str],
+    tmp_path: Path,
+    *,
+    flags: tuple[str, ...] = (),
+    timeout: int = 300,
+    launcher: list[str] | None = None,
+    env: dict | None = None,
+):
     """`python -m titan_exp FLAGS OVERRIDES` with outputs under tmp_path; returns the CompletedProcess."""
     overrides = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/multirun", *args]
     command = (launcher or [sys.executable, "-m"]) + ["titan_exp", *flags, *overrides]
@@ -38,7 +46,7 @@ def store(tmp_path: Path) -> tuple[str, Path]:
 
 def mlflow_client(db: Path):
     """A client of the SQLite store at `db`."""
-    from titan_exp.tracking.mlflow_run import client
+    from titan_exp.tracking.store import client
 
     return client(f"sqlite:///{db}")
 
@@ -56,3 +64,28 @@ def loss_curve(db: Path, run_id: str) -> list[float]:
     from titan_exp.compare.runs import loss_curve as steps_and_losses
 
     return [loss for _, loss in steps_and_losses(mlflow_client(db), run_id)]
+
+
+# What a launcher (torchrun, srun, our own) may set in a rank's environment.
+PLACEMENT_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
+@pytest.fixture
+def placement_env():
+    """No launcher's variables (nor COMM_MODE, OMP_NUM_THREADS) to start with; yields a setter. The
+    whole environment is restored after the test (launchers.env.export writes straight into it), so
+    later tests do not find themselves "under torchrun"."""
+    saved = dict(os.environ)
+    for key in [*PLACEMENT_VARIABLES, "COMM_MODE", "OMP_NUM_THREADS", *(k for k in saved if k.startswith("SLURM_"))]:
+        os.environ.pop(key, None)
+    yield lambda **values: os.environ.update({key: str(value) for key, value in values.items()})
+    os.environ.clear()
+    os.environ.update(saved)

@@ -19,8 +19,18 @@ def test_cfg_job_prints_the_composed_config_without_training(tmp_path, store):
     [
         (["training.steps=0"], "training.steps=0: must be > 0"),
         (["training.seq_len=100000"], "training.seq_len=100000: exceeds model max_seq_len=2048"),
-        (["launcher.nproc_per_node=2", "parallelism.data_parallel_shard_degree=4"], "parallelism=dp_shard=4: the degrees multiply to 4 but the world size is 2"),
-        (["parallelism.tensor_parallel_degree=5", "launcher.nproc_per_node=5", "parallelism.data_parallel_shard_degree=1"], "must divide model n_heads=16"),
+        (
+            ["launcher.nproc_per_node=2", "parallelism.data_parallel_shard_degree=4"],
+            "parallelism=dp_shard=4: the degrees multiply to 4 but the world size is 2",
+        ),
+        (
+            [
+                "parallelism.tensor_parallel_degree=5",
+                "launcher.nproc_per_node=5",
+                "parallelism.data_parallel_shard_degree=1",
+            ],
+            "must divide model n_heads=16",
+        ),
     ],
 )
 def test_semantic_errors_exit_2_with_one_line_and_nothing_tracked(tmp_path, store, overrides, expected):
@@ -49,7 +59,11 @@ def test_hydra_composition_errors_exit_2(tmp_path, store, override, expected):
 
 def test_sweep_goes_on_past_a_failing_point(tmp_path, store):
     uri, db = store
-    result = run_cli(["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", "training.steps=0,3"], tmp_path, flags=("-m",))
+    result = run_cli(
+        ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", "training.steps=0,3"],
+        tmp_path,
+        flags=("-m",),
+    )
     assert result.returncode == 1
     assert "training.steps=0: must be > 0" in result.stderr
     assert "1 sweep point(s) failed" in result.stderr

@@ -1,16 +1,31 @@
-"""The strategy table's arithmetic and formats, and the tracker's writer process, on their own."""
+"""The strategy table's arithmetic and formats, and reading runs back, on their own."""
 
 import csv
 
 from titan_exp.compare.report import COLUMNS, table, to_html, to_markdown, write_csv
-from titan_exp.compare.runs import RunSummary, add_scaling_efficiency
+from titan_exp.compare.runs import RunSummary, add_scaling_efficiency, parse_mesh
+from titan_exp.parallel.dims import ParallelDims
 
 
-def _summary(name: str, strategy: str, world_size: int, tps: float | None, mesh: dict[str, int], status: str = "FINISHED") -> RunSummary:
+def _summary(
+    name: str, strategy: str, world_size: int, tps: float | None, mesh: dict[str, int], status: str = "FINISHED"
+) -> RunSummary:
     return RunSummary(
-        run_id=f"{name}-id-0123456789", name=name, status=status, model="llama3_8b", strategy=strategy, quantize="none",
-        mesh=mesh, device="cuda", tokens_per_micro_batch=8192, world_size=world_size, tps_per_device=tps, mfu_pct=None if tps is None else tps / 100,
-        peak_memory_gib=1.5, memory_kind="active", final_loss=2.0,
+        run_id=f"{name}-id-0123456789",
+        name=name,
+        status=status,
+        model="llama3_8b",
+        strategy=strategy,
+        quantize="none",
+        mesh=mesh,
+        device="cuda",
+        tokens_per_micro_batch=8192,
+        world_size=world_size,
+        tps_per_device=tps,
+        mfu_pct=None if tps is None else tps / 100,
+        peak_memory_gib=1.5,
+        memory_kind="active",
+        final_loss=2.0,
     )
 
 
@@ -55,54 +70,9 @@ def test_table_formats_agree_and_escape(tmp_path):
     assert written[1]["tps_per_device"] == "" and written[1]["failure_reason"] == "RankFailure: rank 1 failed"
 
 
-def test_tracker_writes_every_queued_step_from_its_own_process(tmp_path):
-    from titan_exp.tracking.config import TrackingConfig
-    from titan_exp.tracking.mlflow_run import BackgroundTracker, client, ensure_store
-
-    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
-    ensure_store(cfg)
-    tracker = BackgroundTracker(cfg, "burst", {"model": "test"}, tmp_path / "run_id")
-    tracker.log_params({"a.b": 1})
-    for step in range(1, 301):  # far faster than one log_batch each: the writer merges them
-        tracker.log_metrics(step, {"loss": 1.0 / step, "lr": 0.1})
-    tracker.close("FINISHED")
-    store = client(cfg.uri)
-    run = store.get_run((tmp_path / "run_id").read_text())
-    assert run.info.status == "FINISHED" and run.data.params == {"a.b": "1"} and run.data.tags["status"] == "finished"
-    history = sorted((m.step, m.value) for m in store.get_metric_history(run.info.run_id, "loss"))
-    assert history == [(step, 1.0 / step) for step in range(1, 301)]
-
-
-def test_tracker_starts_at_normal_priority_steps_down_when_training_starts_and_can_be_paused(tmp_path):
-    import os
-    import time
-    from pathlib import Path
-
-    from titan_exp.tracking.config import TrackingConfig
-    from titan_exp.tracking.mlflow_run import BackgroundTracker, ensure_store
-
-    def stopped(pid: int) -> bool:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-
-    def becomes(pid: int, want_stopped: bool) -> bool:  # a signalled process stops (or continues) a moment later
-        deadline = time.monotonic() + 10
-        while stopped(pid) != want_stopped and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return stopped(pid) == want_stopped
-
-    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
-    ensure_store(cfg)
-    tracker = BackgroundTracker(cfg, "priority", {}, tmp_path / "run_id")
-    pid = tracker._process.pid
-    # Its start-up competes on equal terms with the rank's own.
-    assert os.sched_getscheduler(pid) == os.SCHED_OTHER
-    with tracker.paused():
-        assert becomes(pid, want_stopped=True)
-    assert becomes(pid, want_stopped=False)
-    tracker.log_metrics(1, {"loss": 1.0})  # the first step's metrics: from here on, idle cores only
-    deadline = time.monotonic() + 120
-    while os.sched_getscheduler(pid) != os.SCHED_IDLE:
-        assert time.monotonic() < deadline, "the writer never stepped down to SCHED_IDLE"
-        time.sleep(0.2)
-    tracker.close("FINISHED")
-    assert (tmp_path / "run_id").exists()
+def test_mesh_tags_read_back_into_degrees():
+    assert parse_mesh("single") == {} and parse_mesh("") == {}
+    assert parse_mesh("dp_replicate2·dp_shard4") == {"dp_replicate": 2, "dp_shard": 4}
+    # Whatever ParallelDims writes into the `mesh` tag reads back as its degrees.
+    dims = ParallelDims(pp=8, dp_replicate=2, dp_shard=16, cp=2, tp=8)
+    assert parse_mesh(dims.describe()) == dims.mesh_shape()

@@ -7,17 +7,18 @@ from tokenizers import Tokenizer
 from titan_exp.data.config import DataConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, SyntheticSource, TextSource
 from titan_exp.data.text import prepare_tokens
-from titan_exp.train.config import LRSchedulerConfig
-from titan_exp.train.optim import lr_factor
 
 
 @pytest.mark.parametrize("dp,local,accumulation", [(1, 8, 1), (2, 4, 1), (4, 1, 2), (2, 1, 4)])
 def test_ranks_and_microbatches_partition_the_global_batch(dp, local, accumulation):
     for step in range(3):
-        ids = np.concatenate([
-            BatchPlan(local, 16, dp, rank, accumulation).sample_ids(step, micro)
-            for rank in range(dp) for micro in range(accumulation)
-        ])
+        ids = np.concatenate(
+            [
+                BatchPlan(local, 16, dp, rank, accumulation).sample_ids(step, micro)
+                for rank in range(dp)
+                for micro in range(accumulation)
+            ]
+        )
         assert sorted(ids) == list(range(step * 8, (step + 1) * 8))
 
 
@@ -51,12 +52,3 @@ def test_synthetic_source_is_seeded_and_follows_its_chain():
     rows = a.samples(ids).tolist()
     assert all(nxt in a.successors[cur] for row in rows for cur, nxt in zip(row, row[1:]))
     assert not (SyntheticSource(cfg, 32, seed=4).samples(ids) == a.samples(ids)).all()
-
-
-def test_lr_schedule_warms_up_holds_and_decays():
-    cfg = LRSchedulerConfig(warmup_steps=10, decay_ratio=0.5, decay_type="linear", min_lr_factor=0.1)
-    factors = [lr_factor(step, 100, cfg) for step in range(100)]
-    assert factors[0] == pytest.approx(1 / 11) and factors[9] == pytest.approx(10 / 11)
-    assert factors[10:55] == [1.0] * 45  # stable until the decay window (last 45 steps)
-    assert factors[-1] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))

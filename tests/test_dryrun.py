@@ -9,16 +9,23 @@ from conftest import run_cli
 
 
 def report_of(stdout: str) -> dict[str, str]:
-    line = next(l for l in stdout.splitlines() if l.startswith("dry run (fake_backend)"))
+    line = next(line for line in stdout.splitlines() if line.startswith("dry run (fake_backend)"))
     return dict(re.findall(r"(\w+)=(\S+)", line.split(":", 1)[1]))
 
 
 def test_llama3_405b_on_512_ranks_fsdp8_tp8_pp8(tmp_path):
     args = [
-        "model=llama3_405b", "parallelism=fsdp_tp_pp", "parallelism.tensor_parallel_degree=8",
-        "parallelism.pipeline_parallel_degree=8", "launcher.nproc_per_node=8", "launcher.nodes=64",
-        "training.seq_len=8192", "training.local_batch_size=8", "training.mixed_precision_param=bfloat16",
-        "activation_checkpoint.mode=full", "tracking=none",
+        "model=llama3_405b",
+        "parallelism=fsdp_tp_pp",
+        "parallelism.tensor_parallel_degree=8",
+        "parallelism.pipeline_parallel_degree=8",
+        "launcher.nproc_per_node=8",
+        "launcher.nodes=64",
+        "training.seq_len=8192",
+        "training.local_batch_size=8",
+        "training.mixed_precision_param=bfloat16",
+        "activation_checkpoint.mode=full",
+        "tracking=none",
     ]
     result = run_cli(args, tmp_path, env={"COMM_MODE": "fake_backend"}, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -30,7 +37,16 @@ def test_llama3_405b_on_512_ranks_fsdp8_tp8_pp8(tmp_path):
     from titan_exp.models.llama3.args import Llama3Config
     from titan_exp.models.llama3.model import Transformer
 
-    cfg = Llama3Config(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, vocab_size=128256, multiple_of=4096, ffn_dim_multiplier=1.2, max_seq_len=16)
+    cfg = Llama3Config(
+        dim=16384,
+        n_layers=126,
+        n_heads=128,
+        n_kv_heads=8,
+        vocab_size=128256,
+        multiple_of=4096,
+        ffn_dim_multiplier=1.2,
+        max_seq_len=16,
+    )
     with torch.device("meta"):
         model = Transformer(cfg)
     stage0 = [("tok_embeddings.weight", model.tok_embeddings.weight)] + [
@@ -39,11 +55,15 @@ def test_llama3_405b_on_512_ranks_fsdp8_tp8_pp8(tmp_path):
     expected = sum(p.numel() // (8 if "norm" in name else 64) for name, p in stage0)
     assert int(report["rank0_params"].replace(",", "")) == expected
     assert float(report["rank0_optimizer_state_gib"]) == pytest.approx(expected * 8 / 1024**3, rel=1e-3)
-    assert 0 < float(report["rank0_step_peak_activation_gib"]) and float(report["rank0_estimated_peak_gib"]) > float(report["rank0_optimizer_state_gib"])
+    assert 0 < float(report["rank0_step_peak_activation_gib"]) and float(report["rank0_estimated_peak_gib"]) > float(
+        report["rank0_optimizer_state_gib"]
+    )
 
 
 def test_config_key_selects_the_dry_run_and_fsdp_halves_the_params(tmp_path):
-    result = run_cli(["debug.comm_mode=fake_backend", "parallelism=fsdp", "launcher.nproc_per_node=2", "tracking=none"], tmp_path)
+    result = run_cli(
+        ["debug.comm_mode=fake_backend", "parallelism=fsdp", "launcher.nproc_per_node=2", "tracking=none"], tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = report_of(result.stdout)
     assert int(report["rank0_params"].replace(",", "")) * 2 == int(report["total_params"].replace(",", ""))
@@ -63,7 +83,11 @@ def test_local_tensor_mode_reproduces_real_tensor_parallel_ranks(tmp_path, store
     common = ["experiment=smoke", "parallelism=tp", "launcher.nproc_per_node=2", "debug=deterministic"]
     local = run_cli(common, tmp_path / "local", env={"COMM_MODE": "local_tensor"})
     assert local.returncode == 0, local.stderr[-3000:]
-    per_step = [[float(v) for v in line.split("loss per rank")[1].split()] for line in local.stdout.splitlines() if "loss per rank" in line]
+    per_step = [
+        [float(v) for v in line.split("loss per rank")[1].split()]
+        for line in local.stdout.splitlines()
+        if "loss per rank" in line
+    ]
     assert len(per_step) == 6 and all(len(ranks) == 2 and ranks[0] == ranks[1] for ranks in per_step)
     real = run_cli([*common, "tracking=mlflow", uri], tmp_path / "real")
     assert real.returncode == 0, real.stderr[-3000:]
@@ -72,6 +96,10 @@ def test_local_tensor_mode_reproduces_real_tensor_parallel_ranks(tmp_path, store
 
 
 def test_local_tensor_mode_refuses_fsdp_by_name(tmp_path):
-    result = run_cli(["experiment=smoke", "parallelism=fsdp", "launcher.nproc_per_node=2"], tmp_path, env={"COMM_MODE": "local_tensor"})
+    result = run_cli(
+        ["experiment=smoke", "parallelism=fsdp", "launcher.nproc_per_node=2"],
+        tmp_path,
+        env={"COMM_MODE": "local_tensor"},
+    )
     assert result.returncode == 2
     assert "LocalTensorMode fails inside FSDP2" in result.stderr and "Traceback" not in result.stderr

@@ -3,8 +3,9 @@
 
 import pytest
 
+from launchers.devices import visible_gpus
+
 from conftest import loss_curve, mlflow_runs, run_cli
-from launchers.placement import visible_gpus
 
 pytestmark = pytest.mark.gpu
 
@@ -13,7 +14,15 @@ def test_fsdp_on_every_gpu_reports_cuda_memory(tmp_path, store):
     gpus = visible_gpus()
     assert gpus > 0, "no GPU visible: this test needs a CUDA machine"
     uri, db = store
-    args = ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cuda", f"launcher.nproc_per_node={gpus}", "training.steps=10", "training.mixed_precision_param=bfloat16"]
+    args = [
+        "experiment=smoke",
+        "tracking=mlflow",
+        uri,
+        "launcher.device=cuda",
+        f"launcher.nproc_per_node={gpus}",
+        "training.steps=10",
+        "training.mixed_precision_param=bfloat16",
+    ]
     result = run_cli(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     [run] = mlflow_runs(db)

@@ -11,8 +11,9 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from conftest import REPO, mlflow_client, mlflow_runs, run_cli
 from launchers.local import RankFailure, launch_local, process_alive
+
+from conftest import REPO, mlflow_client, mlflow_runs, run_cli
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -78,13 +79,35 @@ def test_exception_in_one_rank_stops_all_and_names_the_rank(tmp_path):
     assert _processes_using(tmp_path) == []
 
 
-LONG_RUN = ["data=synthetic", "training.steps=2000", "training.seq_len=64", "training.local_batch_size=2", "metrics.log_freq=1", "launcher.device=cpu"]
+LONG_RUN = [
+    "data=synthetic",
+    "training.steps=2000",
+    "training.seq_len=64",
+    "training.local_batch_size=2",
+    "metrics.log_freq=1",
+    "launcher.device=cpu",
+]
 
 
 def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
     uri, db = store
-    command = [sys.executable, "-m", "titan_exp", f"hydra.run.dir={tmp_path}/run", *LONG_RUN, "launcher.nproc_per_node=2", uri]
-    proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "titan_exp",
+        f"hydra.run.dir={tmp_path}/run",
+        *LONG_RUN,
+        "launcher.nproc_per_node=2",
+        uri,
+    ]
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in proc.stdout:
             if line.startswith("step     3"):
@@ -105,7 +128,9 @@ def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
     # What was logged before the failure is kept, rank 0's console output included.
     assert run.data.metrics["loss/global_avg"] > 0
     # Artifacts live beside the SQLite store.
-    run_log = (db.parent / "mlartifacts" / "titan_exp" / run.info.run_id / "artifacts" / "logs" / "rank0.log").read_text()
+    run_log = (
+        db.parent / "mlartifacts" / "titan_exp" / run.info.run_id / "artifacts" / "logs" / "rank0.log"
+    ).read_text()
     assert "step     3" in run_log
 
 
@@ -125,9 +150,17 @@ def test_torchrun_started_ranks_train_without_spawning_again(tmp_path, store):
     "launcher,stop,reason",
     [
         # Ctrl-C in a terminal: SIGINT to every process of the foreground group.
-        ([sys.executable, "-m", "titan_exp", "launcher.nproc_per_node=2"], lambda proc: os.killpg(proc.pid, signal.SIGINT), "KeyboardInterrupt"),
+        (
+            [sys.executable, "-m", "titan_exp", "launcher.nproc_per_node=2"],
+            lambda proc: os.killpg(proc.pid, signal.SIGINT),
+            "KeyboardInterrupt",
+        ),
         # A stopped torchrun job: its agent passes SIGTERM on to the ranks (srun/scancel do the same).
-        ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "titan_exp"], lambda proc: proc.send_signal(signal.SIGTERM), "SIGTERM"),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "titan_exp"],
+            lambda proc: proc.send_signal(signal.SIGTERM),
+            "SIGTERM",
+        ),
     ],
     ids=["ctrl_c_local", "sigterm_torchrun"],
 )
@@ -136,8 +169,14 @@ def test_interrupted_job_ends_its_run_killed_keeping_what_was_logged(tmp_path, s
     command = [*launcher, f"hydra.run.dir={tmp_path}/run", *LONG_RUN, uri]
     with open(tmp_path / "stderr.txt", "w") as stderr:
         proc = subprocess.Popen(
-            command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=stderr, text=True,
-            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+            command,
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
         )
     try:
         for line in proc.stdout:

@@ -14,14 +14,23 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import compose_config, loss_curve, mlflow_runs, run_cli
-from titan_exp.job import prepare
+from launchers.env import RankEnv
+from titan_exp.config.resolve import resolve
 from titan_exp.train.trainer import train
+
+from conftest import compose_config, loss_curve, mlflow_runs, run_cli
 
 RTOL = 1e-4
 GLOBAL_BATCH = 4
 STEPS = 10
-PARITY_RUN = ["debug=deterministic", "data=synthetic", f"training.steps={STEPS}", "training.seq_len=64", "metrics.log_freq=1", "launcher.device=cpu"]
+PARITY_RUN = [
+    "debug=deterministic",
+    "data=synthetic",
+    f"training.steps={STEPS}",
+    "training.seq_len=64",
+    "metrics.log_freq=1",
+    "launcher.device=cpu",
+]
 
 
 def curve_of(tmp_path, store, name: str, overrides: list[str]) -> list[float]:
@@ -37,7 +46,16 @@ def matrix(tmp_path_factory):
     root = tmp_path_factory.mktemp("matrix")
     store = (f"tracking.uri=sqlite:///{root / 'mlflow.db'}", root / "mlflow.db")
     seed = root / "seed"
-    created = run_cli([*PARITY_RUN, "parallelism=single", "checkpoint.create_seed_checkpoint=true", f"checkpoint.folder={seed}", "tracking=none"], root / "create")
+    created = run_cli(
+        [
+            *PARITY_RUN,
+            "parallelism=single",
+            "checkpoint.create_seed_checkpoint=true",
+            f"checkpoint.folder={seed}",
+            "tracking=none",
+        ],
+        root / "create",
+    )
     assert created.returncode == 0, created.stderr[-3000:]
 
     class Matrix:
@@ -59,10 +77,21 @@ def matrix(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "layout,nproc,local_batch",
-    [("ddp", 2, 2), ("fsdp", 2, 2), ("hsdp", 4, 1), ("tp", 2, 4), ("fsdp_tp", 4, 2), ("fsdp_pp", 4, 2), ("fsdp_tp_pp", 8, 2)],
+    [
+        ("ddp", 2, 2),
+        ("fsdp", 2, 2),
+        ("hsdp", 4, 1),
+        ("tp", 2, 4),
+        ("fsdp_tp", 4, 2),
+        ("fsdp_pp", 4, 2),
+        ("fsdp_tp_pp", 8, 2),
+    ],
 )
 def test_layout_reproduces_the_single_device_curve(matrix, layout, nproc, local_batch):
-    curve = matrix.curve(layout, [f"parallelism={layout}", f"launcher.nproc_per_node={nproc}", f"training.local_batch_size={local_batch}"])
+    curve = matrix.curve(
+        layout,
+        [f"parallelism={layout}", f"launcher.nproc_per_node={nproc}", f"training.local_batch_size={local_batch}"],
+    )
     torch.testing.assert_close(curve, matrix.single, rtol=RTOL, atol=0)
 
 
@@ -70,17 +99,28 @@ def test_every_pipeline_schedule_reproduces_the_single_device_curve(matrix):
     from titan_exp.parallel.stages import SCHEDULES
 
     # One sweep over the schedules: 2 pp ranks, 4 microbatches of 1 sample (DualPipeV needs one per stage).
-    runs = matrix.sweep(["parallelism=pp", "launcher.nproc_per_node=2", f"training.local_batch_size={GLOBAL_BATCH}", f"parallelism.pipeline_parallel_schedule={','.join(SCHEDULES)}"])
+    runs = matrix.sweep(
+        [
+            "parallelism=pp",
+            "launcher.nproc_per_node=2",
+            f"training.local_batch_size={GLOBAL_BATCH}",
+            f"parallelism.pipeline_parallel_schedule={','.join(SCHEDULES)}",
+        ]
+    )
     pipelined = [(run, curve) for run, curve in runs if run.data.params["parallelism.name"] == "pp"]
-    assert sorted(run.data.params["parallelism.pipeline_parallel_schedule"] for run, _ in pipelined) == sorted(SCHEDULES)
-    for run, curve in pipelined:
-        schedule = run.data.params["parallelism.pipeline_parallel_schedule"]
-        torch.testing.assert_close(curve, matrix.single, rtol=RTOL, atol=0, msg=lambda m: f"{schedule}: {m}")
+    schedules = [run.data.params["parallelism.pipeline_parallel_schedule"] for run, _ in pipelined]
+    assert sorted(schedules) == sorted(SCHEDULES)
+    for schedule, (_, curve) in zip(schedules, pipelined):
+        torch.testing.assert_close(curve, matrix.single, rtol=RTOL, atol=0, msg=lambda m, s=schedule: f"{s}: {m}")
 
 
 def test_tolerance_is_discriminating(matrix):
     # Without the seed checkpoint and with another seed (other weights, other data) the curve leaves the band.
-    other = matrix.curve("other_seed", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}", "debug.seed=1"], from_seed=False)
+    other = matrix.curve(
+        "other_seed",
+        ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}", "debug.seed=1"],
+        from_seed=False,
+    )
     assert max(abs(a - b) / b for a, b in zip(other, matrix.single)) > 100 * RTOL
 
 
@@ -89,9 +129,13 @@ def in_process():
     """Run the trainer in this process as a world of one (no tracking), restoring global torch state."""
 
     def run(overrides: list[str]) -> float:
-        cfg, placement = prepare(OmegaConf.to_object(compose_config(["parallelism=single", "tracking=none", *PARITY_RUN, "training.steps=3", *overrides])))
-        assert placement.world_size == 1
-        return train(cfg)["loss/global_avg"]
+        cfg = resolve(
+            OmegaConf.to_object(
+                compose_config(["parallelism=single", "tracking=none", *PARITY_RUN, "training.steps=3", *overrides])
+            )
+        )
+        assert cfg.launcher.world_size == 1
+        return train(cfg, RankEnv(rank=0, local_rank=0, world_size=1, local_world_size=1))["loss/global_avg"]
 
     yield run
     torch.use_deterministic_algorithms(False)
@@ -104,7 +148,12 @@ def test_gradient_accumulation_matches_one_big_batch(in_process):
 
 
 @pytest.mark.parametrize(
-    "ac", [["activation_checkpoint.mode=full"], ["activation_checkpoint.mode=selective"], ["activation_checkpoint.mode=selective", "activation_checkpoint.selective_ac_option=2"]]
+    "ac",
+    [
+        ["activation_checkpoint.mode=full"],
+        ["activation_checkpoint.mode=selective"],
+        ["activation_checkpoint.mode=selective", "activation_checkpoint.selective_ac_option=2"],
+    ],
 )
 def test_activation_checkpointing_does_not_change_the_numbers(in_process, ac):
     assert in_process(ac) == pytest.approx(in_process([]), rel=RTOL)
@@ -119,23 +168,51 @@ def test_compiled_blocks_match_eager(in_process):
 def test_seed_checkpoint_loads_into_another_layout(tmp_path, store):
     seed_dir = tmp_path / "seed"
     # Weights from seed 7; the runs below use seed 0 (for their data and, without the checkpoint, their weights).
-    created = run_cli([*PARITY_RUN, "parallelism=single", "debug.seed=7", "checkpoint.create_seed_checkpoint=true", f"checkpoint.folder={seed_dir}", "tracking=none"], tmp_path / "create")
+    created = run_cli(
+        [
+            *PARITY_RUN,
+            "parallelism=single",
+            "debug.seed=7",
+            "checkpoint.create_seed_checkpoint=true",
+            f"checkpoint.folder={seed_dir}",
+            "tracking=none",
+        ],
+        tmp_path / "create",
+    )
     assert created.returncode == 0, created.stderr[-3000:]
     assert (seed_dir / "step-0" / ".metadata").is_file()
     load = [f"checkpoint.initial_load_path={seed_dir}/step-0"]
-    single = curve_of(tmp_path, store, "single", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}", *load])
-    fsdp = curve_of(tmp_path, store, "fsdp", ["parallelism=fsdp", "launcher.nproc_per_node=2", f"training.local_batch_size={GLOBAL_BATCH // 2}", *load])
+    single = curve_of(
+        tmp_path, store, "single", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}", *load]
+    )
+    fsdp = curve_of(
+        tmp_path,
+        store,
+        "fsdp",
+        ["parallelism=fsdp", "launcher.nproc_per_node=2", f"training.local_batch_size={GLOBAL_BATCH // 2}", *load],
+    )
     fresh = curve_of(tmp_path, store, "fresh", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}"])
     torch.testing.assert_close(fsdp, single, rtol=RTOL, atol=0)
     # The loaded weights are the checkpoint's, not seed 0's.
     assert max(abs(a - b) / b for a, b in zip(fresh, single)) > 100 * RTOL
 
 
-@pytest.mark.parametrize("layout", ["parallelism=fsdp", "parallelism=pp parallelism.pipeline_parallel_schedule=Interleaved1F1B"])
+@pytest.mark.parametrize(
+    "layout", ["parallelism=fsdp", "parallelism=pp parallelism.pipeline_parallel_schedule=Interleaved1F1B"]
+)
 def test_resume_continues_the_same_curve(tmp_path, store, layout):
     uri, db = store
     folder = tmp_path / "ckpt"
-    args = [*PARITY_RUN, *layout.split(), "launcher.nproc_per_node=2", "checkpoint=periodic", f"checkpoint.folder={folder}", "checkpoint.interval=5", "checkpoint.keep_latest_k=0", uri]
+    args = [
+        *PARITY_RUN,
+        *layout.split(),
+        "launcher.nproc_per_node=2",
+        "checkpoint=periodic",
+        f"checkpoint.folder={folder}",
+        "checkpoint.interval=5",
+        "checkpoint.keep_latest_k=0",
+        uri,
+    ]
     whole = run_cli(args, tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert sorted(p.name for p in folder.iterdir()) == ["step-10", "step-5"]
@@ -153,7 +230,15 @@ def test_resume_continues_the_same_curve(tmp_path, store, layout):
 
 # float8 matmuls run through torch._scaled_mm's reference kernel on CPU (~20 M multiply-adds/s), so
 # the float8 comparison uses a model small enough for that. Its Linear dims are multiples of 16.
-TINY_MODEL = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16", "training.seq_len=32", "training.steps=3"]
+TINY_MODEL = [
+    "model.dim=64",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.multiple_of=16",
+    "training.seq_len=32",
+    "training.steps=3",
+]
 # float8 (e4m3) keeps 3 mantissa bits, but rounding errors average out over dot products of >= 64
 # terms and over the tokens of the loss; torchtitan's float8 curves stay within ~1% of bf16. We allow 1%.
 FLOAT8_RTOL = 1e-2
@@ -172,7 +257,7 @@ def test_float8_stays_close_to_full_precision(tmp_path, store):
     }
     for name, overrides in variants.items():
         low = curve_of(tmp_path, store, name, [*overrides, *TINY_MODEL])
-        torch.testing.assert_close(low, reference, rtol=FLOAT8_RTOL, atol=0, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(low, reference, rtol=FLOAT8_RTOL, atol=0, msg=lambda m, n=name: f"{n}: {m}")
     float8_runs = [r for r in mlflow_runs(db) if r.data.params["quantize.name"] == "float8"]
     assert len(float8_runs) == len(variants)
     assert not any("throughput/mfu_pct" in r.data.metrics for r in float8_runs)  # not defined in low precision
@@ -180,7 +265,9 @@ def test_float8_stays_close_to_full_precision(tmp_path, store):
 
 def test_loss_parity_preset_writes_table_and_plot(tmp_path, store):
     uri, db = store
-    layouts = "parity.layouts=['parallelism=single','parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2']"
+    layouts = (
+        "parity.layouts=['parallelism=single','parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2']"
+    )
     result = run_cli(["experiment=loss_parity", layouts, "training.steps=4", uri], tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     table = (tmp_path / "run" / "loss_parity.md").read_text()

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, mlflow_client, mlflow_runs, run_cli
 from launchers.env import free_port
+
+from conftest import REPO, mlflow_client, mlflow_runs, run_cli
 
 SMOKE = ["experiment=smoke", "tracking=mlflow", "launcher.device=cpu"]
 # Where tests leave files for people to look at (git-ignored); CI can collect them.
@@ -42,7 +43,9 @@ def mlflow_server(tmp_path_factory):
     db = root / "mlflow.db"
     port = free_port()
     command = [sys.executable, "-m", "titan_exp", "ui", "--uri", f"sqlite:///{db}", "--port", str(port)]
-    server = subprocess.Popen(command, cwd=REPO, stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        command, cwd=REPO, stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -67,7 +70,9 @@ def mlflow_server(tmp_path_factory):
 def server_sweep(mlflow_server, tmp_path_factory):
     """A 2-point sweep that tracks over HTTP into the server; yields (server URL, experiment id)."""
     tmp = tmp_path_factory.mktemp("sweep")
-    result = run_cli([*SMOKE, f"tracking.uri={mlflow_server}", "training.steps=3", "parallelism=ddp,fsdp"], tmp, flags=("-m",))
+    result = run_cli(
+        [*SMOKE, f"tracking.uri={mlflow_server}", "training.steps=3", "parallelism=ddp,fsdp"], tmp, flags=("-m",)
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     experiment = _rest(mlflow_server, "experiments/get-by-name?experiment_name=titan_exp")["experiment"]
     return mlflow_server, experiment["experiment_id"]
@@ -91,15 +96,27 @@ def test_sweep_tracked_over_http_reads_back_through_the_rest_api(server_sweep):
         logs = _rest(url, f"artifacts/list?run_id={child_id}&path=logs")["files"]
         assert [f["path"] for f in logs] == ["logs/rank0.log"]
     compare = {f["path"] for f in _rest(url, f"artifacts/list?run_id={parent_id}&path=compare")["files"]}
-    assert {"compare/strategy_table.html", "compare/strategy_table.csv", "compare/loss_curves.png", "compare/scaling.png"} <= compare
+    assert {
+        "compare/strategy_table.html",
+        "compare/strategy_table.csv",
+        "compare/loss_curves.png",
+        "compare/scaling.png",
+    } <= compare
 
 
 def _chromium(*args: str) -> subprocess.CompletedProcess:
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     if binary is None:
         pytest.fail("Debian's chromium is not installed: ./setup.sh --test installs it")
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
-             "--window-size=1400,900", "--virtual-time-budget=20000"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--window-size=1400,900",
+        "--virtual-time-budget=20000",
+    ]
     return subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=180)
 
 
@@ -115,7 +132,9 @@ def test_mlflow_ui_lists_the_sweep_in_headless_chromium(server_sweep):
     runs_page = f"{url}/#/experiments/{experiment_id}/runs"
     text = _page_text(runs_page)
     assert "sweep: parallelism=ddp,fsdp" in text and "3 matching runs" in text, text[-2000:]
-    [child] = _rest(url, "runs/search", {"experiment_ids": [experiment_id], "filter": "attributes.run_name = 'llama3_debug·fsdp2'"})["runs"]
+    [child] = _rest(
+        url, "runs/search", {"experiment_ids": [experiment_id], "filter": "attributes.run_name = 'llama3_debug·fsdp2'"}
+    )["runs"]
     assert "llama3_debug·fsdp2" in _page_text(f"{url}/#/experiments/{experiment_id}/runs/{child['info']['run_id']}")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     screenshot = ARTIFACTS / "mlflow_ui_sweep_runs.png"
@@ -128,15 +147,25 @@ def test_mlflow_ui_lists_the_sweep_in_headless_chromium(server_sweep):
 def test_local_sweep_compares_its_points_into_the_parent_run(tmp_path, store):
     uri, db = store
     result = run_cli(
-        [*SMOKE, uri, "parallelism=fsdp", "launcher.nproc_per_node=1,2", "tracking.system_metrics=true", "tracking.system_metrics_interval_s=1"],
-        tmp_path, flags=("-m",),
+        [
+            *SMOKE,
+            uri,
+            "parallelism=fsdp",
+            "launcher.nproc_per_node=1,2",
+            "tracking.system_metrics=true",
+            "tracking.system_metrics_interval_s=1",
+        ],
+        tmp_path,
+        flags=("-m",),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     [parent] = mlflow_runs(db, sweeps=True)
     points = mlflow_runs(db)
     assert parent.info.status == "FINISHED"
     assert [p.data.tags["mlflow.parentRunId"] for p in points] == [parent.info.run_id] * 2
-    assert any(key.startswith("system/cpu_utilization_percentage") for key in points[0].data.metrics), points[0].data.metrics.keys()
+    assert any(key.startswith("system/cpu_utilization_percentage") for key in points[0].data.metrics), points[
+        0
+    ].data.metrics.keys()
 
     with open(tmp_path / "multirun" / "compare" / "strategy_table.csv") as file:
         rows = {row["world_size"]: row for row in csv.DictReader(file)}
@@ -145,29 +174,77 @@ def test_local_sweep_compares_its_points_into_the_parent_run(tmp_path, store):
     assert float(rows["2"]["scaling_efficiency"]) == pytest.approx(tps["2"] / tps["1"])
     assert float(rows["2"]["tps_per_device"]) == tps["2"] and rows["2"]["status"] == "FINISHED"
     artifacts = {a.path for a in mlflow_client(db).list_artifacts(parent.info.run_id, "compare")}
-    assert {f"compare/{name}" for name in ("strategy_table.md", "strategy_table.csv", "strategy_table.html", "loss_curves.png", "throughput.png", "memory.png", "scaling.png")} <= artifacts
+    assert {
+        f"compare/{name}"
+        for name in (
+            "strategy_table.md",
+            "strategy_table.csv",
+            "strategy_table.html",
+            "loss_curves.png",
+            "throughput.png",
+            "memory.png",
+            "scaling.png",
+        )
+    } <= artifacts
 
     # A job started on its own joins the sweep by its parent run id; the command line compares all three.
-    joined = run_cli([*SMOKE, uri, "parallelism=ddp", "launcher.nproc_per_node=2", f"tracking.parent_run_id={parent.info.run_id}"], tmp_path / "joined")
+    joined = run_cli(
+        [*SMOKE, uri, "parallelism=ddp", "launcher.nproc_per_node=2", f"tracking.parent_run_id={parent.info.run_id}"],
+        tmp_path / "joined",
+    )
     assert joined.returncode == 0, joined.stderr[-3000:]
     out = tmp_path / "again"
-    cli = subprocess.run([sys.executable, "-m", "titan_exp.compare", "--uri", f"sqlite:///{db}", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    cli = subprocess.run(
+        [sys.executable, "-m", "titan_exp.compare", "--uri", f"sqlite:///{db}", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cli.returncode == 0, cli.stderr
-    assert "| llama3_debug·single | 1 |" in cli.stdout and "| llama3_debug·fsdp2 | 2 |" in cli.stdout and "| llama3_debug·ddp2 | 2 |" in cli.stdout
+    assert (
+        "| llama3_debug·single | 1 |" in cli.stdout
+        and "| llama3_debug·fsdp2 | 2 |" in cli.stdout
+        and "| llama3_debug·ddp2 | 2 |" in cli.stdout
+    )
     sweep_rows = (tmp_path / "multirun" / "compare" / "strategy_table.csv").read_text().splitlines()
     assert (out / "strategy_table.csv").read_text().splitlines()[:3] == sweep_rows
-    bad = subprocess.run([sys.executable, "-m", "titan_exp", "compare", "--uri", f"sqlite:///{db}", "--sweep", "nope"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [bad.stderr.strip()] and "--sweep=nope: no such run" in bad.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "titan_exp", "compare", "--uri", f"sqlite:///{db}", "--sweep", "nope"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        bad.returncode == 2
+        and bad.stderr.strip().splitlines() == [bad.stderr.strip()]
+        and "--sweep=nope: no such run" in bad.stderr
+    )
 
 
 def test_eight_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, store):
     uri, db = store
     jobs = []
     for i in range(8):
-        command = [sys.executable, "-m", "titan_exp", f"hydra.run.dir={tmp_path}/job{i}", *SMOKE, uri,
-                   "parallelism=single", "launcher.nproc_per_node=1", f"tracking.run_name=job{i}", f"debug.seed={i}"]
+        command = [
+            sys.executable,
+            "-m",
+            "titan_exp",
+            f"hydra.run.dir={tmp_path}/job{i}",
+            *SMOKE,
+            uri,
+            "parallelism=single",
+            "launcher.nproc_per_node=1",
+            f"tracking.run_name=job{i}",
+            f"debug.seed={i}",
+        ]
         log = open(tmp_path / f"job{i}.log", "w")
-        jobs.append(subprocess.Popen(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT))
+        jobs.append(
+            subprocess.Popen(
+                command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=log, stderr=subprocess.STDOUT
+            )
+        )
     for i, job in enumerate(jobs):
         assert job.wait(timeout=600) == 0, (tmp_path / f"job{i}.log").read_text()[-3000:]
     runs = mlflow_runs(db)

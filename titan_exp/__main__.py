@@ -1,5 +1,7 @@
-"""`python -m titan_exp [overrides] [-m]`: compose with Hydra, check, train.
-`python -m titan_exp compare ...` and `python -m titan_exp ui ...`: compare tracked runs, serve the MLflow UI."""
+"""`python -m titan_exp [overrides] [-m]`: compose with Hydra, resolve (check), run the job.
+`python -m titan_exp compare ...` and `python -m titan_exp ui ...`: compare tracked runs, serve the MLflow UI.
+
+Nothing here (nor anything it imports) loads torch: the ranks do (tests/test_architecture.py)."""
 
 import sys
 from pathlib import Path
@@ -9,53 +11,39 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from titan_exp import ui
+from titan_exp.compare import cli as compare_cli
 from titan_exp.config.check import ConfigError
+from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import register_schema
+from titan_exp.job.launch import run_job
+from titan_exp.job.parity import run_parity
+from titan_exp.job.sweep import end_active_sweep, join_sweep
 
 # Exit statuses: 1 a run failed, 2 the config was rejected (nothing started).
 EXIT_RUN_FAILED = 1
 EXIT_BAD_CONFIG = 2
 
+_SUBCOMMANDS = {"compare": compare_cli.main, "ui": ui.main}
 _state = {"task_started": False, "failures": 0}
-
-
-def _compare(argv: list[str]) -> int:
-    from titan_exp.compare.__main__ import main as compare
-
-    return compare(argv)
-
-
-def _ui(argv: list[str]) -> int:
-    from titan_exp.ui import main as ui
-
-    return ui(argv)
-
-
-_SUBCOMMANDS = {"compare": _compare, "ui": _ui}
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def _task(composed: DictConfig) -> bool:
     """One run (or one sweep point); returns whether it succeeded (a sweep's callback counts it)."""
     _state["task_started"] = True
-    from titan_exp.job import prepare, run_job
-
     hydra_cfg = HydraConfig.get()
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
+    job_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         cfg = OmegaConf.to_object(composed)
         if sweeping:
-            from titan_exp.tracking.sweep import join_sweep
-
             cfg = join_sweep(cfg, Path(hydra_cfg.sweep.dir))
         if cfg.parity.layouts:
-            from titan_exp.parity import run_parity
-
-            if not run_parity(cfg, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.output_dir)):
+            if not run_parity(cfg, list(hydra_cfg.overrides.task), job_dir):
                 raise RuntimeError(f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}")
             return True
-        cfg, placement = prepare(cfg)
-        run_job(cfg, placement, Path(hydra_cfg.runtime.output_dir))
+        run_job(resolve(cfg), job_dir)
         return True
     except ConfigError as err:
         print(f"titan_exp: config error: {err}", file=sys.stderr, flush=True)
@@ -78,8 +66,6 @@ def main() -> None:
     except BaseException as err:
         # A sweep that stops early (interrupted, or Hydra rejects a later point's overrides) still
         # ends its parent run.
-        from titan_exp.tracking.sweep import end_active_sweep
-
         end_active_sweep(err)
         if isinstance(err, SystemExit) and err.code == 1 and not _state["task_started"]:
             # Hydra reports composition errors (unknown key, unknown option) itself with status 1,

@@ -1,25 +1,35 @@
 """`titan_exp ui` (or `python -m titan_exp ui`): the MLflow UI for the project's store on 127.0.0.1.
 
-  titan_exp ui                     # http://127.0.0.1:5000 over outputs/mlflow.db
-  titan_exp ui --port 5001 --uri sqlite:////path/to/mlflow.db
+titan_exp ui                     # http://127.0.0.1:5000 over outputs/mlflow.db
+titan_exp ui --port 5001 --uri sqlite:////path/to/mlflow.db
 """
 
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from titan_exp.tracking.config import TrackingConfig
+from titan_exp.tracking.store import absolute_uri, sqlite_path
 
 
 def server_command(backend_uri: str, host: str, port: int) -> list[str]:
     """`mlflow server` over a store, one worker (a UI for one person, not a fleet's tracking
     server); for a SQLite store, uploaded artifacts land beside the database."""
-    from titan_exp.tracking.mlflow_run import absolute_uri, sqlite_path
-
     backend_uri = absolute_uri(backend_uri)
-    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
-               "--host", host, "--port", str(port), "--workers", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        backend_uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     db = sqlite_path(backend_uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
@@ -31,13 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     defaults = TrackingConfig()
     parser = argparse.ArgumentParser(prog="titan_exp ui", description=__doc__.split("\n\n")[0])
     parser.add_argument("--uri", default=defaults.uri, help=f"the store (default {defaults.uri})")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default %(default)s: this machine only)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="interface to listen on (default %(default)s: this machine only)"
+    )
     parser.add_argument("--port", type=int, default=5000)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     command = server_command(args.uri, args.host, args.port)
     print(f"MLflow UI on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
     os.execv(command[0], command)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

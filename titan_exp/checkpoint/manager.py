@@ -53,12 +53,21 @@ class TrainCheckpointer:
     so the parts merge into one checkpoint that any layout can load.
     """
 
-    def __init__(self, cfg: CheckpointConfig, parts: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer], schedulers: list):
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        parts: list[torch.nn.Module],
+        optimizers: list[torch.optim.Optimizer],
+        schedulers: list,
+    ):
         self.cfg, self.parts, self.optimizers, self.schedulers = cfg, parts, optimizers, schedulers
         self.options = StateDictOptions(flatten_optimizer_state_dict=True)
 
     def _part_states(self) -> list[tuple[dict, dict]]:
-        return [get_state_dict(part, optimizer, options=self.options) for part, optimizer in zip(self.parts, self.optimizers)]
+        return [
+            get_state_dict(part, optimizer, options=self.options)
+            for part, optimizer in zip(self.parts, self.optimizers)
+        ]
 
     def _merged(self, part_states: list[tuple[dict, dict]], step: int) -> dict:
         model: dict = {}
@@ -67,7 +76,12 @@ class TrainCheckpointer:
             model.update(model_state)
             optimizer.update(optim_state)
         # Every part's scheduler follows the same schedule: one state serves them all.
-        return {"model": model, "optimizer": optimizer, "lr_scheduler": self.schedulers[0].state_dict(), "step": torch.tensor(step)}
+        return {
+            "model": model,
+            "optimizer": optimizer,
+            "lr_scheduler": self.schedulers[0].state_dict(),
+            "step": torch.tensor(step),
+        }
 
     def resume(self) -> int:
         """Load the newest checkpoint of cfg.folder; returns its step (0 when there is none)."""

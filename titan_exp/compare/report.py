@@ -7,9 +7,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titan_exp.compare.runs import RunSummary, add_scaling_efficiency, summarize, sweep_points
-from titan_exp.tracking.mlflow_run import MlflowRun, client as mlflow_client
+from titan_exp.tracking.run import MlflowRun
+from titan_exp.tracking.store import client as mlflow_client
 
-COLUMNS = ["strategy", "world size", "TPS/device", "MFU %", "peak memory GiB", "scaling efficiency", "final loss", "status", "run"]
+COLUMNS = [
+    "strategy",
+    "world size",
+    "TPS/device",
+    "MFU %",
+    "peak memory GiB",
+    "scaling efficiency",
+    "final loss",
+    "status",
+    "run",
+]
 
 
 def table(summaries: list[RunSummary]) -> list[list[str]]:
@@ -22,10 +33,19 @@ def table(summaries: list[RunSummary]) -> list[list[str]]:
     for s in summaries:
         memory = f"{number(s.peak_memory_gib, '.2f')} ({s.memory_kind})" if s.peak_memory_gib is not None else "n/a"
         status = s.status if not s.failure_reason else f"{s.status}: {s.failure_reason[:80]}"
-        rows.append([
-            s.name, str(s.world_size), number(s.tps_per_device, ",.0f"), number(s.mfu_pct, ".2f"), memory,
-            number(s.scaling_efficiency, ".2f"), number(s.final_loss, ".4f"), status, s.run_id[:8],
-        ])
+        rows.append(
+            [
+                s.name,
+                str(s.world_size),
+                number(s.tps_per_device, ",.0f"),
+                number(s.mfu_pct, ".2f"),
+                memory,
+                number(s.scaling_efficiency, ".2f"),
+                number(s.final_loss, ".4f"),
+                status,
+                s.run_id[:8],
+            ]
+        )
     return rows
 
 
@@ -41,15 +61,26 @@ def to_html(rows: list[list[str]], title: str) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>\n" for row in rows)
     return (
         f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        "<style>table{border-collapse:collapse;font-family:sans-serif}td,th{border:1px solid #999;padding:4px 8px;text-align:right}"
-        "td:first-child{text-align:left}</style></head>\n"
+        "<style>table{border-collapse:collapse;font-family:sans-serif}"
+        "td,th{border:1px solid #999;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style></head>\n"
         f"<body><h1>{html.escape(title)}</h1>\n<table><tr>{head}</tr>\n{body}</table></body></html>\n"
     )
 
 
 # The CSV carries plain numbers (no separators, full precision) for spreadsheets and pandas.
-CSV_COLUMNS = ["strategy", "world_size", "tps_per_device", "mfu_pct", "peak_memory_gib", "memory_kind",
-               "scaling_efficiency", "final_loss", "status", "failure_reason", "run_id"]
+CSV_COLUMNS = [
+    "strategy",
+    "world_size",
+    "tps_per_device",
+    "mfu_pct",
+    "peak_memory_gib",
+    "memory_kind",
+    "scaling_efficiency",
+    "final_loss",
+    "status",
+    "failure_reason",
+    "run_id",
+]
 
 
 def write_csv(summaries: list[RunSummary], path: Path) -> None:
@@ -57,10 +88,21 @@ def write_csv(summaries: list[RunSummary], path: Path) -> None:
         writer = csv.writer(file)
         writer.writerow(CSV_COLUMNS)
         for s in summaries:
-            writer.writerow([
-                s.name, s.world_size, s.tps_per_device, s.mfu_pct, s.peak_memory_gib, s.memory_kind,
-                s.scaling_efficiency, s.final_loss, s.status, s.failure_reason, s.run_id,
-            ])
+            writer.writerow(
+                [
+                    s.name,
+                    s.world_size,
+                    s.tps_per_device,
+                    s.mfu_pct,
+                    s.peak_memory_gib,
+                    s.memory_kind,
+                    s.scaling_efficiency,
+                    s.final_loss,
+                    s.status,
+                    s.failure_reason,
+                    s.run_id,
+                ]
+            )
 
 
 def write_plots(summaries: list[RunSummary], out_dir: Path) -> list[Path]:
@@ -90,7 +132,11 @@ def write_plots(summaries: list[RunSummary], out_dir: Path) -> list[Path]:
 
     for name, values, label in (
         ("throughput.png", [s.tps_per_device or 0.0 for s in summaries], "tokens/s per device (steady state)"),
-        ("memory.png", [s.peak_memory_gib or 0.0 for s in summaries], "peak memory GiB (" + ", ".join(sorted({s.memory_kind for s in summaries if s.memory_kind})) + ")"),
+        (
+            "memory.png",
+            [s.peak_memory_gib or 0.0 for s in summaries],
+            "peak memory GiB (" + ", ".join(sorted({s.memory_kind for s in summaries if s.memory_kind})) + ")",
+        ),
     ):
         figure, axis = plt.subplots(figsize=(8, 0.5 * len(summaries) + 1.5))
         axis.barh(range(len(summaries)), values)
@@ -106,10 +152,18 @@ def write_plots(summaries: list[RunSummary], out_dir: Path) -> list[Path]:
             families.setdefault(s.family, []).append(s)
     for (model, strategy, quantize, (tp, pp, cp), device, tokens), members in families.items():
         members.sort(key=lambda s: s.world_size)
-        label = f"{model} {strategy}" + (f" {quantize}" if quantize != "none" else "") + f" tp{tp} pp{pp} cp{cp} {device} {tokens} tok/rank"
+        label = (
+            f"{model} {strategy}"
+            + (f" {quantize}" if quantize != "none" else "")
+            + f" tp{tp} pp{pp} cp{cp} {device} {tokens} tok/rank"
+        )
         axis.plot([s.world_size for s in members], [s.scaling_efficiency for s in members], marker="o", label=label)
     axis.axhline(1.0, linestyle="--", color="grey", linewidth=1)
-    axis.set(xlabel="world size (devices)", ylabel="TPS/device ÷ that of the family's smallest world size", title="Scaling efficiency")
+    axis.set(
+        xlabel="world size (devices)",
+        ylabel="TPS/device ÷ that of the family's smallest world size",
+        title="Scaling efficiency",
+    )
     if families:
         axis.legend(fontsize=7)
     save(figure, "scaling.png")

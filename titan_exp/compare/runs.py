@@ -4,7 +4,7 @@ figures of the strategy table."""
 import statistics
 from dataclasses import dataclass, field
 
-from titan_exp.tracking.mlflow_run import PARENT_TAG, ROLE_TAG
+from titan_exp.tracking.run import PARENT_TAG, ROLE_TAG
 
 # Steady-state figures only (everything after step 1, which includes start-up and compilation); a
 # run that never got past its first log interval has none.
@@ -48,7 +48,9 @@ class RunSummary:
 
 
 def latest_sweep(client, experiment_id: str):
-    runs = client.search_runs([experiment_id], f"tags.`{ROLE_TAG}` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
+    runs = client.search_runs(
+        [experiment_id], f"tags.`{ROLE_TAG}` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1
+    )
     return runs[0] if runs else None
 
 
@@ -80,13 +82,15 @@ def summarize(client, run) -> RunSummary:
         model=tags.get("model", "?"),
         strategy=tags.get("strategy", "?"),
         quantize=tags.get("quantize", "none"),
-        mesh=_parse_mesh(tags.get("mesh", "")),
+        mesh=parse_mesh(tags.get("mesh", "")),
         device=tags.get("device", "?"),
         tokens_per_micro_batch=int(params.get("training.local_batch_size", 0)) * int(params.get("training.seq_len", 0)),
         world_size=int(tags.get("world_size", 0) or 0),
         tps_per_device=metrics.get(_TPS_KEY),
         mfu_pct=metrics.get(_MFU_KEY),
-        peak_memory_gib=max(m.value for m in client.get_metric_history(run.info.run_id, memory_key)) if memory_key else None,
+        peak_memory_gib=max(m.value for m in client.get_metric_history(run.info.run_id, memory_key))
+        if memory_key
+        else None,
         memory_kind=memory_kind,
         final_loss=curve[-1][1] if curve else None,
         loss_curve=curve,
@@ -108,11 +112,11 @@ def add_scaling_efficiency(summaries: list[RunSummary]) -> None:
             summary.scaling_efficiency = summary.tps_per_device / baseline if baseline > 0 else None
 
 
-def _parse_mesh(text: str) -> dict[str, int]:
+def parse_mesh(text: str) -> dict[str, int]:
     """'dp_shard2·tp2' → {'dp_shard': 2, 'tp': 2}; 'single' → {}."""
     mesh = {}
     for part in text.split("·"):
         name = part.rstrip("0123456789")
         if name and name != part:
-            mesh[name] = int(part[len(name):])
+            mesh[name] = int(part[len(name) :])
     return mesh

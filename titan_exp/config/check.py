@@ -1,15 +1,15 @@
-"""Semantic checks of a composed config, done before any rank process starts.
+"""Every refusal of a config, made before any rank process starts (or any store is touched).
 
-Every rule raises ConfigError naming the key, the offending value and the fix, so the command line
-can print one line and exit 2. `resolve` also fills in what the config leaves open (-1 degrees,
-the world size, the global batch) so ranks receive a config with nothing left to infer.
+Each rule raises ConfigError naming the key, the offending value and the fix, so the command line
+prints one line and exits 2. The rules read the config and facts handed to them (world size,
+visible GPUs); config/resolve.py gathers those facts and fills in what the config leaves open.
 """
 
-import dataclasses
 import math
 from pathlib import Path
 
 from titan_exp.config.schema import JobConfig
+from titan_exp.config.sections import LauncherConfig
 from titan_exp.parallel.dims import MESH_DIMS
 from titan_exp.parallel.stages import SCHEDULES, StagePlan
 
@@ -32,9 +32,9 @@ def _positive(key: str, value: int | float) -> None:
         raise ConfigError(key, value, "must be > 0")
 
 
-def resolve_degrees(cfg: JobConfig, world_size: int) -> None:
-    """Replace the (at most one) -1 degree and require the product to equal the world size."""
-    degrees = cfg.parallelism.degrees()
+def check_degrees(degrees: dict[str, int], world_size: int) -> None:
+    """Each degree positive or -1 (at most one), and their product the world size (or, with a -1,
+    a divisor of it)."""
     for key, degree in degrees.items():
         if degree == 0 or degree < -1:
             raise ConfigError(f"parallelism.{key}", degree, "must be a positive degree or -1 (the rest of the world)")
@@ -42,17 +42,17 @@ def resolve_degrees(cfg: JobConfig, world_size: int) -> None:
     if len(inferred) > 1:
         raise ConfigError(f"parallelism.{inferred[1]}", -1, f"only one degree may be -1 ({inferred[0]} already is)")
     fixed = math.prod(d for d in degrees.values() if d != -1)
-    if inferred:
-        if world_size % fixed:
-            raise ConfigError(
-                f"parallelism.{inferred[0]}", -1,
-                f"the other degrees multiply to {fixed}, which does not divide the world size {world_size}",
-            )
-        setattr(cfg.parallelism, inferred[0], world_size // fixed)
-    elif fixed != world_size:
+    if inferred and world_size % fixed:
+        raise ConfigError(
+            f"parallelism.{inferred[0]}",
+            -1,
+            f"the other degrees multiply to {fixed}, which does not divide the world size {world_size}",
+        )
+    if not inferred and fixed != world_size:
         layout = " × ".join(f"{MESH_DIMS[k]}={d}" for k, d in degrees.items() if d > 1) or "1"
         raise ConfigError(
-            "parallelism", layout,
+            "parallelism",
+            layout,
             f"the degrees multiply to {fixed} but the world size is {world_size} "
             f"(launcher.nproc_per_node × launcher.nodes); make them equal or set one degree to -1",
         )
@@ -66,19 +66,22 @@ def check_model_fit(cfg: JobConfig) -> None:
         count = getattr(m, attr)
         if count % tp:
             raise ConfigError(
-                "parallelism.tensor_parallel_degree", tp,
+                "parallelism.tensor_parallel_degree",
+                tp,
                 f"must divide model {attr.replace('kv_heads', 'n_kv_heads')}={count} of {m.name}_{m.flavor}",
             )
     if p.pipeline_parallel_degree > 1:
         check_pipeline(cfg)
     if cfg.training.seq_len % tp:
         raise ConfigError(
-            "parallelism.tensor_parallel_degree", tp,
+            "parallelism.tensor_parallel_degree",
+            tp,
             f"must divide training.seq_len={cfg.training.seq_len} (sequence parallelism splits the sequence)",
         )
     if cfg.training.seq_len % (2 * p.context_parallel_degree):
         raise ConfigError(
-            "parallelism.context_parallel_degree", p.context_parallel_degree,
+            "parallelism.context_parallel_degree",
+            p.context_parallel_degree,
             f"2 × it must divide training.seq_len={cfg.training.seq_len} (each rank takes two load-balanced chunks)",
         )
 
@@ -89,53 +92,79 @@ def check_pipeline(cfg: JobConfig) -> None:
     try:
         plan = StagePlan.from_config(p, m.n_layers)
     except ValueError as err:
-        key = "pipeline_parallel_layers_per_stage" if p.pipeline_parallel_layers_per_stage else "pipeline_parallel_degree"
+        key = (
+            "pipeline_parallel_layers_per_stage" if p.pipeline_parallel_layers_per_stage else "pipeline_parallel_degree"
+        )
         raise ConfigError(f"parallelism.{key}", getattr(p, key), f"{err} (model {m.name}_{m.flavor})") from None
     mb = p.pipeline_parallel_microbatch_size
     if mb <= 0 or t.local_batch_size % mb:
-        raise ConfigError("parallelism.pipeline_parallel_microbatch_size", mb, f"must divide training.local_batch_size={t.local_batch_size}")
+        raise ConfigError(
+            "parallelism.pipeline_parallel_microbatch_size",
+            mb,
+            f"must divide training.local_batch_size={t.local_batch_size}",
+        )
     if t.local_batch_size // mb < p.pipeline_parallel_degree:
         raise ConfigError(
-            "training.local_batch_size", t.local_batch_size,
-            f"gives {t.local_batch_size // mb} microbatches, fewer than the {p.pipeline_parallel_degree} pipeline ranks; raise it",
+            "training.local_batch_size",
+            t.local_batch_size,
+            f"gives {t.local_batch_size // mb} microbatches, "
+            f"fewer than the {p.pipeline_parallel_degree} pipeline ranks; raise it",
         )
     if p.pipeline_parallel_schedule == "DualPipeV" and t.local_batch_size // mb < plan.num_stages:
         raise ConfigError(
-            "training.local_batch_size", t.local_batch_size,
-            f"gives {t.local_batch_size // mb} microbatches; DualPipeV needs at least one per stage ({plan.num_stages}); raise it",
+            "training.local_batch_size",
+            t.local_batch_size,
+            f"gives {t.local_batch_size // mb} microbatches; "
+            f"DualPipeV needs at least one per stage ({plan.num_stages}); raise it",
         )
     if m.tie_word_embeddings:
-        raise ConfigError("parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, f"{m.name}_{m.flavor} ties its embeddings to the output, which sit on different stages")
+        raise ConfigError(
+            "parallelism.pipeline_parallel_degree",
+            p.pipeline_parallel_degree,
+            f"{m.name}_{m.flavor} ties its embeddings to the output, which sit on different stages",
+        )
 
 
 def check_supported_layout(cfg: JobConfig) -> None:
     """Layouts whose code has not landed yet are refused by name rather than silently ignored."""
     p = cfg.parallelism
     if p.context_parallel_degree > 1 and p.pipeline_parallel_degree > 1:
-        raise ConfigError("parallelism.context_parallel_degree", p.context_parallel_degree, "does not combine with pipeline parallelism yet; set one of them to 1")
+        raise ConfigError(
+            "parallelism.context_parallel_degree",
+            p.context_parallel_degree,
+            "does not combine with pipeline parallelism yet; set one of them to 1",
+        )
     if p.enable_async_tensor_parallel:
         if p.tensor_parallel_degree == 1:
-            raise ConfigError("parallelism.enable_async_tensor_parallel", True, "needs parallelism.tensor_parallel_degree > 1")
+            raise ConfigError(
+                "parallelism.enable_async_tensor_parallel", True, "needs parallelism.tensor_parallel_degree > 1"
+            )
         if not cfg.compile.enable:
-            raise ConfigError("parallelism.enable_async_tensor_parallel", True, "needs compile.enable=true (it is an inductor pass)")
+            raise ConfigError(
+                "parallelism.enable_async_tensor_parallel", True, "needs compile.enable=true (it is an inductor pass)"
+            )
     _choice("parallelism.fsdp_reshard_after_forward", p.fsdp_reshard_after_forward, ("default", "always", "never"))
 
 
-def resolve_batch(cfg: JobConfig) -> None:
-    t = cfg.training
+def check_batch(cfg: JobConfig) -> None:
+    """local_batch_size positive; global_batch_size -1 or a multiple of what one microstep takes."""
+    t, p = cfg.training, cfg.parallelism
     _positive("training.local_batch_size", t.local_batch_size)
-    dp = cfg.parallelism.data_parallel_replicate_degree * cfg.parallelism.data_parallel_shard_degree
-    per_microstep = t.local_batch_size * dp
     if t.global_batch_size == -1:
-        t.global_batch_size = per_microstep
-    elif cfg.parallelism.pipeline_parallel_degree > 1 and t.global_batch_size != per_microstep:
+        return
+    dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
+    per_microstep = t.local_batch_size * dp
+    if p.pipeline_parallel_degree > 1 and t.global_batch_size != per_microstep:
         raise ConfigError(
-            "training.global_batch_size", t.global_batch_size,
-            "gradient accumulation and pipeline parallelism do not combine yet; raise local_batch_size (more microbatches) instead",
+            "training.global_batch_size",
+            t.global_batch_size,
+            "gradient accumulation and pipeline parallelism do not combine yet; "
+            "raise local_batch_size (more microbatches) instead",
         )
-    elif t.global_batch_size <= 0 or t.global_batch_size % per_microstep:
+    if t.global_batch_size <= 0 or t.global_batch_size % per_microstep:
         raise ConfigError(
-            "training.global_batch_size", t.global_batch_size,
+            "training.global_batch_size",
+            t.global_batch_size,
             f"must be a positive multiple of local_batch_size × data-parallel degree = {t.local_batch_size} × {dp} "
             f"(or -1 for exactly that)",
         )
@@ -146,7 +175,9 @@ def check_training(cfg: JobConfig) -> None:
     _positive("training.steps", t.steps)
     _positive("training.seq_len", t.seq_len)
     if t.seq_len > m.max_seq_len:
-        raise ConfigError("training.seq_len", t.seq_len, f"exceeds model max_seq_len={m.max_seq_len} of {m.name}_{m.flavor}; lower it")
+        raise ConfigError(
+            "training.seq_len", t.seq_len, f"exceeds model max_seq_len={m.max_seq_len} of {m.name}_{m.flavor}; lower it"
+        )
     _choice("training.mixed_precision_param", t.mixed_precision_param, DTYPES)
     _choice("training.mixed_precision_reduce", t.mixed_precision_reduce, DTYPES)
     _positive("metrics.log_freq", cfg.metrics.log_freq)
@@ -165,7 +196,11 @@ def check_training(cfg: JobConfig) -> None:
     _choice("activation_checkpoint.mode", ac.mode, ("none", "full", "selective"))
     if ac.mode == "selective" and ac.selective_ac_option != "op":
         if not ac.selective_ac_option.isdigit() or int(ac.selective_ac_option) < 1:
-            raise ConfigError("activation_checkpoint.selective_ac_option", ac.selective_ac_option, "use 'op' or a positive integer N (every N-th block)")
+            raise ConfigError(
+                "activation_checkpoint.selective_ac_option",
+                ac.selective_ac_option,
+                "use 'op' or a positive integer N (every N-th block)",
+            )
 
 
 def check_data(cfg: JobConfig) -> None:
@@ -176,39 +211,128 @@ def check_data(cfg: JobConfig) -> None:
     if not 0 < vocab <= m.vocab_size:
         raise ConfigError(vocab_key, vocab, f"must lie in [1, model vocab_size={m.vocab_size}]")
     if d.source == "text" and d.corpus_path is not None and not Path(d.corpus_path).is_file():
-        raise ConfigError("data.corpus_path", d.corpus_path, "no such file; point it at a UTF-8 text file or set it to null")
+        raise ConfigError(
+            "data.corpus_path", d.corpus_path, "no such file; point it at a UTF-8 text file or set it to null"
+        )
     if d.source == "text" and vocab < 258:
         raise ConfigError(vocab_key, vocab, "a byte-level BPE needs at least 258 ids (256 bytes + 2 special tokens)")
     if d.source == "synthetic" and not 0 < d.synthetic_branching <= d.synthetic_vocab_size:
-        raise ConfigError("data.synthetic_branching", d.synthetic_branching, "must lie in [1, data.synthetic_vocab_size]")
+        raise ConfigError(
+            "data.synthetic_branching", d.synthetic_branching, "must lie in [1, data.synthetic_vocab_size]"
+        )
 
 
-def check_placement(cfg: JobConfig) -> None:
-    _choice("launcher.name", cfg.launcher.name, ("local",))
-    _choice("launcher.device", cfg.launcher.device, ("auto", "cpu", "cuda"))
-    _choice("quantize", cfg.quantize.name, ("none", "float8", "mxfp8"))
-    _choice("profiling", cfg.profiling.name, ("none",))
-    if cfg.launcher.nodes != 1:
-        raise ConfigError("launcher.nodes", cfg.launcher.nodes, "launcher=local runs on this machine only; set launcher.nodes=1")
-    if cfg.launcher.nproc_per_node == 0 or cfg.launcher.nproc_per_node < -1:
-        raise ConfigError("launcher.nproc_per_node", cfg.launcher.nproc_per_node, "must be a positive count or -1 (auto)")
+COMM_MODES = ("real", "fake_backend", "local_tensor")
+
+
+def check_comm_mode(mode: str) -> None:
+    _choice("debug.comm_mode (or COMM_MODE)", mode, COMM_MODES)
+
+
+def check_launcher(launcher: LauncherConfig, spawned_here: bool) -> None:
+    """The launcher's own keys; `spawned_here`: our launcher starts the ranks (not torchrun or srun)."""
+    _choice("launcher.name", launcher.name, ("local",))
+    _choice("launcher.device", launcher.device, ("auto", "cpu", "cuda"))
+    if launcher.nproc_per_node == 0 or launcher.nproc_per_node < -1:
+        raise ConfigError("launcher.nproc_per_node", launcher.nproc_per_node, "must be a positive count or -1 (auto)")
+    if spawned_here and launcher.nodes != 1:
+        raise ConfigError(
+            "launcher.nodes", launcher.nodes, "launcher=local runs on this machine only; set launcher.nodes=1"
+        )
+
+
+def check_gpus(launcher: LauncherConfig, nproc_per_node: int, visible_gpus: int, spawned_here: bool) -> None:
+    """launcher.device=cuda needs a GPU, and our launcher one GPU per rank."""
+    if launcher.device == "cuda" and visible_gpus == 0:
+        raise ConfigError(
+            "launcher.device", "cuda", "no GPU is visible on this machine; use launcher.device=cpu or auto"
+        )
+    if spawned_here and launcher.device != "cpu" and visible_gpus and nproc_per_node > visible_gpus:
+        raise ConfigError(
+            "launcher.nproc_per_node",
+            nproc_per_node,
+            f"only {visible_gpus} GPU(s) visible; lower it or use launcher.device=cpu",
+        )
+
+
+def check_cuda_only_features(cfg: JobConfig) -> None:
+    """Features that exist on CUDA only, refused on a CPU job by name (cfg.launcher.device resolved)."""
+    if cfg.launcher.device == "cuda":
+        return
+    p = cfg.parallelism
+    if p.context_parallel_degree > 1:
+        raise ConfigError(
+            "parallelism.context_parallel_degree",
+            p.context_parallel_degree,
+            "context parallelism needs CUDA: torch has no context-parallel attention for CPU "
+            "(aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy); set it to 1",
+        )
+    if cfg.quantize.name == "mxfp8":
+        raise ConfigError(
+            "quantize",
+            "mxfp8",
+            "needs a Blackwell (compute capability >= 10.0) GPU; use quantize=float8 on this machine",
+        )
+    if p.enable_async_tensor_parallel:
+        raise ConfigError(
+            "parallelism.enable_async_tensor_parallel", True, "needs CUDA (symmetric memory); set it to false on CPU"
+        )
+
+
+def check_dry_run_world(launcher: LauncherConfig) -> None:
+    """A dry run places nothing, so the world must be spelled out."""
+    if launcher.nproc_per_node == -1:
+        raise ConfigError(
+            "launcher.nproc_per_node",
+            -1,
+            "a dry run needs the world spelled out: set launcher.nproc_per_node (and launcher.nodes)",
+        )
+
+
+def check_local_tensor_layout(cfg: JobConfig) -> None:
+    """COMM_MODE=local_tensor runs tensor parallelism only (degrees resolved)."""
+    p = cfg.parallelism
+    others = (
+        p.data_parallel_shard_degree,
+        p.data_parallel_replicate_degree,
+        p.pipeline_parallel_degree,
+        p.context_parallel_degree,
+    )
+    if max(others) > 1:
+        raise ConfigError(
+            "COMM_MODE",
+            "local_tensor",
+            "runs tensor parallelism only: torch 2.13's LocalTensorMode fails inside FSDP2 (resize_() on an invalid "
+            "storage) and is not wired for DDP/pipelining/CP here; "
+            f"use parallelism=tp, or COMM_MODE=fake_backend for {p.name}",
+        )
 
 
 def check_quantize(cfg: JobConfig) -> None:
     q = cfg.quantize
+    _choice("quantize", q.name, ("none", "float8", "mxfp8"))
     if q.name == "float8":
         _choice("quantize.recipe", q.recipe, ("tensorwise", "rowwise"))
     if q.enable_fsdp_float8_all_gather and (q.name != "float8" or q.recipe != "tensorwise"):
-        raise ConfigError("quantize.enable_fsdp_float8_all_gather", True, "works with quantize=float8 and quantize.recipe=tensorwise only")
+        raise ConfigError(
+            "quantize.enable_fsdp_float8_all_gather",
+            True,
+            "works with quantize=float8 and quantize.recipe=tensorwise only",
+        )
     if q.name == "mxfp8" and cfg.parallelism.tensor_parallel_degree > 1:
-        raise ConfigError("quantize", q.name, "mxfp8 under tensor parallelism is not wired here; use quantize=float8 or tensor_parallel_degree=1")
+        raise ConfigError(
+            "quantize",
+            q.name,
+            "mxfp8 under tensor parallelism is not wired here; use quantize=float8 or tensor_parallel_degree=1",
+        )
 
 
 def check_checkpoint(cfg: JobConfig, world_size: int) -> None:
     c = cfg.checkpoint
     if c.create_seed_checkpoint and world_size != 1:
         raise ConfigError(
-            "checkpoint.create_seed_checkpoint", True,
+            "checkpoint.create_seed_checkpoint",
+            True,
             f"writes the initial weights from one rank but the world size is {world_size}; add parallelism=single",
         )
     _positive("checkpoint.interval", c.interval)
@@ -216,21 +340,23 @@ def check_checkpoint(cfg: JobConfig, world_size: int) -> None:
         raise ConfigError("checkpoint.keep_latest_k", c.keep_latest_k, "must be >= 0 (0 keeps every checkpoint)")
     if c.initial_load_path is not None and not (Path(c.initial_load_path) / ".metadata").is_file():
         raise ConfigError(
-            "checkpoint.initial_load_path", c.initial_load_path,
+            "checkpoint.initial_load_path",
+            c.initial_load_path,
             "not a checkpoint folder (no .metadata); point it at a step-N folder, e.g. a seed checkpoint's step-0",
         )
 
 
-def resolve(cfg: JobConfig, placement_world_size: int) -> JobConfig:
-    """Check everything and return a copy with every inferred value filled in."""
-    cfg = dataclasses.replace(cfg, parallelism=dataclasses.replace(cfg.parallelism), training=dataclasses.replace(cfg.training))
-    check_placement(cfg)
-    resolve_degrees(cfg, placement_world_size)
+def check_profiling(cfg: JobConfig) -> None:
+    _choice("profiling", cfg.profiling.name, ("none",))
+
+
+def check_job(cfg: JobConfig) -> None:
+    """Every rule that needs only the config, its degrees resolved (see config/resolve.py)."""
     check_training(cfg)
     check_model_fit(cfg)
     check_supported_layout(cfg)
-    resolve_batch(cfg)
+    check_batch(cfg)
     check_data(cfg)
-    check_checkpoint(cfg, placement_world_size)
+    check_checkpoint(cfg, cfg.launcher.world_size)
     check_quantize(cfg)
-    return cfg
+    check_profiling(cfg)

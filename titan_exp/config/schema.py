@@ -1,34 +1,27 @@
 """The typed run config: one dataclass per section, each defined next to the code that reads it,
-assembled here and registered in Hydra's ConfigStore as the schema `conf/config.yaml` builds on."""
+assembled here and registered in Hydra's ConfigStore as the schema `conf/config.yaml` builds on.
+
+Torch-free, like everything the launching process imports (a test guards it)."""
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from launchers.config import LauncherConfig
 from titan_exp.checkpoint.config import CheckpointConfig
-from titan_exp.data.config import DataConfig
-from titan_exp.models.llama3.args import Llama3Config
-from titan_exp.parallel.config import ParallelismConfig
-from titan_exp.parity_config import ParityConfig
-from titan_exp.quantize.config import QuantizeConfig
-from titan_exp.tracking.config import TrackingConfig
-from titan_exp.train.config import (
-    ActivationCheckpointConfig,
-    CompileConfig,
+from titan_exp.config.sections import (
     DebugConfig,
-    LRSchedulerConfig,
+    LauncherConfig,
     MetricsConfig,
-    OptimizerConfig,
+    ParityConfig,
+    ProfilingConfig,
     TrainingConfig,
 )
-
-
-@dataclass
-class ProfilingConfig:
-    # No profiler hooks so far.
-    name: str = "none"
+from titan_exp.data.config import DataConfig
+from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.optim.config import LRSchedulerConfig, OptimizerConfig
+from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
+from titan_exp.quantize.config import QuantizeConfig
+from titan_exp.tracking.config import TrackingConfig
 
 
 @dataclass
@@ -53,23 +46,3 @@ class JobConfig:
 
 def register_schema() -> None:
     ConfigStore.instance().store(name="job_schema", node=JobConfig)
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """What the launching process tells the ranks besides the config."""
-
-    # The Hydra run directory: composed config, overrides, rank logs.
-    job_dir: str
-    # local | torchrun | srun
-    launcher: str
-
-    @property
-    def run_id_file(self) -> Path:
-        """Where rank 0 records its MLflow run id, so the launching process can close a dead job's run."""
-        return Path(self.job_dir) / "mlflow_run_id"
-
-    @property
-    def run_log_file(self) -> Path:
-        """Rank 0's console output, logged with its MLflow run."""
-        return Path(self.job_dir) / "rank0.log"

@@ -54,7 +54,9 @@ class SyntheticSource:
     """A fixed random Markov chain: each token has `branching` equally likely successors."""
 
     def __init__(self, cfg: DataConfig, seq_len: int, seed: int):
-        table = np.random.default_rng([seed, 0]).integers(cfg.synthetic_vocab_size, size=(cfg.synthetic_vocab_size, cfg.synthetic_branching))
+        table = np.random.default_rng([seed, 0]).integers(
+            cfg.synthetic_vocab_size, size=(cfg.synthetic_vocab_size, cfg.synthetic_branching)
+        )
         # Plain lists: walking the chain token by token is cheaper on lists than on arrays or tensors.
         self.successors = table.tolist()
         self.vocab_size = cfg.synthetic_vocab_size

@@ -1,4 +1,5 @@
-"""The `parallelism` config group. Key names are torchtitan's, so its flags paste as overrides."""
+"""The sections that decide how the model is spread over ranks and wrapped on each: `parallelism`
+(key names are torchtitan's, so its flags paste as overrides), `activation_checkpoint`, `compile`."""
 
 from dataclasses import dataclass
 from typing import Optional
@@ -34,3 +35,18 @@ class ParallelismConfig:
             "context_parallel_degree": self.context_parallel_degree,
             "tensor_parallel_degree": self.tensor_parallel_degree,
         }
+
+
+@dataclass
+class ActivationCheckpointConfig:
+    # none | full | selective
+    mode: str = "none"
+    # With mode=selective: "op" saves chosen op outputs in every block; an integer N checkpoints
+    # every N-th block.
+    selective_ac_option: str = "op"
+
+
+@dataclass
+class CompileConfig:
+    enable: bool = False
+    backend: str = "inductor"

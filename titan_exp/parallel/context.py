@@ -3,21 +3,21 @@ attention runs as ring attention across them (torch.distributed.tensor.experimen
 
 torch 2.13 implements it for the CUDA attention kernels only (flash, memory-efficient, cuDNN); the
 CPU kernel (aten._scaled_dot_product_flash_attention_for_cpu) has no sharding strategy, so
-config.check refuses CP on CPU before anything starts.
+config/check.py (check_cuda_only_features) refuses CP on CPU before anything starts.
 """
 
 import contextlib
 
 import torch
+from torch import nn
+from torch.distributed.tensor.experimental import context_parallel
+from torch.distributed.tensor.experimental._attention import set_rotate_method
 from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from titan_exp.models.llama3.model import Transformer
 
 
 class ContextParallel:
-    def __init__(self, model: Transformer, cp_mesh, seq_len: int):
-        from torch.distributed.tensor.experimental._attention import set_rotate_method
-
+    def __init__(self, model: nn.Module, cp_mesh, seq_len: int):
+        """`model` keeps its rotary table in the buffer `freqs_cis` (positions along dim 0)."""
         self.cp_mesh = cp_mesh
         # The rotary table is sharded with the tokens, so it must cover exactly the trained length.
         model.freqs_cis = model.freqs_cis[:seq_len].clone()
@@ -28,10 +28,11 @@ class ContextParallel:
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor):
         """Shard inputs, labels and the rotary table along the sequence (load-balanced) for one
         forward + backward."""
-        from torch.distributed.tensor.experimental import context_parallel
-
         buffers = [inputs, labels, self.model.freqs_cis]
-        with context_parallel(
-            self.cp_mesh, buffers=buffers, buffer_seq_dims=[1, 1, 0], no_restore_buffers={inputs, labels}
-        ), sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        with (
+            context_parallel(
+                self.cp_mesh, buffers=buffers, buffer_seq_dims=[1, 1, 0], no_restore_buffers={inputs, labels}
+            ),
+            sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]),
+        ):
             yield

@@ -1,19 +1,10 @@
-"""Resolved parallel degrees and the device mesh built from them.
-
-The launching process uses the degrees only; torch is imported where a mesh is built, so that
-checking a config and placing a job stay fast.
-"""
-
-from __future__ import annotations
+"""Resolved parallel degrees: sizes and the names people and tables use for a layout. Torch-free,
+so that checking a config, naming a run and placing a job stay fast; the device mesh built from
+these degrees is in parallel/mesh.py."""
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from titan_exp.parallel.config import ParallelismConfig
-
-if TYPE_CHECKING:
-    import torch
-    from torch.distributed.device_mesh import DeviceMesh
 
 # Mesh dimension name for each degree key, outermost first (torchtitan's order).
 MESH_DIMS = {
@@ -35,7 +26,7 @@ class ParallelDims:
 
     @classmethod
     def from_config(cls, cfg: ParallelismConfig) -> "ParallelDims":
-        """Build from degrees that have already been resolved (no -1 left; see config.check)."""
+        """Build from degrees that have already been resolved (no -1 left; see config/resolve.py)."""
         return cls(**{MESH_DIMS[key]: degree for key, degree in cfg.degrees().items()})
 
     @property
@@ -80,63 +71,3 @@ class ParallelDims:
             parts = []
         parts += [f"{name}{getattr(self, name)}" for name in ("tp", "pp", "cp") if getattr(self, name) > 1]
         return "·".join(parts) or "single"
-
-    def build_mesh(self, device_type: str) -> DeviceMesh | None:
-        """The world mesh (None on a single device), with the flattened groups below registered on it.
-        Needs an initialized process group."""
-        from torch.distributed.device_mesh import init_device_mesh
-
-        shape = self.mesh_shape()
-        if not shape:
-            return None
-        mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
-        for dims in _FLATTENED.values():
-            present = self._present(dims)
-            if len(present) > 1:
-                mesh[present]._flatten(_FLATTENED_NAME[dims])
-        return mesh
-
-    def _present(self, dims: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(d for d in dims if getattr(self, d) > 1)
-
-    def _submesh(self, mesh: DeviceMesh | None, dims: tuple[str, ...]) -> DeviceMesh | None:
-        """The (flattened) submesh over those of `dims` that exist; None if none does."""
-        present = self._present(dims)
-        if mesh is None or not present:
-            return None
-        return mesh[present[0]] if len(present) == 1 else mesh[_FLATTENED_NAME[dims]]
-
-    def dp_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:
-        """The mesh FSDP/DDP spread over: 1D, or 2D (replicate, shard) for HSDP. Context-parallel ranks
-        hold the same weights, so FSDP shards over data-shard × cp."""
-        shard = self._submesh(mesh, _FLATTENED["shard"])
-        replicate = self._submesh(mesh, ("dp_replicate",))
-        if shard is not None and replicate is not None:
-            return mesh[("dp_replicate", shard.mesh_dim_names[0])]
-        return shard if shard is not None else replicate
-
-    def dp_group(self, mesh: DeviceMesh | None) -> torch.distributed.ProcessGroup | None:
-        """The ranks that read different batches (context-parallel ranks share one)."""
-        submesh = self._submesh(mesh, _FLATTENED["data"])
-        return None if submesh is None else submesh.get_group()
-
-    def loss_group(self, mesh: DeviceMesh | None) -> torch.distributed.ProcessGroup | None:
-        """The ranks whose losses are averaged: every batch, and every sequence slice of it."""
-        submesh = self._submesh(mesh, _FLATTENED["loss"])
-        return None if submesh is None else submesh.get_group()
-
-    def dp_rank(self, mesh: DeviceMesh | None) -> int:
-        """This rank's index among the data-parallel ranks: which slice of the global batch it reads."""
-        import torch.distributed as dist
-
-        group = self.dp_group(mesh)
-        return 0 if group is None else dist.get_rank(group)
-
-
-# Groups spanning several mesh dims, flattened once when the mesh is built.
-_FLATTENED = {
-    "data": ("dp_replicate", "dp_shard"),
-    "shard": ("dp_shard", "cp"),
-    "loss": ("dp_replicate", "dp_shard", "cp"),
-}
-_FLATTENED_NAME = {dims: "_".join(dims) for dims in _FLATTENED.values()}

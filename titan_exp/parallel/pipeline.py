@@ -3,14 +3,17 @@ each rank of the pp mesh dimension holds one stage (or several "virtual" stages 
 V-shaped schedules), and a schedule runs the microbatches through them."""
 
 import copy
+from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import get_schedule_class
 from torch.distributed.tensor import DTensor
 
 from titan_exp.parallel.config import ParallelismConfig
 from titan_exp.parallel.stages import SINGLE_STAGE_SCHEDULES, StagePlan
+
 
 def split_model(model: nn.Module, plan: StagePlan, stage_ids: list[int]) -> list[nn.Module]:
     """One copy of the (meta) model per stage, keeping only that stage's layers; layer names are kept,
@@ -31,25 +34,31 @@ def split_model(model: nn.Module, plan: StagePlan, stage_ids: list[int]) -> list
     return parts
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
-
-
 class Pipeline:
     """The stages of this rank and the schedule that drives them."""
 
-    def __init__(self, parts: list[nn.Module], stage_ids: list[int], plan: StagePlan, cfg: ParallelismConfig, pp_group, device: torch.device, n_microbatches: int):
-        from torch.distributed.pipelining import PipelineStage
-        from torch.distributed.pipelining.schedules import get_schedule_class
-
-        stages = [PipelineStage(part, stage, plan.num_stages, device, group=pp_group) for part, stage in zip(parts, stage_ids)]
+    def __init__(
+        self,
+        parts: list[nn.Module],
+        stage_ids: list[int],
+        plan: StagePlan,
+        cfg: ParallelismConfig,
+        pp_group,
+        device: torch.device,
+        n_microbatches: int,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ):
+        """`loss_fn(outputs, labels)`: the mean loss of one microbatch, run on the last stage."""
+        stages = [
+            PipelineStage(part, stage, plan.num_stages, device, group=pp_group) for part, stage in zip(parts, stage_ids)
+        ]
         schedule_class = get_schedule_class(cfg.pipeline_parallel_schedule)
         # The loss is a mean per microbatch; the schedule scales gradients by 1/n_microbatches, so the
         # step's gradient is the mean over the whole local batch, as without pipelining.
         if cfg.pipeline_parallel_schedule in SINGLE_STAGE_SCHEDULES:
-            self.schedule = schedule_class(stages[0], n_microbatches, loss_fn=cross_entropy)
+            self.schedule = schedule_class(stages[0], n_microbatches, loss_fn=loss_fn)
         else:
-            self.schedule = schedule_class(stages, n_microbatches, loss_fn=cross_entropy)
+            self.schedule = schedule_class(stages, n_microbatches, loss_fn=loss_fn)
         self.has_first = 0 in stage_ids
         self.has_last = plan.num_stages - 1 in stage_ids
 

@@ -19,7 +19,7 @@ class StagePlan:
 
     @classmethod
     def from_config(cls, cfg: ParallelismConfig, n_layers: int) -> "StagePlan":
-        """Raises ValueError (turned into a config error by config.check) when the split is impossible."""
+        """Raises ValueError (turned into a config error by config/check.py) when the split is impossible."""
         pp = cfg.pipeline_parallel_degree
         single = cfg.pipeline_parallel_schedule in SINGLE_STAGE_SCHEDULES
         if cfg.pipeline_parallel_layers_per_stage is None:
@@ -32,9 +32,13 @@ class StagePlan:
             raise ValueError(f"{num_stages} stages cannot be spread over {pp} ranks and {n_layers} layers")
         stages_per_rank = num_stages // pp
         if single and stages_per_rank != 1:
-            raise ValueError(f"{cfg.pipeline_parallel_schedule} runs one stage per rank, this split gives {stages_per_rank}")
+            raise ValueError(
+                f"{cfg.pipeline_parallel_schedule} runs one stage per rank, this split gives {stages_per_rank}"
+            )
         if cfg.pipeline_parallel_schedule in V_SHAPED_SCHEDULES and stages_per_rank != 2:
-            raise ValueError(f"{cfg.pipeline_parallel_schedule} needs exactly 2 stages per rank, this split gives {stages_per_rank}")
+            raise ValueError(
+                f"{cfg.pipeline_parallel_schedule} needs exactly 2 stages per rank, this split gives {stages_per_rank}"
+            )
         return cls(num_stages, stages_per_rank)
 
     def layers(self, stage: int, n_layers: int) -> range:

@@ -31,7 +31,9 @@ def convert_linears(model: nn.Module, cfg: QuantizeConfig, device: torch.device)
         convert_to_float8_training(model, config=config, module_filter_fn=_keep(cfg))
     elif cfg.name == "mxfp8":
         if device.type != "cuda" or torch.cuda.get_device_capability(device) < (10, 0):
-            raise RuntimeError("quantize=mxfp8 needs a CUDA GPU with compute capability >= 10.0 (Blackwell); use quantize=float8")
+            raise RuntimeError(
+                "quantize=mxfp8 needs a CUDA GPU with compute capability >= 10.0 (Blackwell); use quantize=float8"
+            )
         from torchao.prototype.mx_formats import MXLinearConfig
         from torchao.quantization import quantize_
 

@@ -17,44 +17,41 @@ from torch.distributed.tensor.parallel import (
 )
 
 from titan_exp.models.llama3.model import Transformer
-from titan_exp.parallel.config import ParallelismConfig
-from titan_exp.parallel.dims import ParallelDims
+from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
+from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
+from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.quantize.config import QuantizeConfig
-from titan_exp.train.activation_checkpoint import apply_activation_checkpointing
-from titan_exp.train.config import ActivationCheckpointConfig, CompileConfig, TrainingConfig
 
 
 def parallelize_llama(
     model: Transformer,
-    dims: ParallelDims,
-    mesh: DeviceMesh | None,
+    mesh: ParallelMesh,
     parallelism: ParallelismConfig,
-    training: TrainingConfig,
     ac: ActivationCheckpointConfig,
     compile_cfg: CompileConfig,
     quantize: QuantizeConfig,
+    mp_policy: MixedPrecisionPolicy,
 ) -> Transformer:
+    """`mp_policy`: FSDP's (and replicate's) parameter and gradient-reduction dtypes."""
+    dims = mesh.dims
     if dims.tp > 1:
+        tp_mesh = mesh["tp"]
         # float8 tensorwise Linears take float8-aware TP styles, which cast before the collectives and
         # so move float8 over the wire: nccl can, gloo cannot ("Invalid scalar type"). On CPU the plain
         # styles gather in high precision and cast after, the same recipe with more traffic.
-        float8_tp = quantize.name == "float8" and quantize.recipe == "tensorwise" and mesh.device_type == "cuda"
-        apply_tensor_parallel(model, mesh["tp"], float8_tp)
+        float8_tp = quantize.name == "float8" and quantize.recipe == "tensorwise" and tp_mesh.device_type == "cuda"
+        apply_tensor_parallel(model, tp_mesh, float8_tp)
         if parallelism.enable_async_tensor_parallel:
-            _enable_async_tensor_parallel(mesh["tp"])
+            _enable_async_tensor_parallel(tp_mesh)
     apply_activation_checkpointing(model.layers, ac)
     if compile_cfg.enable:
         # Per block: the blocks are identical, so one compiled graph is reused for all of them.
         for block in model.layers.values():
             block.compile(backend=compile_cfg.backend, fullgraph=True)
-    mp_policy = MixedPrecisionPolicy(
-        param_dtype=getattr(torch, training.mixed_precision_param),
-        reduce_dtype=getattr(torch, training.mixed_precision_reduce),
-    )
     if dims.fsdp_enabled:
-        _apply_fsdp(model, dims.dp_mesh(mesh), mp_policy, parallelism.fsdp_reshard_after_forward)
+        _apply_fsdp(model, mesh.dp_mesh, mp_policy, parallelism.fsdp_reshard_after_forward)
     elif dims.ddp_enabled:
-        replicate(model, mesh=dims.dp_mesh(mesh), mp_policy=mp_policy)
+        replicate(model, mesh=mesh.dp_mesh, mp_policy=mp_policy)
     return model
 
 
@@ -89,7 +86,9 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool 
         "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
     }
     # A pipeline stage holds only some of these.
-    parallelize_module(model, tp_mesh, {name: plan for name, plan in outer_plan.items() if getattr(model, name) is not None})
+    parallelize_module(
+        model, tp_mesh, {name: plan for name, plan in outer_plan.items() if getattr(model, name) is not None}
+    )
     colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
     if float8:
         from torchao.float8.float8_tensor_parallel import (
@@ -117,8 +116,8 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool 
 
 
 def _enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> None:
-    """Overlap TP collectives with matmuls: an inductor pass over symmetric-memory groups (CUDA + compile;
-    config.check refuses it elsewhere)."""
+    """Overlap TP collectives with matmuls: an inductor pass over symmetric-memory groups (CUDA and
+    compile only: config/check.py refuses it elsewhere)."""
     from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
     torch._inductor.config._micro_pipeline_tp = True

@@ -7,7 +7,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from titan_exp.train.config import ActivationCheckpointConfig
+from titan_exp.parallel.config import ActivationCheckpointConfig
 
 # Outputs worth keeping under per-op SAC: expensive to recompute, cheap to store (torchtitan's list).
 _SAVE_OPS = {
@@ -44,7 +44,7 @@ def _wrap(block: nn.Module, cfg: ActivationCheckpointConfig) -> nn.Module:
 
 
 def apply_activation_checkpointing(layers: nn.ModuleDict, cfg: ActivationCheckpointConfig) -> None:
-    """Wrap blocks of `layers` in place according to cfg.mode (validated in config.check)."""
+    """Wrap blocks of `layers` in place according to cfg.mode (validated in config/check.py)."""
     if cfg.mode == "none":
         return
     every = int(cfg.selective_ac_option) if cfg.mode == "selective" and cfg.selective_ac_option != "op" else 1

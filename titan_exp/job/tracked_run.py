@@ -1,6 +1,6 @@
 """Rank 0's side of a tracked job: its console copied into the run log, the MLflow writer, and the
-run ended the way training ended. Torch-free on purpose: the writer is started before the rank
-imports torch, so that the writer's own start-up overlaps the rank's (see BackgroundTracker)."""
+run ended the way training ended. Torch-free: the writer is started before the rank imports torch,
+so that the writer's own start-up overlaps the rank's (see tracking/writer.py)."""
 
 import contextlib
 import signal
@@ -11,20 +11,23 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from launchers import signals
-from titan_exp.config.schema import JobConfig, RunContext
-from titan_exp.tracking.identity import flatten, run_name, run_tags
-from titan_exp.tracking.mlflow_run import BackgroundTracker, interrupts_ignored, outcome
+from titan_exp.config.schema import JobConfig
+from titan_exp.job.context import RunContext
+from titan_exp.job.identity import flatten, run_name, run_tags
+from titan_exp.tracking.run import outcome
 from titan_exp.tracking.run_log import run_log
+from titan_exp.tracking.writer import BackgroundTracker, interrupts_ignored
 
 
 @contextlib.contextmanager
-def tracked_run(cfg: JobConfig, ctx: RunContext, world_size: int, device_kind: str) -> Iterator[BackgroundTracker]:
+def tracked_run(cfg: JobConfig, ctx: RunContext) -> Iterator[BackgroundTracker]:
     """The writer of this job's run while inside. Leaving normally ends the run FINISHED; an
     exception ends it FAILED (KILLED for an interrupt or a SIGTERM) with the reason, after the
     traceback and the log so far are recorded. The writer is closed on every way out: one left
     open would hold up the interpreter's exit."""
     with run_log(ctx.run_log_file) as log_copy, _sigterm_raises():
-        tracker = BackgroundTracker(cfg.tracking, run_name(cfg), run_tags(cfg, world_size, ctx.launcher, device_kind), ctx.run_id_file)
+        tags = run_tags(cfg, ctx.started_by)
+        tracker = BackgroundTracker(cfg.tracking, run_name(cfg), tags, ctx.run_id_file)
         status, reason = "FINISHED", None
         try:
             _queue_config(tracker, cfg, ctx)

@@ -16,17 +16,18 @@ def run_name(cfg: JobConfig) -> str:
     return "·".join(parts)
 
 
-def run_tags(cfg: JobConfig, world_size: int, launcher: str, device: str) -> dict[str, str]:
+def run_tags(cfg: JobConfig, started_by: str) -> dict[str, str]:
+    """Tags of a resolved config's run; `started_by`: local, torchrun or srun."""
     dims = ParallelDims.from_config(cfg.parallelism)
     return {
         "model": f"{cfg.model.name}_{cfg.model.flavor}",
         "strategy": cfg.parallelism.name,
         "quantize": cfg.quantize.name,
         "layout": dims.label(),
-        "world_size": str(world_size),
+        "world_size": str(cfg.launcher.world_size),
         "mesh": dims.describe(),
-        "device": device,
-        "launcher": launcher,
+        "device": cfg.launcher.device,
+        "launcher": started_by,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
         "status": "running",
     }

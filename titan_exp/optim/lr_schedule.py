@@ -1,23 +1,11 @@
-"""AdamW and the warmup → (stable) → decay learning-rate schedule."""
+"""The learning-rate schedule: linear warmup, then a stable phase, then decay (warmup-stable-decay)."""
 
 import math
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from titan_exp.train.config import LRSchedulerConfig, OptimizerConfig
-
-
-def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(
-        params,
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        foreach=cfg.implementation == "foreach",
-        fused=cfg.implementation == "fused",
-    )
+from titan_exp.optim.config import LRSchedulerConfig
 
 
 def lr_factor(step: int, steps: int, cfg: LRSchedulerConfig) -> float:

@@ -1,0 +1,129 @@
+"""The layering rules of DESIGN.md, checked on the code as it is: imports point one way (no package
+imports one that imports it back), launchers/ knows nothing of titan_exp, and the launching process
+never loads torch (start-up time: only the ranks and the dry runs do)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, run_cli
+
+PACKAGES = ("titan_exp", "launchers")
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, at its top or inside a function, as dotted names."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _unit(module: str) -> str | None:
+    """The unit the layering rules speak of: a sub-package of titan_exp (titan_exp.tracking) or a
+    module at its top (titan_exp.ui), or launchers as a whole; None outside the project."""
+    parts = module.split(".")
+    if parts[0] == "launchers":
+        return "launchers"
+    if parts[0] != "titan_exp" or len(parts) < 2:
+        return None
+    return f"titan_exp.{parts[1]}"
+
+
+def _unit_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            source = _unit(module)
+            if source is None:  # titan_exp/__init__.py
+                continue
+            targets = {_unit(name) for name in _imports(path)} - {None, source}
+            graph.setdefault(source, set()).update(targets)
+    return graph
+
+
+def test_imports_point_one_way():
+    graph = _unit_graph()
+    assert {"titan_exp.config", "titan_exp.job", "titan_exp.train", "titan_exp.tracking", "launchers"} <= set(graph)
+    both_ways = sorted((a, b) for a, targets in graph.items() for b in targets if a < b and a in graph.get(b, set()))
+    assert both_ways == [], f"these import each other: {both_ways}"
+    # No longer loops either (a → b → c → a): walk the graph depth-first.
+    state: dict[str, str] = {}
+
+    def visit(unit: str, path: list[str]) -> None:
+        state[unit] = "open"
+        for target in sorted(graph.get(unit, ())):
+            assert state.get(target) != "open", f"import cycle: {' → '.join([*path, unit, target])}"
+            if target not in state:
+                visit(target, [*path, unit])
+        state[unit] = "done"
+
+    for unit in sorted(graph):
+        if unit not in state:
+            visit(unit, [])
+
+
+def test_launchers_import_nothing_from_titan_exp():
+    assert "launchers" in _unit_graph()
+    assert not any(t.startswith("titan_exp") for t in _unit_graph()["launchers"])
+    # And at run time: importing every launcher module loads no titan_exp module.
+    modules = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in (REPO / "launchers").glob("*.py")]
+    loaded = "sorted(m for m in sys.modules if m.startswith('titan_exp'))"
+    code = f"import sys; [__import__(m) for m in {modules!r}]; print({loaded})"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_tracking_does_not_know_jobs_or_comparisons():
+    graph = _unit_graph()
+    assert not graph["titan_exp.tracking"] & {
+        "titan_exp.compare",
+        "titan_exp.job",
+        "titan_exp.config",
+        "titan_exp.train",
+    }
+
+
+# Runs the command line in this process, then reports which of these modules it loaded.
+_PROBE = """
+import atexit, runpy, sys
+atexit.register(lambda: print("LOADED", sorted(m for m in ("torch", "mlflow") if m in sys.modules), file=sys.stderr))
+sys.argv = sys.argv[1:]  # ["titan_exp", overrides...]
+runpy.run_module("titan_exp", run_name="__main__")
+"""
+
+
+def _loaded_by_launching_process(stderr: str) -> str:
+    return next(line for line in stderr.splitlines() if line.startswith("LOADED"))
+
+
+def test_printing_the_config_loads_no_torch(tmp_path):
+    result = run_cli(["model=llama3_8b"], tmp_path, flags=("--cfg", "job"), launcher=[sys.executable, "-c", _PROBE])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "flavor: 8b" in result.stdout
+    assert _loaded_by_launching_process(result.stderr) == "LOADED []"
+
+
+def test_the_launching_side_of_a_tracked_run_loads_no_torch(tmp_path, store):
+    uri, db = store
+    args = [
+        "experiment=smoke",
+        "tracking=mlflow",
+        uri,
+        "training.steps=2",
+        "launcher.device=cpu",
+        "launcher.nproc_per_node=2",
+    ]
+    result = run_cli(args, tmp_path, launcher=[sys.executable, "-c", _PROBE])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step     2" in result.stdout  # the ranks trained (with torch, in their own processes)
+    # A new store is created by the launching process (MLflow); torch stays out.
+    assert _loaded_by_launching_process(result.stderr) == "LOADED ['mlflow']"
+    assert db.exists()

@@ -1,0 +1,53 @@
+"""Rank 0's MLflow writer process on its own: every queued step arrives, and it gives the ranks the
+cores once training starts."""
+
+import os
+import time
+from pathlib import Path
+
+from titan_exp.tracking.config import TrackingConfig
+from titan_exp.tracking.store import client, ensure_store
+from titan_exp.tracking.writer import BackgroundTracker
+
+
+def test_tracker_writes_every_queued_step_from_its_own_process(tmp_path):
+    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
+    ensure_store(cfg)
+    tracker = BackgroundTracker(cfg, "burst", {"model": "test"}, tmp_path / "run_id")
+    tracker.log_params({"a.b": 1})
+    for step in range(1, 301):  # far faster than one log_batch each: the writer merges them
+        tracker.log_metrics(step, {"loss": 1.0 / step, "lr": 0.1})
+    tracker.close("FINISHED")
+    store = client(cfg.uri)
+    run = store.get_run((tmp_path / "run_id").read_text())
+    assert run.info.status == "FINISHED" and run.data.params == {"a.b": "1"} and run.data.tags["status"] == "finished"
+    history = sorted((m.step, m.value) for m in store.get_metric_history(run.info.run_id, "loss"))
+    assert history == [(step, 1.0 / step) for step in range(1, 301)]
+
+
+def test_tracker_starts_at_normal_priority_steps_down_when_training_starts_and_can_be_paused(tmp_path):
+    def stopped(pid: int) -> bool:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+    def becomes(pid: int, want_stopped: bool) -> bool:  # a signalled process stops (or continues) a moment later
+        deadline = time.monotonic() + 10
+        while stopped(pid) != want_stopped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return stopped(pid) == want_stopped
+
+    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
+    ensure_store(cfg)
+    tracker = BackgroundTracker(cfg, "priority", {}, tmp_path / "run_id")
+    pid = tracker._process.pid
+    # Its start-up competes on equal terms with the rank's own.
+    assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+    with tracker.paused():
+        assert becomes(pid, want_stopped=True)
+    assert becomes(pid, want_stopped=False)
+    tracker.log_metrics(1, {"loss": 1.0})  # the first step's metrics: from here on, idle cores only
+    deadline = time.monotonic() + 120
+    while os.sched_getscheduler(pid) != os.SCHED_IDLE:
+        assert time.monotonic() < deadline, "the writer never stepped down to SCHED_IDLE"
+        time.sleep(0.2)
+    tracker.close("FINISHED")
+    assert (tmp_path / "run_id").exists()

@@ -1,0 +1,24 @@
+"""The job's context a rank receives beside its config: where the job lives, who started it."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the launching process tells the ranks besides the (resolved) config."""
+
+    # The Hydra run directory: composed config, overrides, rank logs.
+    job_dir: str
+    # local | torchrun | srun
+    started_by: str
+
+    @property
+    def run_id_file(self) -> Path:
+        """Where rank 0 records its MLflow run id, so the launching process can close a dead job's run."""
+        return Path(self.job_dir) / "mlflow_run_id"
+
+    @property
+    def run_log_file(self) -> Path:
+        """Rank 0's console output, logged with its MLflow run."""
+        return Path(self.job_dir) / "rank0.log"

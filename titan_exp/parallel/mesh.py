@@ -1,0 +1,92 @@
+"""The device mesh of a layout and the process groups the trainer needs from it.
+
+Mesh dims are torchtitan's, outermost first: pp, dp_replicate, dp_shard, cp, tp (only those of size
+> 1). Groups that span several dims (the data-parallel ranks, FSDP's shard ranks, the ranks whose
+losses are averaged) are flattened once, when the mesh is built. Needs an initialized process group.
+"""
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from titan_exp.parallel.dims import ParallelDims
+
+# Groups spanning several mesh dims, by what they are for.
+_FLATTENED = {
+    # The ranks that read different batches (context-parallel ranks share one).
+    "data": ("dp_replicate", "dp_shard"),
+    # The ranks FSDP shards over: context-parallel ranks hold the same weights.
+    "shard": ("dp_shard", "cp"),
+    # The ranks whose losses are averaged: every batch, and every sequence slice of it.
+    "loss": ("dp_replicate", "dp_shard", "cp"),
+}
+_FLATTENED_NAME = {dims: "_".join(dims) for dims in _FLATTENED.values()}
+
+
+class ParallelMesh:
+    """The world mesh of `dims` (none on a single device) and its submeshes and groups."""
+
+    def __init__(self, dims: ParallelDims, device_type: str):
+        self.dims = dims
+        self.mesh = self._build(device_type)
+
+    def _build(self, device_type: str) -> DeviceMesh | None:
+        shape = self.dims.mesh_shape()
+        if not shape:
+            return None
+        mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
+        for dims in _FLATTENED.values():
+            present = self._present(dims)
+            if len(present) > 1:
+                mesh[present]._flatten(_FLATTENED_NAME[dims])
+        return mesh
+
+    def __getitem__(self, dim: str) -> DeviceMesh:
+        """The 1D submesh of one dim (which must be > 1), e.g. mesh["tp"]."""
+        return self.mesh[dim]
+
+    def _present(self, dims: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(d for d in dims if getattr(self.dims, d) > 1)
+
+    def _submesh(self, dims: tuple[str, ...]) -> DeviceMesh | None:
+        """The (flattened) submesh over those of `dims` that exist; None if none does."""
+        present = self._present(dims)
+        if self.mesh is None or not present:
+            return None
+        return self.mesh[present[0]] if len(present) == 1 else self.mesh[_FLATTENED_NAME[dims]]
+
+    def _group(self, dims: tuple[str, ...]) -> dist.ProcessGroup | None:
+        submesh = self._submesh(dims)
+        return None if submesh is None else submesh.get_group()
+
+    @property
+    def dp_mesh(self) -> DeviceMesh | None:
+        """The mesh FSDP/DDP spread over: 1D, or 2D (replicate, shard) for HSDP; FSDP shards over
+        data-shard × cp."""
+        shard = self._submesh(_FLATTENED["shard"])
+        replicate = self._submesh(("dp_replicate",))
+        if shard is not None and replicate is not None:
+            return self.mesh[("dp_replicate", shard.mesh_dim_names[0])]
+        return shard if shard is not None else replicate
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        return self._group(_FLATTENED["data"])
+
+    @property
+    def loss_group(self) -> dist.ProcessGroup | None:
+        return self._group(_FLATTENED["loss"])
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        return self._group(("pp",))
+
+    @property
+    def pp_rank(self) -> int:
+        """This rank's index along the pipeline (0 without one)."""
+        return self.mesh["pp"].get_local_rank() if self.dims.pp > 1 else 0
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel ranks: which slice of the global batch it reads."""
+        group = self.dp_group
+        return 0 if group is None else dist.get_rank(group)

@@ -1,0 +1,109 @@
+"""One MLflow run, written through the client: params, metrics, artifacts, tags, and its end
+(FINISHED, FAILED or KILLED, with the reason)."""
+
+import functools
+import getpass
+import socket
+import subprocess
+from pathlib import Path
+
+from titan_exp.tracking.config import TrackingConfig
+from titan_exp.tracking.store import client, experiment_id, with_retries
+
+# MLflow's per-call limits for log_batch.
+_MAX_PARAMS_PER_BATCH = 100
+_MAX_METRICS_PER_BATCH = 1000
+_MAX_PARAM_LENGTH = 6000
+_MAX_TAG_LENGTH = 5000
+# MLflow's tag that nests a run under another in the UI and in search.
+PARENT_TAG = "mlflow.parentRunId"
+# Set to "sweep" on a parent run over several jobs (a sweep, a parity check), which trains nothing itself.
+ROLE_TAG = "titan_exp.role"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def origin_tags() -> dict[str, str]:
+    """Where and from which code a run was made."""
+    return {"hostname": socket.gethostname(), "user": getpass.getuser(), "git_commit": git_commit()}
+
+
+class MlflowRun:
+    def __init__(self, uri: str, run_id: str):
+        self.client = client(uri)
+        self.run_id = run_id
+
+    @classmethod
+    def create(cls, cfg: TrackingConfig, run_name: str, tags: dict[str, str]) -> "MlflowRun":
+        mlflow_client = client(cfg.uri)
+        tags = {**origin_tags(), **tags}
+        if cfg.parent_run_id:
+            tags[PARENT_TAG] = cfg.parent_run_id
+        run = with_retries(
+            lambda: mlflow_client.create_run(experiment_id(mlflow_client, cfg), run_name=run_name, tags=tags)
+        )
+        return cls(cfg.uri, run.info.run_id)
+
+    def log_params(self, params: dict[str, object]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:_MAX_PARAM_LENGTH]) for k, v in params.items()]
+        for chunk in _chunks(items, _MAX_PARAMS_PER_BATCH):
+            with_retries(functools.partial(self.client.log_batch, self.run_id, params=chunk))
+
+    def log_metrics(self, records: list[tuple[int, dict[str, float], int]]) -> None:
+        """records: (step, {name: value}, timestamp in ms), written in as few calls as MLflow allows."""
+        from mlflow.entities import Metric
+
+        items = [
+            Metric(k, float(v), timestamp, step) for step, metrics, timestamp in records for k, v in metrics.items()
+        ]
+        for chunk in _chunks(items, _MAX_METRICS_PER_BATCH):
+            with_retries(functools.partial(self.client.log_batch, self.run_id, metrics=chunk))
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        with_retries(lambda: self.client.log_text(self.run_id, text, artifact_file))
+
+    def log_artifact(self, path: Path, artifact_dir: str) -> None:
+        with_retries(lambda: self.client.log_artifact(self.run_id, str(path), artifact_dir))
+
+    def set_tag(self, key: str, value: str) -> None:
+        with_retries(lambda: self.client.set_tag(self.run_id, key, value[:_MAX_TAG_LENGTH]))
+
+    def finish(self, status: str, reason: str | None = None) -> None:
+        """status: FINISHED | FAILED | KILLED, also kept as the `status` tag (with `failure_reason`)."""
+        self.set_tag("status", status.lower())
+        if reason:
+            self.set_tag("failure_reason", reason)
+        with_retries(lambda: self.client.set_terminated(self.run_id, status=status))
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def outcome(err: BaseException) -> tuple[str, str]:
+    """(MLflow status, failure reason) of a run that `err` ended: KILLED when interrupted, else FAILED."""
+    status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+    return status, f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+def close_run_from_outside(
+    cfg: TrackingConfig, run_id_file: Path, run_name: str, tags: dict[str, str], err: BaseException
+) -> None:
+    """The launching process's last word when the ranks died of `err`: end their run (or, if rank
+    0 never got to create one, a new run) with the status and reason `err` implies."""
+    status, reason = outcome(err)
+    if run_id_file.exists():
+        run = MlflowRun(cfg.uri, run_id_file.read_text().strip())
+    else:
+        run = MlflowRun.create(cfg, run_name, tags)
+    run.finish(status, reason)

@@ -1,0 +1,88 @@
+"""The MLflow store: where it is (URIs), creating it once, opening a client, and riding out a busy
+SQLite store. MLflow itself is imported only when a client is opened (seconds of start-up)."""
+
+import fcntl
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from titan_exp.tracking.config import TrackingConfig
+
+# SQLite lets one writer in at a time; a busy store is retried for this long before giving up
+# (long: a writer that holds the lock may wait for an idle core, see tracking/writer.py).
+_RETRY_SECONDS = 600.0
+
+T = TypeVar("T")
+
+
+def absolute_uri(uri: str) -> str:
+    """sqlite:///relative.db → sqlite:////abs/relative.db, so ranks started elsewhere find the same file."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix) :]).resolve())
+    return uri
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """sqlite:///rel.db → rel.db, sqlite:////abs.db → /abs.db (not urlparse: it keeps '//abs.db',
+    which pathlib keeps too, and file URIs made from it lose their first directory)."""
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix) :]) if uri.startswith(prefix) else None
+
+
+def client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_store(cfg: TrackingConfig) -> None:
+    """Create a SQLite store (its migrations) and the experiment once, even when several launching
+    processes start at the same moment: they take turns on a lock file, and a store that exists was
+    completed under that lock. An existing store is left alone without importing MLflow (seconds of
+    start-up); rank 0 creates the experiment if it is new. A server's store exists already."""
+    db = sqlite_path(cfg.uri)
+    if db is None:
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not db.exists():
+            experiment_id(client(cfg.uri), cfg)
+
+
+def experiment_id(mlflow_client, cfg: TrackingConfig) -> str:
+    experiment = mlflow_client.get_experiment_by_name(cfg.experiment)
+    if experiment:
+        return experiment.experiment_id
+    db = sqlite_path(cfg.uri)
+    # For a SQLite store artifacts go beside the database (MLflow would use ./mlruns of the cwd).
+    location = (db.resolve().parent / "mlartifacts" / cfg.experiment).as_uri() if db else None
+    try:
+        return mlflow_client.create_experiment(cfg.experiment, artifact_location=location)
+    except Exception:
+        # Another job created it in the meantime.
+        experiment = mlflow_client.get_experiment_by_name(cfg.experiment)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def is_store_busy(err: Exception) -> bool:
+    return "database is locked" in str(err)
+
+
+def with_retries(call: Callable[[], T]) -> T:
+    """`call()`, retried while a SQLite store is busy ("database is locked"); MLflow's REST client
+    retries an unreachable server itself."""
+    deadline = time.monotonic() + _RETRY_SECONDS
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except Exception as err:
+            if not is_store_busy(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 5.0)

@@ -1,0 +1,185 @@
+"""Rank 0's MLflow writer: a separate process that creates the job's run and writes what the training
+loop queues, so that training never waits on the store (see BackgroundTracker for why a process and
+when it runs)."""
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import queue
+import signal
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+from launchers import signals
+from titan_exp.tracking.config import TrackingConfig
+from titan_exp.tracking.run import MlflowRun
+from titan_exp.tracking.store import is_store_busy
+from titan_exp.tracking.system_metrics import start_system_metrics, stop_system_metrics
+
+# The writer sends the metrics that arrived within this many seconds as one batch: every log step
+# is recorded, with far fewer store transactions (each costs milliseconds of CPU) than one per step.
+_METRICS_FLUSH_SECONDS = 2.0
+_STOP = ("stop", ())
+
+
+class BackgroundTracker:
+    """Rank 0's writer: a separate process, started before the rank imports torch, creates the
+    run, records its id in `run_id_file` for the launching process, then writes what the training
+    loop queues, in order, the metrics of every ~2 s in one batch. A store that fails is reported
+    once and training goes on untracked.
+
+    Why a process and not a thread: MLflow's client is pure Python (SQLAlchemy, HTTP) and a thread
+    running it holds the interpreter lock that the training loop needs between every two torch ops;
+    measured on CPU ranks, steps ran ~8× slower while a tracker thread imported MLflow.
+
+    When it runs: its start-up (MLflow's import, opening the store, creating the run: 2-3
+    CPU-seconds) at normal priority, alongside the rank's own (importing torch, building the model),
+    so that it is done before training's first step; from the first metrics on, only on idle cores
+    (measured on 2 CPU ranks that keep both cores busy: a start-up that spilled into the steps at
+    idle priority cost 5-7% of their tokens/s). On GPU nodes, with cores to spare, neither matters.
+    Metric timestamps are taken when they are queued. It dies with rank 0 (Linux), so a killed rank
+    leaves no writer behind (our local launcher then closes the run; under torchrun or srun nothing
+    does, and a SIGKILLed rank 0 leaves it RUNNING).
+    """
+
+    def __init__(self, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None):
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied torch or process-group state
+        self._queue = context.Queue()
+        self._process = context.Process(
+            target=_write_run,
+            args=(self._queue, cfg, run_name, tags, run_id_file, os.getpid()),
+            name="mlflow-tracker",
+            daemon=True,
+        )
+        self._process.start()
+
+    def log_params(self, params: dict[str, object]) -> None:
+        self._queue.put(("log_params", (params,)))
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self._queue.put(("log_metrics", ([(step, metrics, int(time.time() * 1000))],)))
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self._queue.put(("log_text", (text, artifact_file)))
+
+    def log_artifact(self, path: Path, artifact_dir: str) -> None:
+        self._queue.put(("log_artifact", (path, artifact_dir)))
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The writer stopped while inside (for a measurement that needs the core to itself)."""
+        os.kill(self._process.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self._process.pid, signal.SIGCONT)
+
+    def close(self, status: str, reason: str | None = None) -> None:
+        """Write everything queued, end the run with `status`, and wait for the writer."""
+        os.kill(self._process.pid, signal.SIGCONT)  # in case an interrupt came between pause and resume
+        self._queue.put(("finish", (status, reason)))
+        self._queue.put(_STOP)
+        with interrupts_ignored():
+            self._process.join()
+        # The writer read everything up to the stop marker, or died: either way nothing is left
+        # for the queue's feeder thread to deliver, and exit must not wait on it.
+        self._queue.cancel_join_thread()
+
+
+def interrupts_ignored() -> contextlib.AbstractContextManager[None]:
+    """The launcher interrupts the ranks of a failed job (SIGINT; torchrun and Slurm: SIGTERM), more
+    than once: what is being written then is finished first (the launcher's SIGKILL after a grace
+    period bounds the wait)."""
+    return signals.ignored(signal.SIGINT, signal.SIGTERM)
+
+
+def _write_run(
+    calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None, parent_pid: int
+) -> None:
+    """The writer process's body."""
+    _die_with_parent(parent_pid)
+    # Launchers signal the whole process group (torchrun, Slurm: SIGTERM; Ctrl-C: SIGINT): the rank
+    # decides when writing ends (close), and the writer dies with it anyway.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    error, monitor = None, None
+    try:
+        run = MlflowRun.create(cfg, run_name, tags)
+    except Exception:
+        error, run = _last_line(traceback.format_exc()), None
+    if run is not None:
+        if run_id_file is not None:
+            run_id_file.write_text(run.run_id)
+        print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
+        monitor = start_system_metrics(cfg, run.run_id) if cfg.system_metrics else None
+    training = False
+    for method, args in _batches(calls):
+        if method == "log_metrics" and not training:
+            training = True
+            _run_only_on_idle_cores()  # see BackgroundTracker
+        if run is None:
+            continue  # drain, so the training loop's queue never fills up
+        if method == "finish" and monitor is not None:
+            stop_system_metrics(monitor)
+        try:
+            getattr(run, method)(*args)
+        except Exception as err:
+            error = error or _last_line(traceback.format_exc())
+            if is_store_busy(err):
+                run = None  # busy past the retry window: give up rather than wait that long per call
+    if error:
+        print(f"titan_exp: tracking failed, the run's MLflow record is incomplete: {error}", flush=True)
+
+
+def _batches(calls):
+    """The queued calls in order until the stop marker; log_metrics calls that arrive within
+    _METRICS_FLUSH_SECONDS of each other are merged into one."""
+    pending = None
+    while True:
+        item, pending = pending or calls.get(), None
+        if item == _STOP:
+            return
+        if item[0] == "log_metrics":
+            records = list(item[1][0])
+            deadline = time.monotonic() + _METRICS_FLUSH_SECONDS
+            while (wait := deadline - time.monotonic()) > 0:
+                try:
+                    pending = calls.get(timeout=wait)
+                except queue.Empty:
+                    break
+                if pending[0] != "log_metrics":
+                    break  # a finish or an artifact: write what came before it now
+                records += pending[1][0]
+                pending = None
+            item = ("log_metrics", (records,))
+        yield item
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when the rank that started it dies (PR_SET_PDEATHSIG),
+    and leave at once if it died before the request was made."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the writer then outlives a killed rank until its queue is drained
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+def _run_only_on_idle_cores() -> None:
+    """Linux's SCHED_IDLE for every thread of this process (the policy is per thread; threads
+    started later inherit it): it runs only on a core nothing else wants and yields at once when a
+    rank wakes up (stronger than nice 19, whose time slices still delay the ranks' collectives).
+    Elsewhere it keeps the normal priority."""
+    try:
+        for thread_id in os.listdir("/proc/self/task"):
+            os.sched_setscheduler(int(thread_id), os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+
+
+def _last_line(formatted_traceback: str) -> str:
+    return formatted_traceback.strip().splitlines()[-1]

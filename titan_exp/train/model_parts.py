@@ -1,0 +1,64 @@
+"""The one model build, for training and for the dry runs: Llama 3 on the meta device → low-precision
+Linears (float8/mxfp8) → this rank's pipeline stages → parallelized (TP, activation checkpointing,
+compile, FSDP/DDP). The parts stay on meta: the caller materializes them (real tensors for
+training, fake ones for a dry run)."""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from titan_exp.config.schema import JobConfig
+from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.llama3.parallelize import parallelize_llama
+from titan_exp.parallel.mesh import ParallelMesh
+from titan_exp.parallel.pipeline import split_model
+from titan_exp.parallel.stages import StagePlan
+from titan_exp.quantize.float8 import convert_linears
+
+
+@dataclass
+class ModelParts:
+    """The model parts one rank holds: the whole model, or its pipeline stages."""
+
+    parts: list[Transformer]
+    # The pipeline stages of the parts ([0] without pipelining) and the plan they come from.
+    stage_ids: list[int]
+    stage_plan: StagePlan
+    # Of the whole model, before it was split or sharded (for FLOPs per token).
+    num_params: int
+    num_embedding_params: int
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+    @property
+    def has_first_stage(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.stage_plan.num_stages - 1 in self.stage_ids
+
+
+def build_model_parts(cfg: JobConfig, mesh: ParallelMesh, device: torch.device) -> ModelParts:
+    """This rank's parts, parallelized for `mesh`, on meta. `device` is where they will live
+    (float8 and mxfp8 depend on it)."""
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
+    num_params, num_embedding_params = model.num_params(), model.tok_embeddings.weight.numel()
+    convert_linears(model, cfg.quantize, device)
+    stage_plan, stage_ids, parts = StagePlan(1, 1), [0], [model]
+    if mesh.dims.pp > 1:
+        stage_plan = StagePlan.from_config(cfg.parallelism, cfg.model.n_layers)
+        stage_ids = stage_plan.stage_ids(mesh.pp_rank, mesh.dims.pp, cfg.parallelism.pipeline_parallel_schedule)
+        parts = split_model(model, stage_plan, stage_ids)
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=getattr(torch, cfg.training.mixed_precision_param),
+        reduce_dtype=getattr(torch, cfg.training.mixed_precision_reduce),
+    )
+    for part in parts:
+        parallelize_llama(part, mesh, cfg.parallelism, cfg.activation_checkpoint, cfg.compile, cfg.quantize, mp_policy)
+    return ModelParts(parts, stage_ids, stage_plan, num_params, num_embedding_params)

@@ -1,0 +1,88 @@
+"""One training step's forward and backward on a rank, and the step's loss as every rank sees it."""
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from titan_exp.data.loader import BatchLoader
+from titan_exp.models.llama3.model import Transformer
+from titan_exp.parallel.context import ContextParallel
+from titan_exp.parallel.mesh import ParallelMesh
+from titan_exp.parallel.pipeline import Pipeline
+from titan_exp.train.loss import cross_entropy_loss
+
+
+class ForwardBackward:
+    """Forward and backward over the microbatches of one step (gradients accumulate in the
+    parameters); returns (this rank's loss, seconds spent fetching batches). Under pipelining the
+    schedule runs the microbatches and only the last stage's rank sees the loss."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        pipeline: Pipeline | None,
+        mesh: ParallelMesh,
+        loader: BatchLoader,
+        accumulation: int,
+        device: torch.device,
+        param_dtype: torch.dtype,
+    ):
+        dims = mesh.dims
+        self.model, self.pipeline, self.loader, self.accumulation, self.device = (
+            model,
+            pipeline,
+            loader,
+            accumulation,
+            device,
+        )
+        self.sync_gradients_last_only = dims.fsdp_enabled or dims.ddp_enabled
+        seq_len = loader.plan.seq_len
+        self.sequence_context = ContextParallel(model, mesh["cp"], seq_len) if dims.cp > 1 else None
+        # Without FSDP/DDP (single device, TP only), the param dtype becomes an autocast dtype.
+        autocast = dims.dp == 1 and param_dtype != torch.float32
+        self.autocast = (lambda: torch.autocast(device.type, dtype=param_dtype)) if autocast else contextlib.nullcontext
+        # Under TP the logits stay sharded over the vocabulary; the loss and its backward run on the shards.
+        self.loss_context = loss_parallel if dims.tp > 1 else contextlib.nullcontext
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, float]:
+        data_seconds = 0.0
+        step_loss = torch.zeros((), device=self.device)
+        for micro in range(self.accumulation):
+            start = time.perf_counter()
+            inputs, labels = (t.to(self.device, non_blocking=True) for t in self.loader.get(step - 1, micro))
+            data_seconds += time.perf_counter() - start
+            if self.pipeline:
+                with self.loss_context():
+                    step_loss += self.pipeline.step(inputs, labels)
+                continue
+            if self.sync_gradients_last_only:
+                # Reduce gradients only once per step, after the last microbatch.
+                self.model.set_requires_gradient_sync(micro == self.accumulation - 1)
+            sequence = self.sequence_context(inputs, labels) if self.sequence_context else contextlib.nullcontext()
+            with sequence:
+                with self.autocast():
+                    logits = self.model(inputs)
+                with self.loss_context():
+                    loss = cross_entropy_loss(logits, labels) / self.accumulation
+                    loss.backward()
+            step_loss += loss.detach().full_tensor() if isinstance(loss, DTensor) else loss.detach()
+        return step_loss, data_seconds
+
+
+def global_loss(loss: torch.Tensor, mesh: ParallelMesh) -> tuple[float, float]:
+    """(average, max) of the step's loss over the data-parallel (and context-parallel) ranks, known
+    to every rank (collectives: every rank must call it)."""
+    if mesh.pp_group is not None:
+        loss = loss.clone()
+        dist.all_reduce(loss, group=mesh.pp_group)  # only the last stage's rank holds a non-zero loss
+    loss_group = mesh.loss_group
+    if loss_group is None:
+        return loss.item(), loss.item()
+    total, peak = loss.clone(), loss.clone()
+    dist.all_reduce(total, group=loss_group)  # gloo has no AVG
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=loss_group)
+    return total.item() / dist.get_world_size(loss_group), peak.item()

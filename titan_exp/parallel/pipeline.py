@@ -1,8 +1,10 @@
-"""Pipeline parallelism with torch.distributed.pipelining: the model is cut by layers into stages,
-each rank of the pp mesh dimension holds one stage (or several "virtual" stages for the looped and
-V-shaped schedules), and a schedule runs the microbatches through them."""
+"""Pipeline parallelism with torch.distributed.pipelining: each rank of the pp mesh dimension holds
+one stage (or several "virtual" stages for the looped and V-shaped schedules; the cut is in
+parallel/stages.py), and a schedule runs the microbatches through them.
 
-import copy
+Importing torch.distributed.pipelining takes about 0.5 s, so the trainer imports this module only
+for jobs with pp > 1."""
+
 from collections.abc import Callable
 
 import torch
@@ -13,25 +15,6 @@ from torch.distributed.tensor import DTensor
 
 from titan_exp.parallel.config import ParallelismConfig
 from titan_exp.parallel.stages import SINGLE_STAGE_SCHEDULES, StagePlan
-
-
-def split_model(model: nn.Module, plan: StagePlan, stage_ids: list[int]) -> list[nn.Module]:
-    """One copy of the (meta) model per stage, keeping only that stage's layers; layer names are kept,
-    so initialization and checkpoints address parameters exactly as in the whole model."""
-    parts = []
-    for stage in stage_ids:
-        part = copy.deepcopy(model)
-        keep = {str(i) for i in plan.layers(stage, len(model.layers))}
-        for name in list(part.layers):
-            if name not in keep:
-                del part.layers[name]
-        if stage != 0:
-            part.tok_embeddings = None
-        if stage != plan.num_stages - 1:
-            part.norm = None
-            part.output = None
-        parts.append(part)
-    return parts
 
 
 class Pipeline:

@@ -1,5 +1,5 @@
-"""How a model is cut into pipeline stages and which stages each pp rank holds (no torch here:
-the launching process checks configs with it)."""
+"""How a model is cut into pipeline stages and which stages each pp rank holds (torch-free: the
+launching process checks configs with it)."""
 
 from dataclasses import dataclass
 

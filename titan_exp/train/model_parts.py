@@ -11,9 +11,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from titan_exp.config.schema import JobConfig
 from titan_exp.models.llama3.model import Transformer
-from titan_exp.models.llama3.parallelize import parallelize_llama
+from titan_exp.models.llama3.parallelize import parallelize_llama, split_into_stages
 from titan_exp.parallel.mesh import ParallelMesh
-from titan_exp.parallel.pipeline import split_model
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.quantize.float8 import convert_linears
 
@@ -54,7 +53,7 @@ def build_model_parts(cfg: JobConfig, mesh: ParallelMesh, device: torch.device) 
     if mesh.dims.pp > 1:
         stage_plan = StagePlan.from_config(cfg.parallelism, cfg.model.n_layers)
         stage_ids = stage_plan.stage_ids(mesh.pp_rank, mesh.dims.pp, cfg.parallelism.pipeline_parallel_schedule)
-        parts = split_model(model, stage_plan, stage_ids)
+        parts = split_into_stages(model, stage_plan, stage_ids)
     mp_policy = MixedPrecisionPolicy(
         param_dtype=getattr(torch, cfg.training.mixed_precision_param),
         reduce_dtype=getattr(torch, cfg.training.mixed_precision_reduce),

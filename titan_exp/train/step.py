@@ -2,6 +2,7 @@
 
 import contextlib
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -12,8 +13,10 @@ from titan_exp.data.loader import BatchLoader
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.parallel.context import ContextParallel
 from titan_exp.parallel.mesh import ParallelMesh
-from titan_exp.parallel.pipeline import Pipeline
 from titan_exp.train.loss import cross_entropy_loss
+
+if TYPE_CHECKING:  # imported by the trainer only for pp > 1 (parallel/pipeline.py)
+    from titan_exp.parallel.pipeline import Pipeline
 
 
 class ForwardBackward:
@@ -24,7 +27,7 @@ class ForwardBackward:
     def __init__(
         self,
         model: Transformer,
-        pipeline: Pipeline | None,
+        pipeline: "Pipeline | None",
         mesh: ParallelMesh,
         loader: BatchLoader,
         accumulation: int,

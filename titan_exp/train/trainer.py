@@ -24,7 +24,6 @@ from titan_exp.optim.lr_schedule import build_lr_scheduler
 from titan_exp.optim.optimizer import build_optimizer
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.mesh import ParallelMesh
-from titan_exp.parallel.pipeline import Pipeline
 from titan_exp.quantize.float8 import after_optimizer_step
 from titan_exp.tracking.writer import BackgroundTracker
 from titan_exp.train.loss import cross_entropy_loss
@@ -137,8 +136,10 @@ class _Optimizers:
             optimizer.zero_grad(set_to_none=True)
 
 
-def _pipeline(cfg: JobConfig, mesh: ParallelMesh, model: ModelParts, device: torch.device) -> Pipeline:
+def _pipeline(cfg: JobConfig, mesh: ParallelMesh, model: ModelParts, device: torch.device):
     """The schedule over this rank's stages, local_batch_size / microbatch_size microbatches a step."""
+    from titan_exp.parallel.pipeline import Pipeline  # ~0.5 s of import: only pipelined jobs pay it
+
     n_microbatches = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
     return Pipeline(
         model.parts,

@@ -1,7 +1,9 @@
-"""Apply tensor/sequence parallelism, activation checkpointing, compile and data parallelism
-(DDP / FSDP2 / HSDP) to a Llama 3 model that still lives on the meta device. Order matters (as in
+"""Cut a Llama 3 model that still lives on the meta device into pipeline stages, and apply tensor/
+sequence parallelism, activation checkpointing, compile and data parallelism (DDP / FSDP2 / HSDP). Order matters (as in
 torchtitan): TP turns the weights into DTensors on the tp mesh, checkpointing wraps the blocks,
 compile compiles the wrapped blocks, FSDP shards them over the data-parallel mesh last."""
+
+import copy
 
 import torch
 from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -20,6 +22,7 @@ from titan_exp.models.llama3.model import Transformer
 from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
 from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
 from titan_exp.parallel.mesh import ParallelMesh
+from titan_exp.parallel.stages import StagePlan
 from titan_exp.quantize.config import QuantizeConfig
 
 
@@ -122,3 +125,23 @@ def _enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> None:
 
     torch._inductor.config._micro_pipeline_tp = True
     enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+
+
+def split_into_stages(model: Transformer, plan: StagePlan, stage_ids: list[int]) -> list[Transformer]:
+    """Pipeline parallelism's cut: one copy of the (meta) model per stage, keeping only that stage's
+    layers; layer names are kept, so initialization and checkpoints address parameters exactly as in
+    the whole model."""
+    parts = []
+    for stage in stage_ids:
+        part = copy.deepcopy(model)
+        keep = {str(i) for i in plan.layers(stage, len(model.layers))}
+        for name in list(part.layers):
+            if name not in keep:
+                del part.layers[name]
+        if stage != 0:
+            part.tok_embeddings = None
+        if stage != plan.num_stages - 1:
+            part.norm = None
+            part.output = None
+        parts.append(part)
+    return parts

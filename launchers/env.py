@@ -3,8 +3,9 @@ MASTER_ADDR/PORT), whoever started it: torchrun, srun, or our own launch."""
 
 import os
 import socket
-import subprocess
 from dataclasses import dataclass
+
+from submitit.slurm.slurm import SlurmJobEnvironment
 
 
 @dataclass(frozen=True)
@@ -59,16 +60,10 @@ def _slurm_tasks_on_this_node() -> int:
 
 
 def export_slurm_environment() -> None:
-    """Set torch.distributed's variables from srun's, keeping any already set. Call once per rank:
-    it asks `scontrol` for the job's first host (the rendezvous address)."""
+    """Set torch.distributed's variables from srun's, keeping any already set: the job's first node
+    (SLURM_JOB_NODELIST, expanded by submitit) is the rendezvous address."""
     env = RankEnv.from_environ()
-    nodes = subprocess.run(
-        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    os.environ.setdefault("MASTER_ADDR", nodes[0])
+    os.environ.setdefault("MASTER_ADDR", SlurmJobEnvironment().hostnames[0])
     # Derived from the job id so that every task of the job agrees without talking first.
     os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
     for key, value in _as_variables(env).items():

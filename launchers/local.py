@@ -15,23 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import submitit
-from submitit.core.utils import pickle_load
 
 from launchers import signals
 from launchers.env import RankEnv, export, free_port
+from launchers.tasks import LogFollower, RankFailure, log_tail, read_result
 
 POLL_SECONDS = 0.1
 # After SIGINT, how long ranks get to finish what they were writing (rank 0 flushes its MLflow
 # queue) before SIGKILL.
 INTERRUPT_GRACE_SECONDS = 30.0
-# submitit's own log lines in each task's output; not worth echoing.
-_SUBMITIT_PREFIX = "submitit "
-
-
-class RankFailure(RuntimeError):
-    def __init__(self, rank: int, reason: str, log_path: Path):
-        self.rank, self.reason, self.log_path = rank, reason, log_path
-        super().__init__(f"rank {rank} failed: {reason} (log: {log_path})")
 
 
 def _pid_file_name(job_id: str, rank: int) -> str:
@@ -101,41 +93,26 @@ class _Supervisor:
     def __init__(self, job: submitit.local.local.LocalJob, nproc: int, folder: Path):
         self.job, self.nproc, self.folder = job, nproc, folder
         self.logs = [job.task(rank).paths.stdout for rank in range(nproc)]
-        self._offset = 0
-        self._partial = ""
+        self.rank0_output = LogFollower(self.logs[0], lambda line: print(line, flush=True))
 
     def run(self) -> Any:
         with signals.handled(_raise_interrupt, signal.SIGTERM):
             try:
                 while True:
-                    self._stream_rank0()
+                    self.rank0_output.poll()
                     failure = self._first_failure()
                     if failure:
                         raise failure
                     if self.job.done():
                         break
                     time.sleep(POLL_SECONDS)
-                self._stream_rank0()
+                self.rank0_output.poll()
                 failure = self._first_failure(final=True)
                 if failure:
                     raise failure
-                return pickle_load(self.job.task(0).paths.result_pickle)[1]
+                return read_result(0, self.job.task(0).paths.result_pickle, self.logs[0])[1]
             finally:
                 self._stop_all()
-
-    def _stream_rank0(self) -> None:
-        path = self.logs[0]
-        if not path.exists():
-            return
-        with path.open("r", errors="replace") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-            self._offset = f.tell()
-        lines = (self._partial + chunk).split("\n")
-        self._partial = lines.pop()
-        for line in lines:
-            if not line.startswith(_SUBMITIT_PREFIX):
-                print(line, flush=True)
 
     def _first_failure(self, final: bool = False) -> RankFailure | None:
         """The root cause among failed ranks, or None.
@@ -146,16 +123,15 @@ class _Supervisor:
         killed, raised = [], []
         for rank in range(self.nproc):
             result = self.job.task(rank).paths.result_pickle
-            if result.exists():
-                outcome, payload = pickle_load(result)
-                if outcome == "error":
-                    raised.append(
-                        (result.stat().st_mtime, RankFailure(rank, _last_line(str(payload)), self.logs[rank]))
-                    )
+            try:
+                if read_result(rank, result, self.logs[rank])[0]:
+                    continue
+            except RankFailure as failure:
+                raised.append((result.stat().st_mtime, failure))
                 continue
             pid_file = self.folder / _pid_file_name(self.job.job_id, rank)
             if (pid_file.exists() and not process_alive(int(pid_file.read_text()))) or final:
-                reason = f"exited without a result (killed by a signal?); {_tail(self.logs[rank])}"
+                reason = f"exited without a result (killed by a signal?); {log_tail(self.logs[rank])}"
                 killed.append(RankFailure(rank, reason, self.logs[rank]))
         if killed:
             return killed[0]
@@ -224,14 +200,3 @@ def process_alive(pid: int) -> bool:
     except (OSError, IndexError):  # gone, or going while being read
         return False
     return state not in ("Z", "X")
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "unknown error"
-
-
-def _tail(path: Path) -> str:
-    if not path.exists():
-        return "no log"
-    return _last_line(path.read_text(errors="replace")[-4000:])

@@ -27,3 +27,32 @@ def ignored(*signals: signal.Signals) -> contextlib.AbstractContextManager[None]
     """`signals` ignored while inside (processes started meanwhile inherit that): for what must
     not be cut short."""
     return handled(signal.SIG_IGN, *signals)
+
+
+class StopRequested(KeyboardInterrupt):
+    """The job was asked to stop (Slurm's SIGUSR2 ahead of its time limit, or a preemption) and its
+    ranks stopped together after `step`, its checkpoint saved if checkpointing is on."""
+
+    def __init__(self, step: int, signal_name: str):
+        self.step, self.signal_name = step, signal_name
+        super().__init__(f"{signal_name} at step {step}: the job was asked to stop (Slurm time limit or preemption)")
+
+
+# The signal that asked this process to stop, once one has (see stop_on).
+_stop_signal: signal.Signals | None = None
+
+
+def stop_on(sig: signal.Signals) -> None:
+    """From now on `sig` is remembered instead of acted on; the training loop asks stop_requested()
+    at each step and the ranks agree to stop together."""
+
+    def remember(signum: int, frame: object) -> None:
+        global _stop_signal
+        _stop_signal = signal.Signals(signum)
+
+    signal.signal(sig, remember)
+
+
+def stop_requested() -> str | None:
+    """The name of the signal that asked this process to stop, if one has."""
+    return _stop_signal.name if _stop_signal is not None else None

@@ -11,7 +11,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from launchers.local import RankFailure, launch_local, process_alive
+from launchers.local import launch_local, process_alive
+from launchers.tasks import RankFailure
 
 from conftest import REPO, mlflow_client, mlflow_runs, run_cli
 

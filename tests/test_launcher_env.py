@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from launchers.env import RankEnv, export, external_launcher
+from launchers.env import RankEnv, export, export_slurm_environment, external_launcher
 
 
 def test_nothing_set_is_a_world_of_one(placement_env):
@@ -45,3 +45,22 @@ def test_torchrun_variables_win_and_reading_changes_nothing(placement_env):
     assert external_launcher() == "torchrun"
     assert RankEnv.from_environ() == RankEnv(rank=1, local_rank=1, world_size=2, local_world_size=2)
     assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("10.0.0.1", "29500")
+
+
+def test_two_nodes_of_eight_tasks_each_find_their_rank_and_one_rendezvous(placement_env):
+    """What every task of a 2-node × 8-task Slurm job computes from the variables srun gives it."""
+    seen = []
+    for node in range(2):
+        for local in range(8):
+            rank = 8 * node + local
+            os.environ.clear()  # placement_env restores the whole environment afterwards
+            placement_env(
+                SLURM_JOB_ID=31337, SLURM_JOB_NODELIST="gpu-[017-018]", SLURM_STEP_ID=0, SLURM_NTASKS=16,
+                SLURM_STEP_TASKS_PER_NODE="8(x2)", SLURM_NODEID=node, SLURM_PROCID=rank, SLURM_LOCALID=local,
+            )  # fmt: skip
+            export_slurm_environment()
+            keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+            seen.append(tuple(os.environ[key] for key in keys))
+    assert [s[:2] for s in seen] == [(str(8 * n + r), str(r)) for n in range(2) for r in range(8)]
+    # One world, one rendezvous: the first node, a port every task derives from the job id alone.
+    assert {s[2:] for s in seen} == {("16", "8", "gpu-017", str(20000 + 31337 % 20000))}

@@ -6,6 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from launchers.devices import cpu_cores
+from titan_exp.config.check import SLURM_KEYS
 from titan_exp.config.resolve import resolve
 
 from conftest import compose_config
@@ -15,9 +16,14 @@ def resolved(overrides: list[str]):
     return resolve(OmegaConf.to_object(compose_config(overrides)))
 
 
+# Keys a local job's ranks never read: a sweep's (max_parallel) and launcher=slurm's.
+NOT_READ_BY_LOCAL_RANKS = {"max_parallel", *SLURM_KEYS}
+
+
 def _left_open(section) -> list[str]:
-    """Fields still -1 or 'auto'."""
-    return [f.name for f in dataclasses.fields(section) if getattr(section, f.name) in (-1, "auto")]
+    """Fields still -1 or 'auto' that a local job's ranks read."""
+    names = [f.name for f in dataclasses.fields(section) if f.name not in NOT_READ_BY_LOCAL_RANKS]
+    return [name for name in names if getattr(section, name) in (-1, "auto")]
 
 
 @pytest.mark.parametrize(
@@ -74,3 +80,21 @@ def test_dry_run_takes_the_world_as_spelled_out(placement_env):
 def test_paths_become_absolute(placement_env, tmp_path):
     cfg = resolved(["tracking.uri=sqlite:///outputs/x.db", "data.cache_dir=outputs/cache"])
     assert cfg.tracking.uri.startswith("sqlite:////") and cfg.data.cache_dir.startswith("/")
+
+
+@pytest.mark.parametrize(
+    "overrides,nproc,gpus,device,threads",
+    [
+        (["launcher.nodes=2", "launcher.gpus_per_node=8"], 8, 8, "cuda", 1),  # a rank per GPU
+        (["launcher.nodes=2", "launcher.nproc_per_node=4"], 4, 4, "cuda", 1),  # auto: GPU nodes
+        (["launcher.device=cpu", "launcher.nproc_per_node=2", "launcher.cpus_per_task=3"], 2, 0, "cpu", 3),
+        (["launcher.device=cpu", "parallelism=tp", "parallelism.tensor_parallel_degree=4"], 4, 0, "cpu", 1),
+    ],
+)
+def test_slurm_counts_come_from_the_config_not_this_machine(placement_env, overrides, nproc, gpus, device, threads):
+    cfg = resolved(["launcher=slurm", *overrides])
+    launcher = cfg.launcher
+    assert (launcher.nproc_per_node, launcher.gpus_per_node, launcher.device) == (nproc, gpus, device)
+    assert launcher.cpu_threads_per_rank == threads
+    assert cfg.parallelism.degrees() and -1 not in cfg.parallelism.degrees().values()
+    assert launcher.world_size == nproc * launcher.nodes

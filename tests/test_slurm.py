@@ -1,14 +1,20 @@
-"""Ranks started by srun on a real one-node Slurm cluster (Debian's slurm-wlm + munge) that this
-module starts and stops."""
+"""Slurm for real: a one-node cluster (Debian's slurm-wlm + munge) that this module starts and
+stops. Ranks started by srun, and jobs that titan_exp submits itself (launcher=slurm): the same loss
+curve as a local run, a job requeued after Slurm's warning signal that resumes in the same MLflow
+run, and jobs stopped from outside whose runs end with Slurm's word."""
 
 import os
+import re
 import subprocess
+import sys
+import time
 
 import pytest
+import torch
 
 from launchers.env import free_port
 
-from conftest import REPO, mlflow_runs
+from conftest import REPO, loss_curve, mlflow_client, mlflow_runs, run_cli
 
 pytestmark = pytest.mark.slurm
 
@@ -52,3 +58,101 @@ def test_srun_started_ranks_train_without_spawning_again(slurm_env, tmp_path, st
     assert run.info.status == "FINISHED"
     assert run.data.tags["launcher"] == "srun" and run.data.tags["world_size"] == "2"
     assert run.data.tags["slurm_job_id"].isdigit()
+
+
+# Deterministic FSDP over 2 CPU ranks; every step's loss is logged.
+JOB = [
+    "debug=deterministic", "data=synthetic", "training.seq_len=64", "training.local_batch_size=2",
+    "metrics.log_freq=1", "launcher.device=cpu", "launcher.nproc_per_node=2", "parallelism=fsdp",
+]  # fmt: skip
+SLURM = ["launcher=slurm", "launcher.timeout_min=10"]
+RTOL = 1e-4
+
+
+def _start(args: list[str], tmp_path, env: dict) -> subprocess.Popen:
+    """`python -m titan_exp ARGS` in the background, its output in tmp_path/out.txt."""
+    command = [sys.executable, "-m", "titan_exp", f"hydra.run.dir={tmp_path}/run", *args]
+    out = open(tmp_path / "out.txt", "w")
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(tmp_path, pattern: str, timeout: float = 120.0) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(pattern, (tmp_path / "out.txt").read_text(), re.M)
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"no {pattern!r} in: {(tmp_path / 'out.txt').read_text()[-3000:]}")
+
+
+def test_submitted_job_trains_the_same_curve_as_a_local_run(slurm_env, tmp_path, store):
+    uri, db = store
+    local = run_cli([*JOB, "training.steps=8", uri], tmp_path / "local", env=slurm_env)
+    assert local.returncode == 0, local.stderr[-3000:]
+    submitted = run_cli([*JOB, *SLURM, "training.steps=8", uri], tmp_path / "slurm", env=slurm_env)
+    assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
+    job_id = re.search(r"^Slurm job (\d+) submitted: 2 ranks, logs (\S+)", submitted.stdout, re.M)
+    assert job_id, submitted.stdout
+    assert "step     8" in submitted.stdout  # rank 0's lines streamed to the submitting terminal
+    local_run, slurm_run = mlflow_runs(db)
+    assert slurm_run.info.status == "FINISHED"
+    assert slurm_run.data.tags["launcher"] == "slurm" and slurm_run.data.tags["slurm_job_id"] == job_id.group(1)
+    torch.testing.assert_close(
+        loss_curve(db, slurm_run.info.run_id), loss_curve(db, local_run.info.run_id), rtol=RTOL, atol=0
+    )
+    rank_logs = [job_id.group(2).replace("<rank>", str(rank)) for rank in (0, 1)]
+    assert all(os.path.exists(log) for log in rank_logs)
+
+
+def test_warned_job_saves_requeues_and_resumes_in_the_same_run(slurm_env, tmp_path, store):
+    uri, db = store
+    steps = [
+        "training.steps=30",
+        "checkpoint=periodic",
+        f"checkpoint.folder={tmp_path}/ckpt",
+        "checkpoint.interval=100",
+    ]
+    reference = run_cli([*JOB, *steps[:1], uri], tmp_path / "reference", env=slurm_env)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    job = _start([*JOB, *SLURM, *steps, uri], tmp_path, slurm_env)
+    job_id = _wait_for(tmp_path, r"^Slurm job (\d+) submitted").group(1)
+    _wait_for(tmp_path, r"^step     5 ")
+    # What Slurm sends signal_delay_s ahead of the time limit, or on preemption.
+    subprocess.run(["scancel", "--signal=USR2", job_id], env=slurm_env, check=True)
+    assert job.wait(timeout=300) == 0, (tmp_path / "out.txt").read_text()[-3000:]
+    out = (tmp_path / "out.txt").read_text()
+    stopped_at = int(re.search(r"ranks stopped after step (\d+); requeued", out).group(1))
+    assert 5 <= stopped_at < 30 and f"resumed from {tmp_path}/ckpt/step-{stopped_at}" in out
+    reference_run, run = mlflow_runs(db)
+    assert run.info.status == "FINISHED" and run.data.tags["slurm_job_id"] == job_id
+    steps_logged = [m.step for m in mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg")]
+    assert sorted(steps_logged) == list(range(1, 31))  # every step once, across both runs of the job
+    torch.testing.assert_close(
+        loss_curve(db, run.info.run_id), loss_curve(db, reference_run.info.run_id), rtol=RTOL, atol=0
+    )
+
+
+@pytest.mark.parametrize(
+    "scancel",
+    [
+        [],  # SIGTERM to every task: rank 0 records KILLED before Slurm's KillWait runs out
+        ["--signal=KILL"],  # no word from rank 0: the submitting process closes the run
+    ],
+    ids=["scancel", "scancel_signal_kill"],
+)
+def test_job_stopped_from_outside_never_stays_running(slurm_env, tmp_path, store, scancel):
+    uri, db = store
+    job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
+    job_id = _wait_for(tmp_path, r"^Slurm job (\d+) submitted").group(1)
+    _wait_for(tmp_path, r"^step     3 ")
+    subprocess.run(["scancel", *scancel, job_id], env=slurm_env, check=True)
+    assert job.wait(timeout=180) == 1, (tmp_path / "out.txt").read_text()[-3000:]
+    [run] = mlflow_runs(db)
+    # Slurm's final state of the job is the reason.
+    assert run.info.status == "KILLED", run.data.tags
+    assert f"Slurm job {job_id} CANCELLED" in run.data.tags["failure_reason"], run.data.tags
+    assert (
+        subprocess.run(["squeue", "-h", "-j", job_id], env=slurm_env, capture_output=True, text=True).stdout.strip()
+        == ""
+    )

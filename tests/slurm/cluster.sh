@@ -35,7 +35,8 @@ ClusterName=titanexp
 SlurmctldHost=$host
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket
+# cred_expire: a requeued job may start again cred_expire + 1 s later (Slurm default 120 s).
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres

@@ -105,9 +105,15 @@ class TrainCheckpointer:
             scheduler.load_state_dict(state["lr_scheduler"])
         return int(state["step"])
 
-    def maybe_save(self, step: int, last_step: int, is_writer: bool) -> None:
+    def maybe_save(self, step: int, last_step: int, is_writer: bool) -> bool:
+        """Save every cfg.interval steps and at the last step; returns whether it saved."""
         if not self.cfg.enable or (step % self.cfg.interval and step != last_step):
-            return
+            return False
+        self.save(step, is_writer)
+        return True
+
+    def save(self, step: int, is_writer: bool) -> None:
+        """Save `step` now (every rank takes part); `is_writer` prunes old step folders."""
         dcp.save(self._merged(self._part_states(), step), checkpoint_id=str(step_dir(self.cfg.folder, step)))
         if is_writer and self.cfg.keep_latest_k > 0:
             self._prune()

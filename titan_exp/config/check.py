@@ -229,15 +229,91 @@ def check_comm_mode(mode: str) -> None:
     _choice("debug.comm_mode (or COMM_MODE)", mode, COMM_MODES)
 
 
-def check_launcher(launcher: LauncherConfig, spawned_here: bool) -> None:
-    """The launcher's own keys; `spawned_here`: our launcher starts the ranks (not torchrun or srun)."""
-    _choice("launcher.name", launcher.name, ("local",))
+# Keys that only launcher=slurm reads.
+SLURM_KEYS = (
+    "gpus_per_node", "cpus_per_task", "mem_gb", "partition", "account", "qos", "constraint", "signal_delay_s",
+    "max_num_timeout", "setup", "srun_args", "additional_parameters", "submit", "wait", "array_parallelism",
+)  # fmt: skip
+
+
+def check_launcher(launcher: LauncherConfig, started_by: str | None, dry_run: bool = False) -> None:
+    """The launcher's own keys; `started_by`: torchrun or srun when this process is one rank of a
+    job they started, None when titan_exp places the ranks (or, with `dry_run`, places nothing)."""
+    _choice("launcher.name", launcher.name, ("local", "slurm"))
     _choice("launcher.device", launcher.device, ("auto", "cpu", "cuda"))
     if launcher.nproc_per_node == 0 or launcher.nproc_per_node < -1:
         raise ConfigError("launcher.nproc_per_node", launcher.nproc_per_node, "must be a positive count or -1 (auto)")
-    if spawned_here and launcher.nodes != 1:
+    if launcher.max_parallel == 0 or launcher.max_parallel < -1:
+        raise ConfigError(
+            "launcher.max_parallel", launcher.max_parallel, "must be a positive count or -1 (as many as fit)"
+        )
+    if launcher.name == "slurm":
+        check_slurm(launcher, None if dry_run else started_by)
+        return
+    defaults = LauncherConfig()
+    for key in SLURM_KEYS:
+        if getattr(launcher, key) != getattr(defaults, key):
+            raise ConfigError(
+                f"launcher.{key}", getattr(launcher, key), "is read by launcher=slurm only; add launcher=slurm"
+            )
+    if started_by is None and not dry_run and launcher.nodes != 1:
         raise ConfigError(
             "launcher.nodes", launcher.nodes, "launcher=local runs on this machine only; set launcher.nodes=1"
+        )
+
+
+def check_slurm(launcher: LauncherConfig, started_by: str | None) -> None:
+    if started_by:
+        raise ConfigError(
+            "launcher",
+            "slurm",
+            f"submits a Slurm job of its own, but this process is already one rank of a {started_by} job; "
+            "drop launcher=slurm there (or submit from outside the job step)",
+        )
+    _positive("launcher.nodes", launcher.nodes)
+    _positive("launcher.timeout_min", launcher.timeout_min)
+    if not 0 <= launcher.signal_delay_s < 60 * launcher.timeout_min:
+        raise ConfigError(
+            "launcher.signal_delay_s",
+            launcher.signal_delay_s,
+            f"must lie in [0, launcher.timeout_min × 60 = {60 * launcher.timeout_min}) seconds: "
+            "the warning comes that long before the time limit",
+        )
+    if launcher.max_num_timeout < 0:
+        raise ConfigError("launcher.max_num_timeout", launcher.max_num_timeout, "must be >= 0")
+    _positive("launcher.array_parallelism", launcher.array_parallelism)
+    if launcher.gpus_per_node < -1:
+        raise ConfigError("launcher.gpus_per_node", launcher.gpus_per_node, "must be >= 0 or -1 (one per rank)")
+    for key in ("cpus_per_task", "mem_gb"):
+        if getattr(launcher, key) is not None:
+            _positive(f"launcher.{key}", getattr(launcher, key))
+
+
+def check_slurm_ranks(launcher: LauncherConfig, degrees_product: int | None) -> None:
+    """launcher=slurm with nproc_per_node=-1 needs GPUs per node, or degrees that say how many ranks;
+    and a cuda job one GPU per rank on each node."""
+    if launcher.nproc_per_node == -1 and launcher.gpus_per_node <= 0:
+        if degrees_product is None:
+            raise ConfigError(
+                "launcher.nproc_per_node",
+                -1,
+                "launcher=slurm cannot count a node's devices from here; set launcher.nproc_per_node "
+                "(or launcher.gpus_per_node, or every parallel degree)",
+            )
+        if degrees_product % launcher.nodes:
+            raise ConfigError(
+                "launcher.nodes",
+                launcher.nodes,
+                f"does not divide the degrees' product {degrees_product}; set launcher.nproc_per_node",
+            )
+    if launcher.device == "cpu" and launcher.gpus_per_node > 0:
+        raise ConfigError(
+            "launcher.gpus_per_node", launcher.gpus_per_node, "launcher.device=cpu takes no GPUs; set it to 0"
+        )
+    gpus, nproc = launcher.gpus_per_node, launcher.nproc_per_node
+    if launcher.device != "cpu" and gpus > 0 and nproc > gpus:
+        raise ConfigError(
+            "launcher.nproc_per_node", nproc, f"exceeds launcher.gpus_per_node={gpus}: each rank needs its own GPU"
         )
 
 

@@ -28,7 +28,7 @@ def resolve(cfg: JobConfig) -> JobConfig:
         _place(cfg)
     else:
         # A dry run is one process on this CPU playing rank 0 of the world the launcher spells out.
-        check.check_launcher(cfg.launcher, spawned_here=False)
+        check.check_launcher(cfg.launcher, started_by=None, dry_run=True)
         check.check_dry_run_world(cfg.launcher)
         cfg.launcher.device = "cpu"
     _fill_degrees(cfg)
@@ -48,11 +48,19 @@ def resolve(cfg: JobConfig) -> JobConfig:
 
 def _place(cfg: JobConfig) -> None:
     """Rank counts, device and threads of a real job, written into cfg.launcher."""
-    launcher = cfg.launcher
     started_by = external_launcher()
-    check.check_launcher(launcher, spawned_here=started_by is None)
+    check.check_launcher(cfg.launcher, started_by)
+    if cfg.launcher.name == "slurm":
+        _place_on_slurm(cfg)
+    else:
+        _place_here(cfg, started_by)
+
+
+def _place_here(cfg: JobConfig, started_by: str | None) -> None:
+    """On this machine: our launcher's ranks, or this process as one rank of torchrun's or srun's."""
+    launcher = cfg.launcher
     gpus = visible_gpus() if launcher.device != "cpu" else 0
-    if started_by:  # this process is one rank of a job that torchrun or srun placed
+    if started_by:
         env = RankEnv.from_environ()
         nproc, nodes = env.local_world_size, env.world_size // env.local_world_size
     else:
@@ -64,6 +72,25 @@ def _place(cfg: JobConfig) -> None:
         # torchrun and srun set OMP_NUM_THREADS for their ranks; our launcher shares the cores out.
         inherited = os.environ.get("OMP_NUM_THREADS") if started_by else None
         launcher.cpu_threads_per_rank = int(inherited) if inherited else max(1, cpu_cores() // nproc)
+
+
+def _place_on_slurm(cfg: JobConfig) -> None:
+    """A Slurm job's nodes are not this machine: counts come from the config alone. Ranks per node:
+    launcher.nproc_per_node, else one per GPU of launcher.gpus_per_node, else the degrees' product
+    over the nodes; device auto is cuda unless launcher.gpus_per_node=0."""
+    launcher = cfg.launcher
+    degrees = cfg.parallelism.degrees().values()
+    degrees_product = None if -1 in degrees else math.prod(degrees)
+    check.check_slurm_ranks(launcher, degrees_product)
+    if launcher.device == "auto":
+        launcher.device = "cpu" if launcher.gpus_per_node == 0 else "cuda"
+    if launcher.nproc_per_node == -1:
+        gpus = launcher.gpus_per_node
+        launcher.nproc_per_node = gpus if gpus > 0 else degrees_product // launcher.nodes
+    if launcher.gpus_per_node == -1:
+        launcher.gpus_per_node = launcher.nproc_per_node if launcher.device == "cuda" else 0
+    if launcher.cpu_threads_per_rank == -1:
+        launcher.cpu_threads_per_rank = launcher.cpus_per_task or 1
 
 
 def _ranks_per_node(cfg: JobConfig, gpus: int) -> int:

@@ -4,6 +4,7 @@ Components' own sections sit next to their code (models/llama3/args.py, parallel
 optim/config.py, data/, quantize/, checkpoint/, tracking/). Key names are torchtitan's and torchrun's."""
 
 from dataclasses import dataclass, field
+from typing import Any, Optional
 
 
 @dataclass
@@ -37,20 +38,51 @@ class DebugConfig:
 
 @dataclass
 class LauncherConfig:
-    """Where the rank processes run. The resolved config (config/resolve.py) holds the real counts:
-    no -1 and no `auto` is left for the ranks to work out."""
+    """Where the rank processes run: this machine (`local`, or inside torchrun/srun) or a Slurm job
+    that titan_exp submits (`slurm`; Slurm's own words for its keys). The resolved config
+    (config/resolve.py) holds the real counts: no -1 and no `auto` is left for the ranks to work out."""
 
+    # local | slurm
     name: str = "local"
     # -1: the product of the parallel degrees when none of them is -1; otherwise every visible GPU,
-    # or 2 CPU ranks on a machine without one.
+    # or 2 CPU ranks on a machine without one (slurm: launcher.gpus_per_node).
     nproc_per_node: int = -1
     nodes: int = 1
-    # auto | cpu | cuda
+    # auto | cpu | cuda (slurm: auto means cuda unless launcher.gpus_per_node=0)
     device: str = "auto"
-    # Wall-clock limit of the job; submitit kills the ranks past it.
+    # Wall-clock limit of the job (slurm: its --time); the ranks are killed past it.
     timeout_min: int = 24 * 60
-    # Per-rank intra-op threads on CPU; -1: the host's cores shared evenly among the local ranks.
+    # Per-rank intra-op threads on CPU; -1: the host's cores shared evenly among the local ranks
+    # (slurm: launcher.cpus_per_task, or 1).
     cpu_threads_per_rank: int = -1
+    # Sweep points running side by side (-m): -1 as many as fit.
+    max_parallel: int = -1
+
+    # launcher=slurm only.
+    # -1: one GPU per rank with device=cuda, none with device=cpu.
+    gpus_per_node: int = -1
+    cpus_per_task: Optional[int] = None
+    mem_gb: Optional[float] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    # Slurm sends SIGUSR2 this long before the time limit: the ranks stop together at the next step,
+    # save a checkpoint and requeue the job, which resumes in the same MLflow run.
+    signal_delay_s: int = 120
+    # How many times a job that reached its time limit is requeued.
+    max_num_timeout: int = 3
+    # Shell lines run in the batch script before the ranks start (module load, conda activate, ...).
+    setup: list[str] = field(default_factory=list)
+    # Extra arguments of the srun that starts the ranks, and any other sbatch option (name: value).
+    srun_args: list[str] = field(default_factory=list)
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    # false: print the batch script that would be submitted, submit nothing.
+    submit: bool = True
+    # false: return once the job is submitted (its log paths are printed).
+    wait: bool = True
+    # Sweep points submitted at once (queued or running), at most.
+    array_parallelism: int = 256
 
     @property
     def world_size(self) -> int:

@@ -1,10 +1,12 @@
 """The launching side of one job: run a resolved config (config/resolve.py) as a dry run in this
-process, as this process's own rank (under torchrun or srun), or as rank processes placed by our
-launcher; prepare the store first and record the outcome of a job whose ranks died. Torch-free:
+process, as this process's own rank (under torchrun or srun), as rank processes placed by our local
+launcher, or as a Slurm job we submit and follow; prepare the store first and record the outcome of
+a job whose ranks died. Torch-free:
 torch is imported by the ranks (and by the dry runs, which are the job's work)."""
 
 from pathlib import Path
 
+from launchers import slurm
 from launchers.env import external_launcher
 from launchers.local import launch_local
 from titan_exp.config.schema import JobConfig
@@ -24,6 +26,8 @@ def run_job(cfg: JobConfig, job_dir: Path) -> dict[str, float]:
     """
     if cfg.debug.comm_mode != "real":
         return _dry_run(cfg)
+    if cfg.launcher.name == "slurm":
+        return _run_on_slurm(cfg, job_dir)
     started_by = external_launcher()
     ctx = RunContext(job_dir=str(job_dir), started_by=started_by or cfg.launcher.name)
     if started_by:
@@ -43,6 +47,61 @@ def run_job(cfg: JobConfig, job_dir: Path) -> dict[str, float]:
     except BaseException as err:
         if cfg.tracking.enable:
             close_run_from_outside(cfg.tracking, ctx.run_id_file, run_name(cfg), run_tags(cfg, ctx.started_by), err)
+        raise
+
+
+class StoppedBySlurm(RuntimeError):
+    """The Slurm job stopped early for good (time limit or preemption, nothing to resume from)."""
+
+    interrupted = True  # its run ends KILLED
+
+
+def slurm_job_spec(cfg: JobConfig) -> slurm.SlurmJobSpec:
+    """What a resolved config asks Slurm for."""
+    launcher = cfg.launcher
+    return slurm.SlurmJobSpec(
+        job_name="titan_exp:" + run_name(cfg).replace("·", "-"),
+        nodes=launcher.nodes,
+        tasks_per_node=launcher.nproc_per_node,
+        timeout_min=launcher.timeout_min,
+        gpus_per_node=launcher.gpus_per_node,
+        cpus_per_task=launcher.cpus_per_task,
+        mem_gb=launcher.mem_gb,
+        partition=launcher.partition,
+        account=launcher.account,
+        qos=launcher.qos,
+        constraint=launcher.constraint,
+        signal_delay_s=launcher.signal_delay_s,
+        setup=tuple(launcher.setup),
+        srun_args=tuple(launcher.srun_args),
+        additional_parameters=dict(launcher.additional_parameters),
+        threads_per_task=launcher.cpu_threads_per_rank,
+    )
+
+
+def _run_on_slurm(cfg: JobConfig, job_dir: Path) -> dict[str, float]:
+    """Submit the job (or only print its batch script: launcher.submit=false), then follow it to
+    its end unless launcher.wait=false."""
+    spec, folder = slurm_job_spec(cfg), job_dir / "slurm"
+    if not cfg.launcher.submit:
+        print(slurm.batch_script(spec, folder), end="", flush=True)
+        return {}
+    if cfg.tracking.enable:
+        ensure_store(cfg.tracking)
+    ctx = RunContext(job_dir=str(job_dir), started_by="slurm")
+    job = slurm.submit(run_rank, (cfg, ctx), spec, folder)
+    logs = job.folder / f"{job.job_id}_<rank>_log.out"
+    print(f"Slurm job {job.job_id} submitted: {spec.nodes * spec.tasks_per_node} ranks, logs {logs}", flush=True)
+    if not cfg.launcher.wait:
+        return {}
+    try:
+        result = slurm.wait(job, lambda line: print(line, flush=True))
+        if "stopped" in result:
+            raise StoppedBySlurm(result["stopped"])
+        return result
+    except BaseException as err:
+        if cfg.tracking.enable:
+            close_run_from_outside(cfg.tracking, ctx.run_id_file, run_name(cfg), run_tags(cfg, "slurm"), err)
         raise
 
 

@@ -1,25 +1,82 @@
-"""What every rank process runs first, whoever started it (our launcher, torchrun, srun): take its
-place in the job from the environment, start rank 0's MLflow writer, then import torch and train.
+"""What every rank process runs first, whoever started it (our launcher, a Slurm job we submitted,
+torchrun, srun): take its place in the job from the environment, start rank 0's MLflow writer, then
+import torch and train. When Slurm stops the job (time limit, preemption), it is requeued to resume
+from its checkpoint in the same MLflow run, or its run ends KILLED.
 
 Torch-free at import: the launching process imports this module to hand `run_rank` to the
 launcher, and rank 0 starts its writer before torch is loaded (see tracking/writer.py)."""
 
 import contextlib
+import os
+import time
+from pathlib import Path
 
 from launchers.env import RankEnv, export_slurm_environment
+from launchers.signals import StopRequested
+from launchers.slurm import requeue_this_job
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.context import RunContext
-from titan_exp.job.tracked_run import tracked_run
+from titan_exp.job.tracked_run import LeaveRunOpen, tracked_run
 
 
-def run_rank(args: tuple[JobConfig, RunContext]) -> dict[str, float]:
-    """A rank's body; returns its last logged metrics (rank 0's are the job's)."""
+def run_rank(args: tuple[JobConfig, RunContext]) -> dict[str, object]:
+    """A rank's body; returns its last logged metrics (rank 0's are the job's), or {"stopped":
+    reason} when Slurm stopped the job for good (see _after_stop)."""
     cfg, ctx = args
+    started = time.monotonic()
     if ctx.started_by == "srun":
         export_slurm_environment()  # torch.distributed reads RANK, MASTER_ADDR, ... from here on
     env = RankEnv.from_environ()
     tracking = env.rank == 0 and cfg.tracking.enable
-    with tracked_run(cfg, ctx) if tracking else contextlib.nullcontext() as tracker:
-        from titan_exp.train.trainer import train  # torch, after the writer has started
+    try:
+        with tracked_run(cfg, ctx, _run_to_resume(ctx)) if tracking else contextlib.nullcontext() as tracker:
+            from titan_exp.train.trainer import train  # torch, after the writer has started
 
-        return train(cfg, env, tracker)
+            try:
+                return train(cfg, env, tracker)
+            except StopRequested as stop:
+                raise _after_stop(cfg, ctx, stop, time.monotonic() - started, env.rank == 0) from None
+    except Requeued as requeued:
+        if env.rank == 0:  # last: the requeue ends this run of the job
+            print(f"titan_exp: {requeued}", flush=True)
+            requeue_this_job()
+        return {}
+    except StoppedBySlurm as stopped:  # rank 0's run ended KILLED with the reason
+        return {"stopped": str(stopped)}
+
+
+class Requeued(LeaveRunOpen):
+    """The job goes back in Slurm's queue and resumes from its checkpoint, in the same MLflow run."""
+
+
+class StoppedBySlurm(KeyboardInterrupt):
+    """Slurm stopped the job (time limit, preemption) and it cannot resume: its run ends KILLED."""
+
+
+def _after_stop(cfg: JobConfig, ctx: RunContext, stop: StopRequested, elapsed_s: float, is_rank0: bool) -> Exception:
+    """Requeued if the job can resume (a checkpoint, and requeues for timeouts left), else StoppedBySlurm.
+    A stop counts as a time limit once the job has run as long as submitit says a timeout takes
+    (the lesser of 80% of the limit and the limit less 10 minutes); earlier, as a preemption."""
+    limit_s = 60 * cfg.launcher.timeout_min
+    kind = "TIMEOUT" if elapsed_s >= min(0.8 * limit_s, limit_s - 600) else "PREEMPTED"
+    what = f"{kind}: Slurm sent {stop.signal_name} and the ranks stopped after step {stop.step}"
+    if not cfg.checkpoint.enable:
+        return StoppedBySlurm(f"{what}; checkpoint.enable=false, so there is nothing to resume from")
+    if kind == "TIMEOUT":
+        counter = Path(ctx.job_dir) / "slurm_timeouts"
+        used = int(counter.read_text()) if counter.exists() else 0
+        if used >= cfg.launcher.max_num_timeout:
+            return StoppedBySlurm(
+                f"{what}; requeued for its time limit {used} times already (launcher.max_num_timeout)"
+            )
+        if is_rank0:
+            counter.write_text(str(used + 1))
+    return Requeued(f"{what}; requeued to resume from its checkpoint")
+
+
+def _run_to_resume(ctx: RunContext) -> str | None:
+    """The MLflow run a requeued Slurm job goes on writing: the one its first run created."""
+    restarted = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
+    if ctx.started_by == "slurm" and restarted and ctx.run_id_file.exists():
+        return ctx.run_id_file.read_text().strip()
+    return None

@@ -19,19 +19,29 @@ from titan_exp.tracking.run_log import run_log
 from titan_exp.tracking.writer import BackgroundTracker, interrupts_ignored
 
 
+class LeaveRunOpen(Exception):
+    """Raised through tracked_run: the writer is closed without ending the run, which a later run
+    of the same job goes on writing (a requeued Slurm job)."""
+
+
 @contextlib.contextmanager
-def tracked_run(cfg: JobConfig, ctx: RunContext) -> Iterator[BackgroundTracker]:
-    """The writer of this job's run while inside. Leaving normally ends the run FINISHED; an
-    exception ends it FAILED (KILLED for an interrupt or a SIGTERM) with the reason, after the
-    traceback and the log so far are recorded. The writer is closed on every way out: one left
-    open would hold up the interpreter's exit."""
+def tracked_run(cfg: JobConfig, ctx: RunContext, resume_run_id: str | None = None) -> Iterator[BackgroundTracker]:
+    """The writer of this job's run while inside (`resume_run_id`: of that unfinished run). Leaving
+    normally ends the run FINISHED; an exception ends it FAILED (KILLED for an interrupt or a
+    SIGTERM) with the reason, after the traceback and the log so far are recorded, LeaveRunOpen
+    leaves it running. The writer is closed on every way out: one left open would hold up the
+    interpreter's exit."""
     with run_log(ctx.run_log_file) as log_copy, _sigterm_raises():
         tags = run_tags(cfg, ctx.started_by)
-        tracker = BackgroundTracker(cfg.tracking, run_name(cfg), tags, ctx.run_id_file)
+        tracker = BackgroundTracker(cfg.tracking, run_name(cfg), tags, ctx.run_id_file, resume_run_id)
         status, reason = "FINISHED", None
         try:
-            _queue_config(tracker, cfg, ctx)
+            if resume_run_id is None:  # a resumed run has its config already
+                _queue_config(tracker, cfg, ctx)
             yield tracker
+        except LeaveRunOpen:
+            status = None
+            raise
         except BaseException as err:
             status, reason = outcome(err)
             with interrupts_ignored(), contextlib.suppress(OSError):

@@ -91,8 +91,10 @@ def _chunks(items: list, size: int) -> list[list]:
 
 
 def outcome(err: BaseException) -> tuple[str, str]:
-    """(MLflow status, failure reason) of a run that `err` ended: KILLED when interrupted, else FAILED."""
-    status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+    """(MLflow status, failure reason) of a run that `err` ended: KILLED when interrupted (Ctrl-C,
+    SIGTERM, an error that says `interrupted`, such as a cancelled Slurm job), else FAILED."""
+    interrupted = isinstance(err, KeyboardInterrupt) or getattr(err, "interrupted", False)
+    status = "KILLED" if interrupted else "FAILED"
     return status, f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 

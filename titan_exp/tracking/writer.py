@@ -19,6 +19,10 @@ from titan_exp.tracking.run import MlflowRun
 from titan_exp.tracking.store import is_store_busy
 from titan_exp.tracking.system_metrics import start_system_metrics, stop_system_metrics
 
+# Launchers signal every process of a job, not only the ranks: Ctrl-C (SIGINT), torchrun, scancel
+# and Slurm's time limit (SIGTERM), Slurm's warning ahead of the limit or a preemption (SIGUSR2,
+# whose default action is to terminate). Rank 0 decides what they mean for its run.
+JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 # The writer sends the metrics that arrived within this many seconds as one batch: every log step
 # is recorded, with far fewer store transactions (each costs milliseconds of CPU) than one per step.
 _METRICS_FLUSH_SECONDS = 2.0
@@ -45,16 +49,28 @@ class BackgroundTracker:
     does, and a SIGKILLed rank 0 leaves it RUNNING).
     """
 
-    def __init__(self, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None):
+    def __init__(
+        self,
+        cfg: TrackingConfig,
+        run_name: str,
+        tags: dict[str, str],
+        run_id_file: Path | None,
+        resume_run_id: str | None = None,
+    ):
+        """`resume_run_id`: go on writing that (unfinished) run instead of creating one, e.g. after
+        the job was requeued."""
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied torch or process-group state
-        self._queue = context.Queue()
-        self._process = context.Process(
-            target=_write_run,
-            args=(self._queue, cfg, run_name, tags, run_id_file, os.getpid()),
-            name="mlflow-tracker",
-            daemon=True,
-        )
-        self._process.start()
+        # Started with the job-wide signals ignored, which the writer and multiprocessing's resource
+        # tracker (started with the queue) keep across exec: they die with rank 0 instead.
+        with signals.ignored(*JOB_SIGNALS):
+            self._queue = context.Queue()
+            self._process = context.Process(
+                target=_write_run,
+                args=(self._queue, cfg, run_name, tags, run_id_file, resume_run_id, os.getpid()),
+                name="mlflow-tracker",
+                daemon=True,
+            )
+            self._process.start()
 
     def log_params(self, params: dict[str, object]) -> None:
         self._queue.put(("log_params", (params,)))
@@ -77,10 +93,12 @@ class BackgroundTracker:
         finally:
             os.kill(self._process.pid, signal.SIGCONT)
 
-    def close(self, status: str, reason: str | None = None) -> None:
-        """Write everything queued, end the run with `status`, and wait for the writer."""
+    def close(self, status: str | None, reason: str | None = None) -> None:
+        """Write everything queued, end the run with `status` (None: leave it running, for a job that
+        goes on later), and wait for the writer."""
         os.kill(self._process.pid, signal.SIGCONT)  # in case an interrupt came between pause and resume
-        self._queue.put(("finish", (status, reason)))
+        if status is not None:
+            self._queue.put(("finish", (status, reason)))
         self._queue.put(_STOP)
         with interrupts_ignored():
             self._process.join()
@@ -97,17 +115,22 @@ def interrupts_ignored() -> contextlib.AbstractContextManager[None]:
 
 
 def _write_run(
-    calls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], run_id_file: Path | None, parent_pid: int
+    calls,
+    cfg: TrackingConfig,
+    run_name: str,
+    tags: dict[str, str],
+    run_id_file: Path | None,
+    resume_run_id: str | None,
+    parent_pid: int,
 ) -> None:
     """The writer process's body."""
     _die_with_parent(parent_pid)
-    # Launchers signal the whole process group (torchrun, Slurm: SIGTERM; Ctrl-C: SIGINT): the rank
-    # decides when writing ends (close), and the writer dies with it anyway.
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # The rank decides when writing ends (close), and the writer dies with it anyway.
+    for sig in JOB_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     error, monitor = None, None
     try:
-        run = MlflowRun.create(cfg, run_name, tags)
+        run = MlflowRun(cfg.uri, resume_run_id) if resume_run_id else MlflowRun.create(cfg, run_name, tags)
     except Exception:
         error, run = _last_line(traceback.format_exc()), None
     if run is not None:
@@ -124,12 +147,15 @@ def _write_run(
             continue  # drain, so the training loop's queue never fills up
         if method == "finish" and monitor is not None:
             stop_system_metrics(monitor)
+            monitor = None
         try:
             getattr(run, method)(*args)
         except Exception as err:
             error = error or _last_line(traceback.format_exc())
             if is_store_busy(err):
                 run = None  # busy past the retry window: give up rather than wait that long per call
+    if monitor is not None:  # the run goes on later (no finish): stop sampling all the same
+        stop_system_metrics(monitor)
     if error:
         print(f"titan_exp: tracking failed, the run's MLflow record is incomplete: {error}", flush=True)
 

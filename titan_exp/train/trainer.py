@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from launchers.env import RankEnv
+from launchers.signals import StopRequested, stop_requested
 from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model, step_dir
 from titan_exp.config.schema import JobConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
@@ -52,13 +53,19 @@ def train(cfg: JobConfig, env: RankEnv, tracker: BackgroundTracker | None = None
 
 
 def select_device(device: str, local_rank: int) -> torch.device:
-    """`device`: cuda or cpu (resolved by config/resolve.py); one GPU per local rank."""
+    """`device`: cuda or cpu (resolved by config/resolve.py); one GPU per local rank (the GPU of
+    the local rank's index among those visible, or the only one visible)."""
     if device != "cuda":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError("launcher.device=cuda but torch sees no CUDA device; use launcher.device=cpu")
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
+    visible = torch.cuda.device_count()
+    # Slurm may bind each task to a GPU of its own (one CUDA_VISIBLE_DEVICES entry): then it is cuda:0.
+    index = 0 if visible == 1 else local_rank
+    if index >= visible:
+        raise RuntimeError(f"local rank {local_rank} has no GPU of its own: {visible} visible")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def set_determinism(seed: int, deterministic: bool) -> None:
@@ -205,6 +212,8 @@ def _train_steps(
         meter = ThroughputMeter(facts["derived/flops_per_token"], mfu_peak, dims.non_data_parallel_size, device)
 
     params = model.parameters
+    # Slurm warns a job ahead of its time limit (or preemption) with a signal: see _stop_agreed.
+    watch_stop = cfg.launcher.name == "slurm"
     last: dict[str, float] = {}
     for step in range(resumed_step + 1, t.steps + 1):
         step_loss, data_seconds = forward_backward(step)
@@ -228,8 +237,21 @@ def _train_steps(
                 if tracker:  # queued before printed: a step on the console is a step in the run
                     tracker.log_metrics(step, last)
                 print(format_line(step, last), flush=True)
-        checkpointer.maybe_save(step, t.steps, is_writer=env.rank == 0)
+        saved = checkpointer.maybe_save(step, t.steps, is_writer=env.rank == 0)
+        if watch_stop and step < t.steps and _stop_agreed(device):
+            if cfg.checkpoint.enable and not saved:
+                checkpointer.save(step, is_writer=env.rank == 0)
+            raise StopRequested(step, stop_requested() or "a peer's signal")
     return last
+
+
+def _stop_agreed(device: torch.device) -> bool:
+    """Whether any rank has been asked to stop (launchers/signals.py), agreed by every rank at the
+    same step boundary (one tiny all-reduce), so that they save and stop together."""
+    flag = torch.tensor(1 if stop_requested() else 0, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _log0(env: RankEnv, message: str) -> None:

@@ -1,0 +1,228 @@
+"""Rank processes as one Slurm job, submitted through submitit's Slurm executor: `tasks_per_node`
+tasks on each of `nodes` nodes, one task per rank, started by the srun of the batch script that
+submitit writes. The submitting process can print that script instead (no Slurm needed), or submit
+the job and follow it: rank 0's output streamed, the job's state read from slurmctld (`scontrol`,
+which needs no accounting database), its result returned or its end raised.
+
+Inside the job each task takes its torch.distributed environment from Slurm (launchers/env.py: the
+first node's address, a port derived from the job id) and keeps CUDA_VISIBLE_DEVICES as Slurm binds
+it. SIGTERM (scancel, the time limit) is left to act, where submitit would ignore it, and SIGUSR2
+(sent signal_delay_s ahead of the time limit, or on preemption) asks the ranks to stop at their
+next step (launchers/signals.py); `requeue_this_job` then puts the job back in the queue.
+"""
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.core.utils import JobPaths
+from submitit.slurm.slurm import _make_sbatch_string
+
+from launchers import signals
+from launchers.env import export_slurm_environment
+from launchers.tasks import LogFollower, RankFailure, log_tail, read_result
+
+POLL_SECONDS = 1.0
+# After a Ctrl-C, how long the submitting process waits for the cancelled job to end (Slurm gives
+# its tasks KillWait, 30 s by default, between SIGTERM and SIGKILL).
+CANCEL_GRACE_SECONDS = 90.0
+# Job states after which Slurm runs nothing more of the job (REQUEUED, PENDING etc. are not final).
+FINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
+# Final states that mean the job was stopped from outside rather than failing by itself.
+STOPPED_STATES = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"})
+
+
+@dataclass(frozen=True)
+class SlurmJobSpec:
+    """What the job asks Slurm for, in sbatch's words; None and empty leave Slurm's default."""
+
+    job_name: str
+    nodes: int
+    tasks_per_node: int
+    timeout_min: int
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    signal_delay_s: int = 120
+    setup: tuple[str, ...] = ()
+    srun_args: tuple[str, ...] = ()
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    # OMP_NUM_THREADS of every rank.
+    threads_per_task: int = 1
+
+    def sbatch_parameters(self) -> dict[str, Any]:
+        """The parameters of submitit's SlurmExecutor (and of the batch script it writes)."""
+        chosen = {
+            "gpus_per_node": self.gpus_per_node or None,
+            "cpus_per_task": self.cpus_per_task,
+            "mem": _memory(self.mem_gb),
+            "partition": self.partition,
+            "account": self.account,
+            "qos": self.qos,
+            "constraint": self.constraint,
+            "setup": list(self.setup) or None,
+            "srun_args": list(self.srun_args) or None,
+            "additional_parameters": dict(self.additional_parameters) or None,
+        }
+        return {
+            "job_name": self.job_name,
+            "nodes": self.nodes,
+            "ntasks_per_node": self.tasks_per_node,
+            "time": self.timeout_min,
+            "signal_delay_s": self.signal_delay_s,
+            "stderr_to_stdout": True,
+            **{key: value for key, value in chosen.items() if value is not None},
+        }
+
+
+def _memory(gb: float | None) -> str | None:
+    if gb is None:
+        return None
+    return f"{int(gb)}GB" if gb == int(gb) else f"{int(gb * 1024)}MB"
+
+
+def batch_script(spec: SlurmJobSpec, folder: Path, python: str = sys.executable) -> str:
+    """The batch script `submit` would hand to sbatch, word for word (submitit's own rendering)."""
+    folder = folder.absolute()
+    command = " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    return _make_sbatch_string(command=command, folder=folder, **spec.sbatch_parameters())
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    state: str
+    reason: str
+    exit_code: str
+    restarts: int
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+class SlurmJobEnded(RuntimeError):
+    """The job ended without a result from its ranks: cancelled, timed out, killed, node failure."""
+
+    def __init__(self, job_id: str, status: JobStatus, log_path: Path):
+        self.job_id, self.status, self.log_path = job_id, status, log_path
+        # KILLED rather than FAILED in the job's MLflow run (tracking/run.py: outcome).
+        self.interrupted = status.state in STOPPED_STATES
+        detail = f"reason {status.reason}, exit code {status.exit_code}"
+        super().__init__(f"Slurm job {job_id} {status.state} ({detail}); {log_tail(log_path)} (log: {log_path})")
+
+
+class SlurmJob:
+    """A submitted job: its files in `folder`, its state in slurmctld."""
+
+    def __init__(self, job_id: str, folder: Path, ntasks: int):
+        self.job_id, self.folder, self.ntasks = job_id, folder, ntasks
+
+    def paths(self, task: int) -> JobPaths:
+        return JobPaths(self.folder, job_id=self.job_id, task_id=task)
+
+    def log(self, task: int) -> Path:
+        return self.paths(task).stdout
+
+    def status(self) -> JobStatus | None:
+        """The job's state, or None once slurmctld has forgotten it (MinJobAge after its end)."""
+        out = subprocess.run(["scontrol", "show", "job", "-o", self.job_id], capture_output=True, text=True)
+        if out.returncode != 0:
+            if "Invalid job id" in out.stderr:
+                return None
+            raise RuntimeError(f"scontrol show job {self.job_id} failed: {out.stderr.strip()}")
+        fields = dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+        return JobStatus(
+            fields["JobState"], fields.get("Reason", ""), fields.get("ExitCode", ""), int(fields.get("Restarts", 0))
+        )
+
+    def cancel(self, signal_name: str | None = None) -> None:
+        """scancel the job, or with `signal_name` only signal its tasks (e.g. USR2)."""
+        flags = [f"--signal={signal_name}"] if signal_name else []
+        subprocess.run(["scancel", *flags, self.job_id], check=True)
+
+
+def submit(fn: Callable[[Any], Any], arg: Any, spec: SlurmJobSpec, folder: Path) -> SlurmJob:
+    """Submit fn(arg) as one task per rank; the job's files go under `folder` (on a file system
+    every node sees)."""
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)  # requeueing is ours
+    executor.update_parameters(**spec.sbatch_parameters())
+    job = executor.submit(_task_entry, fn, arg, spec.threads_per_task)
+    return SlurmJob(job.job_id, folder.absolute(), spec.nodes * spec.tasks_per_node)
+
+
+def wait(job: SlurmJob, echo: Callable[[str], None]) -> Any:
+    """Follow the job to its end, handing rank 0's output lines to `echo`; return rank 0's result,
+    or raise RankFailure (a rank raised) or SlurmJobEnded. A Ctrl-C cancels the job and waits
+    (CANCEL_GRACE_SECONDS at most) for it to end before raising KeyboardInterrupt; a second one
+    stops waiting at once."""
+    output = LogFollower(job.log(0), echo)
+    try:
+        status = _follow(job, output, deadline=None)
+    except KeyboardInterrupt:
+        job.cancel()
+        _follow(job, output, deadline=time.monotonic() + CANCEL_GRACE_SECONDS)
+        raise
+    output.poll()
+    return _outcome(job, status)
+
+
+def _follow(job: SlurmJob, output: LogFollower, deadline: float | None) -> JobStatus | None:
+    """Poll until the job is over (or the deadline passes); its last status (None: forgotten)."""
+    while True:
+        output.poll()
+        status = job.status()
+        if status is None or status.final or (deadline is not None and time.monotonic() > deadline):
+            return status
+        time.sleep(POLL_SECONDS)
+
+
+def _outcome(job: SlurmJob, status: JobStatus | None) -> Any:
+    """Rank 0's result of a COMPLETED job; otherwise the root cause: the earliest rank that raised,
+    else Slurm's word on the job."""
+    if status is None or status.state == "COMPLETED":
+        done, result = read_result(0, job.paths(0).result_pickle, job.log(0))
+        if done:
+            return result
+    raised = []
+    for task in range(job.ntasks):
+        pickle = job.paths(task).result_pickle
+        try:
+            read_result(task, pickle, job.log(task))
+        except RankFailure as failure:
+            raised.append((pickle.stat().st_mtime, failure))
+    if raised:
+        raise min(raised, key=lambda pair: pair[0])[1]
+    raise SlurmJobEnded(job.job_id, status or JobStatus("UNKNOWN", "forgotten by slurmctld", "", 0), job.log(0))
+
+
+def _task_entry(fn: Callable[[Any], Any], arg: Any, threads: int) -> Any:
+    """One rank of the job, inside submitit's task process."""
+    # A result of an earlier run of this job (before a requeue) must not stand for this one.
+    submitit.JobEnvironment().paths.result_pickle.unlink(missing_ok=True)
+    export_slurm_environment()
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # before the rank imports torch
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # submitit's tasks bypass it; rank 0 records KILLED
+    signals.stop_on(signal.SIGUSR2)
+    return fn(arg)
+
+
+def requeue_this_job() -> None:
+    """From inside the job: put it back in the queue (Slurm then ends this run of it). It starts
+    again when slurmctld allows (cred_expire + 1 s after the requeue: 2 minutes by default)."""
+    with signals.ignored(signal.SIGTERM):  # the requeue ends this run of the job: finish the call
+        subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)

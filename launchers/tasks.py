@@ -1,0 +1,63 @@
+"""What the launchers read back from the rank tasks that submitit ran, locally or on Slurm: their
+outcome (the result pickle each task leaves) and their console output (rank 0's, streamed)."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+from submitit.core.utils import pickle_load
+
+# submitit's own log lines in each task's output; not worth echoing.
+_SUBMITIT_PREFIX = "submitit "
+
+
+class RankFailure(RuntimeError):
+    """A rank ended without its result: it raised (the exception's last line) or it was killed."""
+
+    def __init__(self, rank: int, reason: str, log_path: Path):
+        self.rank, self.reason, self.log_path = rank, reason, log_path
+        super().__init__(f"rank {rank} failed: {reason} (log: {log_path})")
+
+
+def read_result(rank: int, result_pickle: Path, log_path: Path) -> tuple[bool, object]:
+    """(True, rank's return value), or (False, None) if it left no result yet; raises RankFailure
+    when it raised."""
+    if not result_pickle.exists():
+        return False, None
+    outcome, payload = pickle_load(result_pickle)
+    if outcome == "error":
+        raise RankFailure(rank, last_line(str(payload)), log_path)
+    return True, payload
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "unknown error"
+
+
+def log_tail(path: Path) -> str:
+    """The last line of a task's log, for a failure message."""
+    if not path.exists():
+        return "no log"
+    return last_line(path.read_text(errors="replace")[-4000:])
+
+
+class LogFollower:
+    """Hands on the complete lines a growing log file gains (submitit's own lines left out)."""
+
+    def __init__(self, path: Path, echo: Callable[[str], None]):
+        self.path, self.echo = path, echo
+        self._offset = 0
+        self._partial = ""
+
+    def poll(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("r", errors="replace") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+            self._offset = f.tell()
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if not line.startswith(_SUBMITIT_PREFIX):
+                self.echo(line)

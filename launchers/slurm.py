@@ -96,10 +96,17 @@ def _memory(gb: float | None) -> str | None:
     return f"{int(gb)}GB" if gb == int(gb) else f"{int(gb * 1024)}MB"
 
 
-def batch_script(spec: SlurmJobSpec, folder: Path, python: str = sys.executable) -> str:
+def task_command(python: str = sys.executable) -> str:
+    """How srun starts each task's Python: with SIGUSR2 ignored until the rank listens for it
+    (_task_entry). Slurm may send its time-limit warning up to a minute early, and SIGUSR2 kills a
+    process that has no handler yet; an ignored disposition survives the exec."""
+    return f"""bash -c 'trap "" USR2; exec "$@"' -- {shlex.quote(python)}"""
+
+
+def batch_script(spec: SlurmJobSpec, folder: Path) -> str:
     """The batch script `submit` would hand to sbatch, word for word (submitit's own rendering)."""
     folder = folder.absolute()
-    command = " ".join([shlex.quote(python), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    command = " ".join([task_command(), "-u -m submitit.core._submit", shlex.quote(str(folder))])
     return _make_sbatch_string(command=command, folder=folder, **spec.sbatch_parameters())
 
 
@@ -159,7 +166,7 @@ class SlurmJob:
 def submit(fn: Callable[[Any], Any], arg: Any, spec: SlurmJobSpec, folder: Path) -> SlurmJob:
     """Submit fn(arg) as one task per rank; the job's files go under `folder` (on a file system
     every node sees)."""
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)  # requeueing is ours
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0, python=task_command())  # requeueing is ours
     executor.update_parameters(**spec.sbatch_parameters())
     job = executor.submit(_task_entry, fn, arg, spec.threads_per_task)
     return SlurmJob(job.job_id, folder.absolute(), spec.nodes * spec.tasks_per_node)

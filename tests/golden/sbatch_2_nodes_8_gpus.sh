@@ -24,4 +24,4 @@ source .venv/bin/activate
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output <job_dir>/slurm/%j_%t_log.out --cpu-bind=none <python> -u -m submitit.core._submit <job_dir>/slurm
+srun --unbuffered --output <job_dir>/slurm/%j_%t_log.out --cpu-bind=none bash -c 'trap "" USR2; exec "$@"' -- <python> -u -m submitit.core._submit <job_dir>/slurm

@@ -20,3 +20,11 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def visible_gpu_ids() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (for handing subsets on)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible is not None else None
+    count = visible_gpus()
+    return ids[:count] if ids is not None else [str(i) for i in range(count)]

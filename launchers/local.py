@@ -18,7 +18,7 @@ import submitit
 
 from launchers import signals
 from launchers.env import RankEnv, export, free_port
-from launchers.tasks import LogFollower, RankFailure, log_tail, read_result
+from launchers.tasks import LogFollower, RankFailure, log_tail, read_result, run_recording_failures
 
 POLL_SECONDS = 0.1
 # After SIGINT, how long ranks get to finish what they were writing (rank 0 flushes its MLflow
@@ -40,7 +40,7 @@ def _rank_entry(fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int
     partial = pid_file.with_suffix(".partial")
     partial.write_text(str(os.getpid()))
     partial.replace(pid_file)
-    return fn(arg)
+    return run_recording_failures(fn, arg)
 
 
 @contextlib.contextmanager

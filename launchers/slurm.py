@@ -29,7 +29,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from launchers import signals
 from launchers.env import export_slurm_environment
-from launchers.tasks import LogFollower, RankFailure, log_tail, read_result
+from launchers.tasks import LogFollower, RankFailure, log_tail, read_result, run_recording_failures
 
 POLL_SECONDS = 1.0
 # After a Ctrl-C, how long the submitting process waits for the cancelled job to end (Slurm gives
@@ -185,7 +185,7 @@ def wait(job: SlurmJob, echo: Callable[[str], None]) -> Any:
         _follow(job, output, deadline=time.monotonic() + CANCEL_GRACE_SECONDS)
         raise
     output.poll()
-    return _outcome(job, status)
+    return _outcome(job, status, echo)
 
 
 def _follow(job: SlurmJob, output: LogFollower, deadline: float | None) -> JobStatus | None:
@@ -198,23 +198,24 @@ def _follow(job: SlurmJob, output: LogFollower, deadline: float | None) -> JobSt
         time.sleep(POLL_SECONDS)
 
 
-def _outcome(job: SlurmJob, status: JobStatus | None) -> Any:
-    """Rank 0's result of a COMPLETED job; otherwise the root cause: the earliest rank that raised,
-    else Slurm's word on the job."""
-    if status is None or status.state == "COMPLETED":
-        done, result = read_result(0, job.paths(0).result_pickle, job.log(0))
-        if done:
-            return result
-    raised = []
+def _outcome(job: SlurmJob, status: JobStatus | None, echo: Callable[[str], None]) -> Any:
+    """Rank 0's result once every rank left one; otherwise the root cause: the earliest rank that
+    raised, else Slurm's word on the job."""
+    finished, raised = [], []
     for task in range(job.ntasks):
         pickle = job.paths(task).result_pickle
         try:
-            read_result(task, pickle, job.log(task))
+            finished.append(read_result(task, pickle, job.log(task)))
         except RankFailure as failure:
             raised.append((pickle.stat().st_mtime, failure))
     if raised:
         raise min(raised, key=lambda pair: pair[0])[1]
-    raise SlurmJobEnded(job.job_id, status or JobStatus("UNKNOWN", "forgotten by slurmctld", "", 0), job.log(0))
+    status = status or JobStatus("UNKNOWN", "forgotten by slurmctld", "", 0)
+    if all(done for done, _ in finished):
+        if status.state != "COMPLETED":  # e.g. a rank aborting in its teardown, after its result
+            echo(f"titan_exp: every rank finished, yet Slurm says {status.state} (exit code {status.exit_code})")
+        return finished[0][1]
+    raise SlurmJobEnded(job.job_id, status, job.log(0))
 
 
 def _task_entry(fn: Callable[[Any], Any], arg: Any, threads: int) -> Any:
@@ -225,7 +226,7 @@ def _task_entry(fn: Callable[[Any], Any], arg: Any, threads: int) -> Any:
     os.environ["OMP_NUM_THREADS"] = str(threads)  # before the rank imports torch
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # submitit's tasks bypass it; rank 0 records KILLED
     signals.stop_on(signal.SIGUSR2)
-    return fn(arg)
+    return run_recording_failures(fn, arg)
 
 
 def requeue_this_job() -> None:

@@ -3,6 +3,7 @@ outcome (the result pickle each task leaves) and their console output (rank 0's,
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from submitit.core.utils import pickle_load
 
@@ -16,6 +17,22 @@ class RankFailure(RuntimeError):
     def __init__(self, rank: int, reason: str, log_path: Path):
         self.rank, self.reason, self.log_path = rank, reason, log_path
         super().__init__(f"rank {rank} failed: {reason} (log: {log_path})")
+
+
+class RankRaised(RuntimeError):
+    """What a rank raised that is not an Exception (torch's CheckpointException is a BaseException),
+    as an Exception that submitit records in the rank's result."""
+
+
+def run_recording_failures(fn: Callable[[Any], Any], arg: Any) -> Any:
+    """fn(arg), any failure of it recorded by submitit: it records Exceptions only, and a rank that
+    raised anything else would look killed. Interrupts and exits pass through as they are."""
+    try:
+        return fn(arg)
+    except (Exception, KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as err:
+        raise RankRaised(f"{type(err).__name__}: {err}") from err
 
 
 def read_result(rank: int, result_pickle: Path, log_path: Path) -> tuple[bool, object]:

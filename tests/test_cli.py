@@ -1,5 +1,7 @@
 """The command line as a user meets it: printing the config, and refusing bad configs up front."""
 
+import re
+
 import pytest
 
 from conftest import mlflow_runs, run_cli
@@ -67,7 +69,9 @@ def test_sweep_goes_on_past_a_failing_point(tmp_path, store):
     assert result.returncode == 1
     assert "training.steps=0: must be > 0" in result.stderr
     assert "1 sweep point(s) failed" in result.stderr
-    assert "step     3" in result.stdout  # the valid point ran after the invalid one
+    # One line per point: the refused one never started, the other ran to its last step.
+    assert "[0] training.steps=0: failed (config error: training.steps=0: must be > 0)" in result.stdout
+    assert re.search(r"^\[1\] training.steps=3: done \(step 3, loss [\d.]+\)$", result.stdout, re.M), result.stdout
     [run] = mlflow_runs(db)
     assert run.info.status == "FINISHED" and run.data.params["training.steps"] == "3"
     # The sweep's parent run says that a point failed.

@@ -175,3 +175,33 @@ def test_time_limit_requeues_and_resumes_until_done(slurm_env, tmp_path, store):
     assert run.info.status == "FINISHED"
     steps = [m.step for m in mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg")]
     assert sorted(steps) == [1, *range(10, 701, 10)]  # every log step once, across the job's runs
+
+
+def test_sweep_submits_a_job_per_point_and_goes_on_past_a_failing_one(slurm_env, tmp_path, store):
+    uri, db = store
+    seed = tmp_path / "seed"
+    seed_job = ["parallelism=single", "launcher.nproc_per_node=1", "checkpoint.create_seed_checkpoint=true"]
+    created = run_cli(
+        [*JOB, *seed_job, f"checkpoint.folder={seed}", "tracking=none"], tmp_path / "create", env=slurm_env
+    )
+    assert created.returncode == 0, created.stderr[-3000:]
+    corrupt = tmp_path / "corrupt" / "step-0"  # passes the config check, fails when loaded
+    corrupt.mkdir(parents=True)
+    (corrupt / ".metadata").write_bytes(b"not a checkpoint")
+    starts = f"checkpoint.initial_load_path=null,{seed}/step-0,{corrupt}"
+    result = run_cli(
+        [*JOB, *SLURM, "training.steps=4", uri, starts], tmp_path, flags=("-m",), env=slurm_env, timeout=600
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    failed_point = re.search(rf"^\[2\] checkpoint.initial_load_path={corrupt}: failed \((.*)\)$", result.stdout, re.M)
+    assert failed_point and "metadata is None" in failed_point.group(1), result.stdout  # the rank's own error
+    assert "1 sweep point(s) failed" in result.stderr
+    runs = mlflow_runs(db)
+    assert sorted(run.info.status for run in runs) == ["FAILED", "FINISHED", "FINISHED"]
+    job_ids = {run.data.tags["slurm_job_id"] for run in runs}
+    assert len(job_ids) == 3 and all(job_id.isdigit() for job_id in job_ids)  # one Slurm job per point
+    [parent] = mlflow_runs(db, sweeps=True)
+    assert {run.data.tags["mlflow.parentRunId"] for run in runs} == {parent.info.run_id}
+    assert parent.info.status == "FAILED" and parent.data.tags["failure_reason"] == "1 sweep point(s) failed"
+    table = (tmp_path / "multirun" / "compare" / "strategy_table.csv").read_text()
+    assert table.count("FINISHED") == 2 and table.count("FAILED") == 1

@@ -18,14 +18,14 @@ from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import register_schema
 from titan_exp.job.launch import run_job
 from titan_exp.job.parity import run_parity
-from titan_exp.job.sweep import end_active_sweep, join_sweep
+from titan_exp.job.sweep import end_active_sweep, failed_points, join_sweep, point_ended
 
 # Exit statuses: 1 a run failed, 2 the config was rejected (nothing started).
 EXIT_RUN_FAILED = 1
 EXIT_BAD_CONFIG = 2
 
 _SUBCOMMANDS = {"compare": compare_cli.main, "ui": ui.main}
-_state = {"task_started": False, "failures": 0}
+_state = {"task_started": False}
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -53,7 +53,8 @@ def _task(composed: DictConfig) -> bool:
         print(f"titan_exp: run failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         if not sweeping:
             sys.exit(EXIT_RUN_FAILED)
-    _state["failures"] += 1
+    if sweeping:
+        point_ended(ok=False)
     return False
 
 
@@ -72,8 +73,8 @@ def main() -> None:
             # before our task runs: those are config errors too.
             sys.exit(EXIT_BAD_CONFIG)
         raise
-    if _state["failures"]:
-        print(f"titan_exp: {_state['failures']} sweep point(s) failed", file=sys.stderr)
+    if failed_points():
+        print(f"titan_exp: {failed_points()} sweep point(s) failed", file=sys.stderr)
         sys.exit(EXIT_RUN_FAILED)
 
 

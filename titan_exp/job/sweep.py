@@ -21,6 +21,17 @@ from titan_exp.tracking.parent_run import ParentRun, parent_run_id_in
 
 # The sweep this process started, if any: main() ends it as KILLED when the user interrupts.
 _active: "SweepParentRun | None" = None
+# Points of this process's sweep that failed (main() exits 1 if any did).
+_failed_points = 0
+
+
+def point_ended(ok: bool) -> None:
+    global _failed_points
+    _failed_points += not ok
+
+
+def failed_points() -> int:
+    return _failed_points
 
 
 def join_sweep(cfg: JobConfig, sweep_dir: Path) -> JobConfig:

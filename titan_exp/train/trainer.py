@@ -201,6 +201,7 @@ def _train_steps(
         "derived/global_batch_tokens": t.global_batch_size * t.seq_len,
         "derived/gradient_accumulation_steps": accumulation,
         "derived/device": device.type,
+        **_placement_facts(device),
     }
     _log0(env, format_summary(facts))
     if tracker:
@@ -243,6 +244,25 @@ def _train_steps(
                 checkpointer.save(step, is_writer=env.rank == 0)
             raise StopRequested(step, stop_requested() or "a peer's signal")
     return last
+
+
+def _placement_facts(device: torch.device) -> dict[str, str]:
+    """Where rank 0 ran: its cores (its affinity) and, on CUDA, the GPUs it could see."""
+    facts = {"derived/cpu_set": _ranges(sorted(os.sched_getaffinity(0)))}
+    if device.type == "cuda":
+        facts["derived/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
+    return facts
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] → '0-2,5'."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _stop_agreed(device: torch.device) -> bool:

@@ -1,0 +1,3 @@
+"""titan_exp's Hydra launcher (hydra/launcher=titan_exp, the default in conf/config.yaml): the points
+of a multirun as jobs of their own, side by side (titan_exp/job/sweep_points.py). Hydra finds
+launchers in the hydra_plugins namespace package only, hence this small package."""

@@ -1,0 +1,75 @@
+"""The Hydra side of titan_exp's sweeps: compose each point, hand the points to
+titan_exp.job.sweep_points, report each point's end to Hydra's callbacks (the sweep's parent run)."""
+
+import copy
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from titan_exp.job.sweep import point_ended
+from titan_exp.job.sweep_points import SweepPoint, prepare_point, run_points
+from titan_exp.tracking.parent_run import parent_run_id_in
+
+
+@dataclass
+class TitanExpLauncherConf:
+    _target_: str = "hydra_plugins.titan_exp_launcher.titan_exp_launcher.TitanExpLauncher"
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="titan_exp", node=TitanExpLauncherConf, provider="titan_exp")
+
+
+class TitanExpLauncher(Launcher):
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.hydra_context, self.config = hydra_context, config
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        configs = [self._point_config(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
+        points = []
+        for overrides, config in zip(job_overrides, configs):
+            job_dir = sweep_dir / str(config.hydra.sweep.subdir)
+            points.append(prepare_point(config.hydra.job.num, list(overrides), job_dir, _task(config)))
+        parent = parent_run_id_in(sweep_dir)
+        extra = [f"tracking.parent_run_id={parent}"] if parent else []
+        launcher = self.config.launcher
+        run_points(points, extra, launcher.max_parallel, launcher.array_parallelism)
+        return [self._report(point, config) for point, config in zip(points, configs)]
+
+    def _point_config(self, overrides: Sequence[str], number: int) -> DictConfig:
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(config):
+            config.hydra.job.id = number
+            config.hydra.job.num = number
+        return config
+
+    def _report(self, point: SweepPoint, config: DictConfig) -> JobReturn:
+        """The point's end as Hydra's callbacks expect it (return value: whether it succeeded)."""
+        ok = point.state == "done"
+        if not ok:
+            print(f"titan_exp: sweep point [{point.number}] {point.label} failed: {point.detail}", file=sys.stderr)
+        result = JobReturn(
+            overrides=point.overrides, cfg=config, hydra_cfg=config, working_dir=str(point.job_dir),
+            task_name=config.hydra.job.name, status=JobStatus.COMPLETED,
+        )  # fmt: skip
+        result.return_value = ok
+        point_ended(ok)
+        self.hydra_context.callbacks.on_job_end(config=config, job_return=result)
+        return result
+
+
+def _task(config: DictConfig):
+    """The point's config without Hydra's node, as the task function would receive it."""
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    return OmegaConf.to_object(task)

@@ -1,0 +1,83 @@
+"""Sweep points side by side (titan_exp/job/sweep_points.py): the room each point gets on this
+machine, the console's line per point, and a real local sweep whose points overlap in time, each
+confined to a core of its own."""
+
+import io
+import re
+
+from titan_exp.config.schema import JobConfig
+from titan_exp.job.sweep_points import StatusBoard, SweepPoint, _Room, label_points
+
+from conftest import mlflow_runs, run_cli
+
+
+def point(
+    number: int, overrides: list[str], nproc: int = 1, launcher: str = "local", device: str = "cpu"
+) -> SweepPoint:
+    cfg = JobConfig()
+    cfg.launcher.name, cfg.launcher.nproc_per_node, cfg.launcher.device = launcher, nproc, device
+    return SweepPoint(number, overrides, job_dir=None, cfg=cfg)
+
+
+def test_points_are_named_by_what_varies():
+    points = [point(0, ["model=llama3_8b", "debug.seed=0"]), point(1, ["model=llama3_8b", "debug.seed=1"])]
+    label_points(points)
+    assert [p.label for p in points] == ["debug.seed=0", "debug.seed=1"]
+
+
+def test_cores_are_shared_out_disjointly_and_slurm_points_need_none():
+    room = _Room(gpus=["0", "1", "2", "3"], cores=[0, 1, 2, 3], cores_per_point=2, max_parallel=-1, max_on_slurm=1)
+    cpu_a, cpu_b, cpu_c = point(0, [], 2), point(1, [], 2), point(2, [], 2)
+    assert room.take(cpu_a) and room.take(cpu_b) and not room.take(cpu_c)
+    assert set(cpu_a.cores).isdisjoint(cpu_b.cores) and len(cpu_a.cores) == 2
+    gpu = point(3, [], 3, device="cuda")
+    assert room.take(gpu) and gpu.gpus == ("0", "1", "2") and not room.take(point(4, [], 2, device="cuda"))
+    on_slurm = [point(5, [], 8, launcher="slurm"), point(6, [], 8, launcher="slurm")]
+    assert room.take(on_slurm[0]) and not room.take(on_slurm[1])  # array_parallelism=1
+    room.give_back(cpu_a)
+    assert room.take(cpu_c) and cpu_c.cores == cpu_a.cores
+
+
+def test_max_parallel_caps_points_running_here():
+    room = _Room(gpus=[], cores=[0, 1, 2, 3], cores_per_point=1, max_parallel=2, max_on_slurm=8)
+    assert room.take(point(0, [])) and room.take(point(1, [])) and not room.take(point(2, []))
+
+
+def test_console_lines_update_in_place_on_a_terminal_and_print_changes_elsewhere():
+    points = [point(0, ["a=1"]), point(1, ["a=2"])]
+    label_points(points)
+    log = io.StringIO()
+    board = StatusBoard(log)
+    board.show(points)
+    points[0].state, points[0].detail = "running", "step 3, loss 7.1"
+    board.show(points)
+    points[0].detail = "step 4, loss 7.0"
+    board.show(points)  # a new step only: nothing new in a log
+    assert log.getvalue().splitlines() == ["[0] a=1: queued", "[1] a=2: queued", "[0] a=1: running (step 3, loss 7.1)"]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    board = StatusBoard(screen)
+    board.show(points)
+    board.show(points)
+    assert screen.getvalue().count("\x1b[2F") == 1 and screen.getvalue().count("\x1b[2K") == 4
+
+
+def test_local_points_run_side_by_side_each_on_a_core_of_its_own(tmp_path, store):
+    uri, db = store
+    sweep = ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", "launcher.nproc_per_node=2"]
+    result = run_cli(
+        [*sweep, "training.steps=30", "launcher.max_parallel=2", "debug.seed=0,1"], tmp_path, flags=("-m",)
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"^\[0\] debug.seed=0: done \(step 30, loss", result.stdout, re.M), result.stdout
+    first, second = mlflow_runs(db)
+    assert first.info.status == second.info.status == "FINISHED"
+    # Side by side: each started before the other ended.
+    assert first.info.start_time < second.info.end_time and second.info.start_time < first.info.end_time
+    cores = {run.data.params["derived/cpu_set"] for run in (first, second)}
+    assert len(cores) == 2 and all(re.fullmatch(r"\d+", core) for core in cores)  # one core each, not the same
+    assert {run.data.params["launcher.cpu_threads_per_rank"] for run in (first, second)} == {"1"}

@@ -1,0 +1,242 @@
+"""The points of a sweep run side by side, each a job of its own: `python -m titan_exp <its
+overrides>` in a process of its own (its console in <point dir>/console.log), started as soon as
+the machine has room for it, in order.
+
+Room: on this machine, GPUs (a point takes one per rank, as CUDA_VISIBLE_DEVICES) or CPU cores (a
+point takes an equal share of them, by affinity: max_parallel points at a time, or as many as leave
+each rank a core); `launcher.max_parallel` caps the points running at once. A point that submits a
+Slurm job needs no room here: at most `launcher.array_parallelism` of them are in flight. The
+console shows one line per point (queued, running at step N, done, failed and why), redrawn in
+place on a terminal and printed as it changes elsewhere.
+"""
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from launchers.devices import visible_gpu_ids
+from titan_exp.config.check import ConfigError
+from titan_exp.config.resolve import resolve
+from titan_exp.config.schema import JobConfig
+
+POLL_SECONDS = 0.5
+# After a Ctrl-C, how long running points get to stop their own ranks (or cancel their Slurm jobs).
+STOP_GRACE_SECONDS = 60.0
+_STEP_LINE = re.compile(r"^step\s+(\d+)\s+loss\s+(\S+)", re.M)
+_SLURM_JOB = re.compile(r"^Slurm job (\d+) submitted", re.M)
+
+
+@dataclass
+class SweepPoint:
+    number: int
+    overrides: list[str]
+    job_dir: Path
+    # The point's resolved config, or why it was refused (then it never starts).
+    cfg: JobConfig | None = None
+    refused: str | None = None
+    state: str = "queued"  # queued | running | done | failed
+    detail: str = ""
+    process: subprocess.Popen | None = None
+    cores: tuple[int, ...] = ()
+    gpus: tuple[str, ...] = ()
+    # What sets the point apart from the others (see label_points).
+    label: str = ""
+
+    @property
+    def console(self) -> Path:
+        return self.job_dir / "console.log"
+
+    @property
+    def on_slurm(self) -> bool:
+        return self.cfg is not None and self.cfg.launcher.name == "slurm"
+
+    @property
+    def ranks_here(self) -> int:
+        return 0 if self.cfg is None or self.on_slurm else self.cfg.launcher.nproc_per_node
+
+
+def prepare_point(number: int, overrides: list[str], job_dir: Path, cfg: JobConfig) -> SweepPoint:
+    """A point, its config resolved here (as its own process will) to know what room it needs."""
+    point = SweepPoint(number, list(overrides), job_dir)
+    try:
+        point.cfg = resolve(cfg)
+    except ConfigError as err:
+        point.refused, point.state, point.detail = str(err), "failed", f"config error: {err}"
+    return point
+
+
+def label_points(points: list[SweepPoint]) -> None:
+    """Name each point by the overrides that vary across the sweep (all of them for a lone point)."""
+    shared = set.intersection(*(set(p.overrides) for p in points)) if len(points) > 1 else set()
+    for point in points:
+        point.label = " ".join(o for o in point.overrides if o not in shared) or "(defaults)"
+
+
+@dataclass
+class _Room:
+    """Free GPUs and cores of this machine, and how many points may run at once."""
+
+    gpus: list[str]
+    cores: list[int]
+    cores_per_point: int
+    max_parallel: int
+    max_on_slurm: int
+    running: list[SweepPoint] = field(default_factory=list)
+
+    @classmethod
+    def of_this_machine(cls, points: list[SweepPoint], max_parallel: int, max_on_slurm: int) -> "_Room":
+        cores = sorted(os.sched_getaffinity(0))
+        widest = max((p.ranks_here for p in points if p.cfg and p.cfg.launcher.device == "cpu"), default=1)
+        side_by_side = max_parallel if max_parallel > 0 else max(1, len(cores) // max(widest, 1))
+        return cls(visible_gpu_ids(), cores, max(1, len(cores) // side_by_side), max_parallel, max_on_slurm)
+
+    def take(self, point: SweepPoint) -> bool:
+        """Give `point` what it needs if it is free now."""
+        if point.on_slurm:
+            if sum(p.on_slurm for p in self.running) >= self.max_on_slurm:
+                return False
+        else:
+            if self.max_parallel > 0 and sum(not p.on_slurm for p in self.running) >= self.max_parallel:
+                return False
+            if not self._allocate(point):
+                return False
+        self.running.append(point)
+        return True
+
+    def _allocate(self, point: SweepPoint) -> bool:
+        """A GPU per rank for a CUDA point, a share of the cores for a CPU one."""
+        if point.cfg.launcher.device == "cuda":
+            if len(self.gpus) < point.ranks_here:
+                return False
+            point.gpus, self.gpus = tuple(self.gpus[: point.ranks_here]), self.gpus[point.ranks_here :]
+            return True
+        if len(self.cores) < self.cores_per_point:
+            return False
+        point.cores, self.cores = tuple(self.cores[: self.cores_per_point]), self.cores[self.cores_per_point :]
+        return True
+
+    def give_back(self, point: SweepPoint) -> None:
+        self.running.remove(point)
+        self.gpus += point.gpus
+        self.cores = sorted(self.cores + list(point.cores))
+
+
+def run_points(points: list[SweepPoint], extra_overrides: list[str], max_parallel: int, max_on_slurm: int) -> None:
+    """Run every point to its end (state done or failed); `extra_overrides` go to every point.
+    Ctrl-C stops the running points (each stops its own ranks or cancels its Slurm job) and raises."""
+    label_points(points)
+    room = _Room.of_this_machine(points, max_parallel, max_on_slurm)
+    waiting = deque(p for p in points if p.state == "queued")
+    board = StatusBoard(sys.stdout)
+    try:
+        while waiting or room.running:
+            while waiting and room.take(waiting[0]):
+                _start(waiting.popleft(), extra_overrides)
+            for point in list(room.running):
+                if _poll(point):
+                    room.give_back(point)
+            board.show(points)
+            time.sleep(POLL_SECONDS)
+        board.show(points)
+    except KeyboardInterrupt:
+        _stop(room.running)
+        for point in waiting:
+            point.state, point.detail = "failed", "not started: the sweep was interrupted"
+        board.show(points)
+        raise
+
+
+def _start(point: SweepPoint, extra_overrides: list[str]) -> None:
+    command = [sys.executable, "-m", "titan_exp", *point.overrides, f"hydra.run.dir={point.job_dir}", *extra_overrides]
+    env = dict(os.environ)
+    if point.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(point.gpus)
+    point.job_dir.mkdir(parents=True, exist_ok=True)
+    with open(point.console, "w") as console:
+        point.process = subprocess.Popen(
+            command, env=env, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=lambda: _confine(point.cores),
+        )  # fmt: skip
+    point.state = "running"
+
+
+def _confine(cores: tuple[int, ...]) -> None:
+    """In the point's process, before exec: its cores, and SIGTERM when the sweep's process dies."""
+    if cores:
+        os.sched_setaffinity(0, cores)
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _poll(point: SweepPoint) -> bool:
+    """Update the point from its console; True once its process has ended."""
+    console = point.console.read_text(errors="replace") if point.console.exists() else ""
+    steps = _STEP_LINE.findall(console)
+    job = _SLURM_JOB.search(console)
+    where = f"Slurm job {job.group(1)}, " if job else ""
+    progress = f"step {steps[-1][0]}, loss {steps[-1][1]}" if steps else "starting"
+    code = point.process.poll()
+    if code is None:
+        point.detail = f"{where}{progress}"
+        return False
+    if code == 0:
+        point.state, point.detail = "done", f"{where}{progress}"
+    else:
+        point.state, point.detail = "failed", f"{_reason(console)} (log: {point.console})"
+    return True
+
+
+def _reason(console: str) -> str:
+    """The point's own one-line verdict (titan_exp: ...), else its last line."""
+    lines = [line.strip() for line in console.splitlines() if line.strip()]
+    verdicts = [line.removeprefix("titan_exp: ") for line in lines if line.startswith("titan_exp: ")]
+    return verdicts[-1] if verdicts else (lines[-1] if lines else "exited without a word")
+
+
+def _stop(running: list[SweepPoint]) -> None:
+    """SIGINT to every running point (a terminal's Ctrl-C reaches them too), then SIGKILL for any
+    still there after STOP_GRACE_SECONDS."""
+    for point in running:
+        with contextlib.suppress(ProcessLookupError):
+            point.process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for point in running:
+        try:
+            point.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            point.process.kill()
+            point.process.wait()
+        point.state, point.detail = "failed", "interrupted"
+
+
+class StatusBoard:
+    """One line per point: redrawn in place on a terminal, printed when it changes elsewhere."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self.live = stream.isatty()
+        self.drawn = 0
+        self.printed: dict[int, str] = {}
+
+    def show(self, points: list[SweepPoint]) -> None:
+        lines = [f"[{p.number}] {p.label}: {p.state}" + (f" ({p.detail})" if p.detail else "") for p in points]
+        if self.live:
+            self.stream.write(f"\x1b[{self.drawn}F" if self.drawn else "")
+            self.stream.write("".join(f"\x1b[2K{line}\n" for line in lines))
+            self.drawn = len(lines)
+        else:
+            for point, line in zip(points, lines):
+                # Plain output (a log file) gets a line when a point changes state, not every step.
+                if self.printed.get(point.number) != point.state:
+                    self.printed[point.number] = point.state
+                    self.stream.write(line + "\n")
+        self.stream.flush()

@@ -31,7 +31,9 @@ from launchers import signals
 from launchers.env import export_slurm_environment
 from launchers.tasks import LogFollower, RankFailure, log_tail, read_result, run_recording_failures
 
-POLL_SECONDS = 1.0
+# How often rank 0's log is read while the job runs, and how often slurmctld is asked for its state.
+POLL_SECONDS = 0.2
+STATE_POLL_SECONDS = 1.0
 # After a Ctrl-C, how long the submitting process waits for the cancelled job to end (Slurm gives
 # its tasks KillWait, 30 s by default, between SIGTERM and SIGKILL).
 CANCEL_GRACE_SECONDS = 90.0
@@ -190,11 +192,14 @@ def wait(job: SlurmJob, echo: Callable[[str], None]) -> Any:
 
 def _follow(job: SlurmJob, output: LogFollower, deadline: float | None) -> JobStatus | None:
     """Poll until the job is over (or the deadline passes); its last status (None: forgotten)."""
+    next_state_poll = 0.0
     while True:
         output.poll()
-        status = job.status()
-        if status is None or status.final or (deadline is not None and time.monotonic() > deadline):
-            return status
+        if time.monotonic() >= next_state_poll:
+            status = job.status()
+            if status is None or status.final or (deadline is not None and time.monotonic() > deadline):
+                return status
+            next_state_poll = time.monotonic() + STATE_POLL_SECONDS
         time.sleep(POLL_SECONDS)
 
 

@@ -5,6 +5,7 @@ run, and jobs stopped from outside whose runs end with Slurm's word."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -205,3 +206,31 @@ def test_sweep_submits_a_job_per_point_and_goes_on_past_a_failing_one(slurm_env,
     assert parent.info.status == "FAILED" and parent.data.tags["failure_reason"] == "1 sweep point(s) failed"
     table = (tmp_path / "multirun" / "compare" / "strategy_table.csv").read_text()
     assert table.count("FINISHED") == 2 and table.count("FAILED") == 1
+
+
+def test_ctrl_c_while_waiting_cancels_the_job_and_its_run_ends_killed(slurm_env, tmp_path, store):
+    uri, db = store
+    job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
+    job_id = _wait_for(tmp_path, r"^Slurm job (\d+) submitted").group(1)
+    _wait_for(tmp_path, r"^step     3 ")
+    job.send_signal(signal.SIGINT)  # the submitting process only, as from a terminal it would be the group
+    assert job.wait(timeout=180) != 0
+    [run] = mlflow_runs(db)
+    assert run.info.status == "KILLED", run.data.tags
+    assert (
+        subprocess.run(["squeue", "-h", "-j", job_id], env=slurm_env, capture_output=True, text=True).stdout.strip()
+        == ""
+    )
+
+
+def test_without_waiting_the_job_runs_on_after_the_submitter_returns(slurm_env, tmp_path, store):
+    uri, db = store
+    result = run_cli([*JOB, *SLURM, "launcher.wait=false", "training.steps=4", uri], tmp_path, env=slurm_env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    job_id = re.search(r"^Slurm job (\d+) submitted", result.stdout, re.M).group(1)
+    assert "step" not in result.stdout  # nothing streamed: it returned at once
+    deadline = time.monotonic() + 180
+    while not (runs := mlflow_runs(db)) or runs[0].info.status == "RUNNING":
+        assert time.monotonic() < deadline, "the job never finished its run"
+        time.sleep(1)
+    assert runs[0].info.status == "FINISHED" and runs[0].data.tags["slurm_job_id"] == job_id

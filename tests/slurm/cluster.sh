@@ -42,6 +42,9 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# Schedule a submitted batch job at once: Slurm waits up to 3 s by default (batch_sched_delay), to
+# batch submissions, and runs its scheduling loop at most every 2 s (sched_min_interval, in µs).
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000
 MpiDefault=none
 ReturnToService=2
 SlurmUser=root

@@ -1,0 +1,116 @@
+"""Placement costs, measured in one run with the two sides interleaved:
+
+1. Seconds from the command to rank 0's first step, 2 CPU ranks, Slurm: `python -m titan_exp
+   launcher=slurm` (submits a job and streams it) against `srun --ntasks=2 python -m titan_exp`
+   (ranks started by srun directly). On the one-node test cluster of tests/slurm/cluster.sh, which
+   this script starts and stops (needs root and ./setup.sh --test). Target: ratio <= 1.3.
+2. Wall time of a 2-point local sweep of 20-step single-rank points, side by side (the default:
+   each point on a core of its own) against one after another (launcher.max_parallel=1).
+   Target: ratio <= 0.75.
+
+Prints one JSON object (the jobs' own output goes nowhere). Usage:
+  python benchmarks/bench_launch.py [--repeats 3] [--skip-slurm]
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = ["data=synthetic", "training.seq_len=64", "training.local_batch_size=2", "metrics.log_freq=1", "tracking=none"]
+
+
+def seconds_to(command: list[str], marker: str, env: dict[str, str]) -> float:
+    """Run `command` to its end; seconds from its start until a line containing `marker`."""
+    start = time.monotonic()
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen, lines = None, []
+    for line in proc.stdout:
+        lines.append(line)
+        if seen is None and marker in line:
+            seen = time.monotonic() - start
+    if proc.wait() != 0 or seen is None:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{''.join(lines[-30:])}")
+    return seen
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def slurm_cluster(state: Path):
+    """The test suite's one-node cluster; yields the environment that points at it."""
+    script = REPO / "tests" / "slurm" / "cluster.sh"
+    env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port())}
+    subprocess.run(["bash", str(script), "start", str(state)], env=env, check=True, capture_output=True)
+    try:
+        yield {**os.environ, "SLURM_CONF": str(state / "slurm.conf"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(state)], check=False)
+
+
+def first_step_on_slurm(workdir: Path, repeats: int) -> dict:
+    ranks = ["parallelism=fsdp", "launcher.device=cpu", "training.steps=1"]
+    samples: dict[str, list[float]] = {"launcher_slurm_s": [], "srun_s": []}
+    with slurm_cluster(workdir / "slurm") as env:
+        titan = [sys.executable, "-m", "titan_exp", *JOB, *ranks]
+        for i in range(repeats + 1):  # the first round warms caches and is not counted
+            submitted = seconds_to(
+                [*titan, "launcher=slurm", "launcher.nproc_per_node=2", f"hydra.run.dir={workdir}/s{i}"],
+                "step     1",
+                env,
+            )
+            srun = ["srun", "--ntasks=2", "--overcommit", "--immediate=60", *titan, f"hydra.run.dir={workdir}/r{i}"]
+            by_srun = seconds_to(srun, "step     1", env)
+            if i:
+                samples["launcher_slurm_s"].append(submitted)
+                samples["srun_s"].append(by_srun)
+    median = {key: statistics.median(values) for key, values in samples.items()}
+    ratio = median["launcher_slurm_s"] / median["srun_s"]
+    return {**{k: round(v, 2) for k, v in median.items()}, "ratio": round(ratio, 3), "target": "<= 1.3",
+            "samples": {k: [round(v, 2) for v in vs] for k, vs in samples.items()}}  # fmt: skip
+
+
+def local_sweep(workdir: Path, repeats: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    sweep = [sys.executable, "-m", "titan_exp", "-m", *JOB, "parallelism=single", "launcher.device=cpu",
+             "training.steps=20", "debug.seed=0,1"]  # fmt: skip
+    samples: dict[str, list[float]] = {"side_by_side_s": [], "one_after_another_s": []}
+    for i in range(repeats):
+        for name, extra in (("one_after_another_s", ["launcher.max_parallel=1"]), ("side_by_side_s", [])):
+            start = time.monotonic()
+            subprocess.run([*sweep, *extra, f"hydra.sweep.dir={workdir}/{name}{i}"], cwd=REPO, env=env, check=True,
+                           capture_output=True)  # fmt: skip
+            samples[name].append(time.monotonic() - start)
+    median = {key: statistics.median(values) for key, values in samples.items()}
+    ratio = median["side_by_side_s"] / median["one_after_another_s"]
+    return {**{k: round(v, 2) for k, v in median.items()}, "ratio": round(ratio, 3), "target": "<= 0.75",
+            "samples": {k: [round(v, 2) for v in vs] for k, vs in samples.items()}}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-slurm", action="store_true", help="only the local sweep (no Slurm here)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        report = {"local_sweep_2_points": local_sweep(workdir, args.repeats)}
+        if not args.skip_slurm:
+            report["first_step_2_ranks_slurm"] = first_step_on_slurm(workdir, args.repeats)
+    print(json.dumps({**report, "cores": len(os.sched_getaffinity(0))}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -159,18 +159,29 @@ class _Supervisor:
                     controller.wait()
 
     def _signal_ranks(self, sig: signal.Signals, grace: float) -> None:
-        """Send `sig` to every live rank and wait up to `grace` seconds for them to exit."""
+        """Send `sig` to every live rank and wait up to `grace` seconds for them to exit. A rank
+        still starting ignores SIGINT until _rank_entry listens (and then writes its pid file): it
+        gets the signal again once its pid file appears."""
+        listening = self._listening_pids()
         pids = self._rank_pids()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
+            for pid in self._listening_pids() - listening:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+                listening.add(pid)
             time.sleep(0.05)
+
+    def _listening_pids(self) -> set[int]:
+        """Ranks that wrote their pid file, which they do once they handle SIGINT."""
+        return {int(p.read_text()) for p in self.folder.glob(_pid_file_name(self.job.job_id, "*"))}
 
     def _rank_pids(self) -> list[int]:
         """Live rank processes: those that wrote a pid file and any other child of the controller."""
-        pids = {int(p.read_text()) for p in self.folder.glob(_pid_file_name(self.job.job_id, "*"))}
+        pids = self._listening_pids()
         controller = self.job._process
         if controller is not None:
             pids |= _children(controller.pid)

@@ -89,3 +89,15 @@ def placement_env():
     yield lambda **values: os.environ.update({key: str(value) for key, value in values.items()})
     os.environ.clear()
     os.environ.update(saved)
+
+
+def process_group_alive(pgid: int) -> bool:
+    """Whether a live (not zombie) process is left in process group `pgid`."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state not in ("Z", "X"):
+            return True
+    return False

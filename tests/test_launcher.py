@@ -14,7 +14,7 @@ import pytest
 from launchers.local import launch_local, process_alive
 from launchers.tasks import RankFailure
 
-from conftest import REPO, mlflow_client, mlflow_runs, run_cli
+from conftest import REPO, mlflow_client, mlflow_runs, process_group_alive, run_cli
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -33,18 +33,6 @@ def _processes_using(folder: Path) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a live (not zombie) process is left in process group `pgid`."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(group) == pgid and state not in ("Z", "X"):
-            return True
-    return False
 
 
 def fail_on_rank_1(seconds: float) -> int:
@@ -187,7 +175,7 @@ def test_interrupted_job_ends_its_run_killed_keeping_what_was_logged(tmp_path, s
         proc.communicate(timeout=120)
         # Every process of the job is gone (the MLflow writer included), not merely its launcher.
         deadline = time.monotonic() + 10
-        while _group_alive(proc.pid):
+        while process_group_alive(proc.pid):
             assert time.monotonic() < deadline, "processes of the stopped job are still running"
             time.sleep(0.1)
     finally:

@@ -234,3 +234,17 @@ def test_without_waiting_the_job_runs_on_after_the_submitter_returns(slurm_env, 
         assert time.monotonic() < deadline, "the job never finished its run"
         time.sleep(1)
     assert runs[0].info.status == "FINISHED" and runs[0].data.tags["slurm_job_id"] == job_id
+
+
+def test_warned_job_without_checkpoints_ends_killed_with_timeout(slurm_env, tmp_path, store):
+    uri, db = store
+    job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
+    job_id = _wait_for(tmp_path, r"^Slurm job (\d+) submitted").group(1)
+    _wait_for(tmp_path, r"^step     3 ")
+    subprocess.run(["scancel", "--signal=USR2", job_id], env=slurm_env, check=True)
+    assert job.wait(timeout=180) == 1, (tmp_path / "out.txt").read_text()[-3000:]
+    [run] = mlflow_runs(db)
+    assert run.info.status == "KILLED", run.data.tags
+    reason = run.data.tags["failure_reason"]
+    assert "TIMEOUT" in reason and "checkpoint.enable=false" in reason, reason
+    assert "requeued" not in (tmp_path / "out.txt").read_text()

@@ -2,13 +2,19 @@
 machine, the console's line per point, and a real local sweep whose points overlap in time, each
 confined to a core of its own."""
 
+import contextlib
 import io
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.sweep_points import StatusBoard, SweepPoint, _Room, label_points
 
-from conftest import mlflow_runs, run_cli
+from conftest import REPO, mlflow_runs, process_group_alive, run_cli
 
 
 def point(
@@ -81,3 +87,41 @@ def test_local_points_run_side_by_side_each_on_a_core_of_its_own(tmp_path, store
     cores = {run.data.params["derived/cpu_set"] for run in (first, second)}
     assert len(cores) == 2 and all(re.fullmatch(r"\d+", core) for core in cores)  # one core each, not the same
     assert {run.data.params["launcher.cpu_threads_per_rank"] for run in (first, second)} == {"1"}
+
+
+def test_ctrl_c_stops_every_point_and_ends_the_sweep_killed(tmp_path, store):
+    uri, db = store
+    command = [
+        sys.executable, "-m", "titan_exp", "-m", f"hydra.sweep.dir={tmp_path}/multirun", "experiment=smoke",
+        "tracking=mlflow", uri, "launcher.device=cpu", "parallelism=single", "training.steps=5000", "debug.seed=0,1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(_runs_so_far(db)) < 2:  # both points are training
+            assert time.monotonic() < deadline and proc.poll() is None, "the points never started"
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=180)
+        deadline = time.monotonic() + 10
+        while process_group_alive(proc.pid):
+            assert time.monotonic() < deadline, "processes of the stopped sweep are still running"
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert {run.info.status for run in mlflow_runs(db)} == {"KILLED"}
+    [parent] = mlflow_runs(db, sweeps=True)
+    assert parent.info.status == "KILLED"
+
+
+def _runs_so_far(db) -> list:
+    """The training runs of a store that may not be complete yet (being created)."""
+    try:
+        return mlflow_runs(db)
+    except Exception:
+        return []

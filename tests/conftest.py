@@ -1,8 +1,12 @@
 """Shared helpers: compose configs like the CLI does, and run the CLI in a subprocess."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -101,3 +105,29 @@ def process_group_alive(pgid: int) -> bool:
         if int(group) == pgid and state not in ("Z", "X"):
             return True
     return False
+
+
+def start_as_in_a_terminal(command: list[str], **popen) -> subprocess.Popen:
+    """`command` from the repo in a session of its own with SIGINT at its default, as a shell's
+    foreground job is (a Ctrl-C is then os.killpg(proc.pid, SIGINT))."""
+    return subprocess.Popen(
+        command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def stopped_for_good(proc: subprocess.Popen, stop) -> Iterator[None]:
+    """Inside: wait for the moment to stop `proc`; on leaving, `stop(proc)`, its end awaited, and
+    every process of its session gone within 10 s (asserted), or killed whatever happens."""
+    try:
+        yield
+        stop(proc)
+        proc.communicate(timeout=180)
+        deadline = time.monotonic() + 10
+        while process_group_alive(proc.pid):
+            assert time.monotonic() < deadline, "processes of the stopped job are still running"
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,6 +1,5 @@
 """Placement: failures propagate, nothing is left running, external launchers are not spawned again."""
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import pytest
 from launchers.local import launch_local, process_alive
 from launchers.tasks import RankFailure
 
-from conftest import REPO, mlflow_client, mlflow_runs, process_group_alive, run_cli
+from conftest import REPO, mlflow_client, mlflow_runs, run_cli, start_as_in_a_terminal, stopped_for_good
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -157,30 +156,12 @@ def test_interrupted_job_ends_its_run_killed_keeping_what_was_logged(tmp_path, s
     uri, db = store
     command = [*launcher, f"hydra.run.dir={tmp_path}/run", *LONG_RUN, uri]
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        proc = subprocess.Popen(
-            command,
-            cwd=REPO,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            start_new_session=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
-        )
-    try:
+        proc = start_as_in_a_terminal(command, stdout=subprocess.PIPE, stderr=stderr)
+    # Every process of the job ends (the MLflow writer included), not merely its launcher.
+    with stopped_for_good(proc, stop):
         for line in proc.stdout:
             if line.startswith("step     5"):
                 break
-        stop(proc)
-        proc.communicate(timeout=120)
-        # Every process of the job is gone (the MLflow writer included), not merely its launcher.
-        deadline = time.monotonic() + 10
-        while process_group_alive(proc.pid):
-            assert time.monotonic() < deadline, "processes of the stopped job are still running"
-            time.sleep(0.1)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     [run] = mlflow_runs(db)
     assert run.info.status == "KILLED", run.data.tags

@@ -2,7 +2,6 @@
 machine, the console's line per point, and a real local sweep whose points overlap in time, each
 confined to a core of its own."""
 
-import contextlib
 import io
 import os
 import re
@@ -14,7 +13,7 @@ import time
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.sweep_points import StatusBoard, SweepPoint, _Room, label_points
 
-from conftest import REPO, mlflow_runs, process_group_alive, run_cli
+from conftest import mlflow_runs, run_cli, start_as_in_a_terminal, stopped_for_good
 
 
 def point(
@@ -95,24 +94,12 @@ def test_ctrl_c_stops_every_point_and_ends_the_sweep_killed(tmp_path, store):
         sys.executable, "-m", "titan_exp", "-m", f"hydra.sweep.dir={tmp_path}/multirun", "experiment=smoke",
         "tracking=mlflow", uri, "launcher.device=cpu", "parallelism=single", "training.steps=5000", "debug.seed=0,1",
     ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, text=True,
-        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
-    )  # fmt: skip
-    try:
+    proc = start_as_in_a_terminal(command, stdout=subprocess.DEVNULL)
+    with stopped_for_good(proc, lambda proc: os.killpg(proc.pid, signal.SIGINT)):
         deadline = time.monotonic() + 120
         while len(_runs_so_far(db)) < 2:  # both points are training
             assert time.monotonic() < deadline and proc.poll() is None, "the points never started"
             time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=180)
-        deadline = time.monotonic() + 10
-        while process_group_alive(proc.pid):
-            assert time.monotonic() < deadline, "processes of the stopped sweep are still running"
-            time.sleep(0.1)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     assert {run.info.status for run in mlflow_runs(db)} == {"KILLED"}
     [parent] = mlflow_runs(db, sweeps=True)

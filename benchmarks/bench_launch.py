@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,28 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_vs_plain import stream  # the same timing of a command's output
+
+from launchers.env import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 JOB = ["data=synthetic", "training.seq_len=64", "training.local_batch_size=2", "metrics.log_freq=1", "tracking=none"]
-
-
-def seconds_to(command: list[str], marker: str, env: dict[str, str]) -> float:
-    """Run `command` to its end; seconds from its start until a line containing `marker`."""
-    start = time.monotonic()
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen, lines = None, []
-    for line in proc.stdout:
-        lines.append(line)
-        if seen is None and marker in line:
-            seen = time.monotonic() - start
-    if proc.wait() != 0 or seen is None:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{''.join(lines[-30:])}")
-    return seen
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -66,13 +49,13 @@ def first_step_on_slurm(workdir: Path, repeats: int) -> dict:
     with slurm_cluster(workdir / "slurm") as env:
         titan = [sys.executable, "-m", "titan_exp", *JOB, *ranks]
         for i in range(repeats + 1):  # the first round warms caches and is not counted
-            submitted = seconds_to(
+            submitted, _ = stream(
                 [*titan, "launcher=slurm", "launcher.nproc_per_node=2", f"hydra.run.dir={workdir}/s{i}"],
                 "step     1",
                 env,
             )
             srun = ["srun", "--ntasks=2", "--overcommit", "--immediate=60", *titan, f"hydra.run.dir={workdir}/r{i}"]
-            by_srun = seconds_to(srun, "step     1", env)
+            by_srun, _ = stream(srun, "step     1", env)
             if i:
                 samples["launcher_slurm_s"].append(submitted)
                 samples["srun_s"].append(by_srun)

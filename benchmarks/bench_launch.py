@@ -49,13 +49,10 @@ def first_step_on_slurm(workdir: Path, repeats: int) -> dict:
     with slurm_cluster(workdir / "slurm") as env:
         titan = [sys.executable, "-m", "titan_exp", *JOB, *ranks]
         for i in range(repeats + 1):  # the first round warms caches and is not counted
-            submitted, _ = stream(
-                [*titan, "launcher=slurm", "launcher.nproc_per_node=2", f"hydra.run.dir={workdir}/s{i}"],
-                "step     1",
-                env,
-            )
+            submit = [*titan, "launcher=slurm", "launcher.nproc_per_node=2", f"hydra.run.dir={workdir}/s{i}"]
+            submitted, _ = stream(submit, env, "step     1")
             srun = ["srun", "--ntasks=2", "--overcommit", "--immediate=60", *titan, f"hydra.run.dir={workdir}/r{i}"]
-            by_srun, _ = stream(srun, "step     1", env)
+            by_srun, _ = stream(srun, env, "step     1")
             if i:
                 samples["launcher_slurm_s"].append(submitted)
                 samples["srun_s"].append(by_srun)

@@ -6,6 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from titan_exp.config.check import ConfigError
+from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
 from titan_exp.models.llama3.model import Transformer
@@ -61,7 +62,7 @@ def test_model_flavors_have_published_parameter_counts(flavor: str, count: int):
 
 
 def resolved(overrides: list[str]) -> JobConfig:
-    return resolve(OmegaConf.to_object(compose_config(overrides)))
+    return resolve(to_job_config(compose_config(overrides)))
 
 
 def test_inferred_degree_fills_the_world():

@@ -98,3 +98,10 @@ def test_slurm_counts_come_from_the_config_not_this_machine(placement_env, overr
     assert launcher.cpu_threads_per_rank == threads
     assert cfg.parallelism.degrees() and -1 not in cfg.parallelism.degrees().values()
     assert launcher.world_size == nproc * launcher.nodes
+
+
+def test_folders_are_tried_for_writing_and_nothing_is_left_behind(placement_env, tmp_path):
+    folder = tmp_path / "new" / "checkpoints"
+    cfg = resolved(["checkpoint=periodic", f"checkpoint.folder={folder}"])
+    assert cfg.checkpoint.folder == str(folder)
+    assert not (tmp_path / "new").exists()  # made for the try, removed again

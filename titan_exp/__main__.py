@@ -9,11 +9,12 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from titan_exp import ui
 from titan_exp.compare import cli as compare_cli
 from titan_exp.config.check import ConfigError
+from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import register_schema
 from titan_exp.job.launch import run_job
@@ -36,7 +37,7 @@ def _task(composed: DictConfig) -> bool:
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     job_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        cfg = OmegaConf.to_object(composed)
+        cfg = to_job_config(composed)
         if sweeping:
             cfg = join_sweep(cfg, Path(hydra_cfg.sweep.dir))
         if cfg.parity.layouts:

@@ -11,8 +11,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
+from titan_exp.config.compose import to_job_config
 from titan_exp.job.sweep import point_ended
 from titan_exp.job.sweep_points import SweepPoint, prepare_point, run_points
 from titan_exp.tracking.parent_run import parent_run_id_in
@@ -72,4 +73,4 @@ def _task(config: DictConfig):
     task = copy.deepcopy(config)
     with read_write(task), open_dict(task):
         del task["hydra"]
-    return OmegaConf.to_object(task)
+    return to_job_config(task)

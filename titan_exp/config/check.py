@@ -5,7 +5,11 @@ prints one line and exits 2. The rules read the config and facts handed to them 
 visible GPUs); config/resolve.py gathers those facts and fills in what the config leaves open.
 """
 
+import contextlib
+import dataclasses
 import math
+import tempfile
+import typing
 from pathlib import Path
 
 from titan_exp.config.schema import JobConfig
@@ -28,8 +32,48 @@ def _choice(key: str, value: object, allowed: tuple) -> None:
 
 
 def _positive(key: str, value: int | float) -> None:
-    if value <= 0:
-        raise ConfigError(key, value, "must be > 0")
+    if not value > 0 or math.isinf(value):  # `not >` also refuses nan
+        raise ConfigError(key, value, "must be > 0" if isinstance(value, int) else "must be a finite number > 0")
+
+
+def _in_range(key: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:  # also refuses nan
+        raise ConfigError(key, value, f"must lie in [{low:g}, {high:g}]")
+
+
+def _writable_folder(key: str, folder: str) -> None:
+    """A folder a file can be written in, found by trying (permission bits say little to root, or on
+    /proc): the folder is made if missing, a file created and removed in it, and what was made for
+    the try removed again."""
+    if not folder:
+        raise ConfigError(key, "''", "must name a folder")
+    path = Path(folder).absolute()
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        fix = f"cannot write there ({err.strerror}); point it at a folder you can write"
+        raise ConfigError(key, folder, fix) from None
+    finally:
+        for made in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                made.rmdir()
+
+
+def check_known_keys(tree: dict, schema: type, prefix: str = "") -> None:
+    """Every key of the composed config is one of the schema's: Hydra lets `+section.key=value` add
+    any key, which the typed config would then drop without a word. Free-form dicts (such as
+    launcher.additional_parameters) take any key."""
+    fields = typing.get_type_hints(schema)
+    for key, value in tree.items():
+        if key not in fields:
+            raise ConfigError(
+                f"{prefix}{key}", value, "is not a key of the config; check its spelling (--cfg job lists the keys)"
+            )
+        if dataclasses.is_dataclass(fields[key]) and isinstance(value, dict):
+            check_known_keys(value, fields[key], f"{prefix}{key}.")
 
 
 def check_degrees(degrees: dict[str, int], world_size: int) -> None:
@@ -185,13 +229,18 @@ def check_training(cfg: JobConfig) -> None:
     _choice("optimizer.name", o.name, ("AdamW",))
     _choice("optimizer.implementation", o.implementation, ("foreach", "fused", "for-loop"))
     _positive("optimizer.lr", o.lr)
+    _positive("optimizer.eps", o.eps)
+    for key in ("beta1", "beta2"):
+        _in_range(f"optimizer.{key}", getattr(o, key), 0.0, 1.0)
+    _in_range("optimizer.weight_decay", o.weight_decay, 0.0, math.inf)
+    if math.isnan(t.max_norm) or math.isinf(t.max_norm):
+        raise ConfigError("training.max_norm", t.max_norm, "must be a finite number (<= 0 turns clipping off)")
     s = cfg.lr_scheduler
     if s.warmup_steps < 0:
         raise ConfigError("lr_scheduler.warmup_steps", s.warmup_steps, "must be >= 0")
     _choice("lr_scheduler.decay_type", s.decay_type, ("linear", "sqrt", "cosine"))
     for key in ("decay_ratio", "min_lr_factor"):
-        if not 0.0 <= getattr(s, key) <= 1.0:
-            raise ConfigError(f"lr_scheduler.{key}", getattr(s, key), "must lie in [0, 1]")
+        _in_range(f"lr_scheduler.{key}", getattr(s, key), 0.0, 1.0)
     ac = cfg.activation_checkpoint
     _choice("activation_checkpoint.mode", ac.mode, ("none", "full", "selective"))
     if ac.mode == "selective" and ac.selective_ac_option != "op":
@@ -206,6 +255,7 @@ def check_training(cfg: JobConfig) -> None:
 def check_data(cfg: JobConfig) -> None:
     d, m = cfg.data, cfg.model
     _choice("data.source", d.source, ("text", "synthetic"))
+    _writable_folder("data.cache_dir", d.cache_dir)  # tokenized corpora, the measured CPU peak FLOP/s
     vocab_key = "data.tokenizer_vocab_size" if d.source == "text" else "data.synthetic_vocab_size"
     vocab = d.tokenizer_vocab_size if d.source == "text" else d.synthetic_vocab_size
     if not 0 < vocab <= m.vocab_size:
@@ -243,6 +293,7 @@ def check_launcher(launcher: LauncherConfig, started_by: str | None, dry_run: bo
     _choice("launcher.device", launcher.device, ("auto", "cpu", "cuda"))
     if launcher.nproc_per_node == 0 or launcher.nproc_per_node < -1:
         raise ConfigError("launcher.nproc_per_node", launcher.nproc_per_node, "must be a positive count or -1 (auto)")
+    _positive("launcher.timeout_min", launcher.timeout_min)
     if launcher.max_parallel == 0 or launcher.max_parallel < -1:
         raise ConfigError(
             "launcher.max_parallel", launcher.max_parallel, "must be a positive count or -1 (as many as fit)"
@@ -271,7 +322,6 @@ def check_slurm(launcher: LauncherConfig, started_by: str | None) -> None:
             "drop launcher=slurm there (or submit from outside the job step)",
         )
     _positive("launcher.nodes", launcher.nodes)
-    _positive("launcher.timeout_min", launcher.timeout_min)
     if not 0 <= launcher.signal_delay_s < 60 * launcher.timeout_min:
         raise ConfigError(
             "launcher.signal_delay_s",
@@ -412,6 +462,8 @@ def check_checkpoint(cfg: JobConfig, world_size: int) -> None:
             f"writes the initial weights from one rank but the world size is {world_size}; add parallelism=single",
         )
     _positive("checkpoint.interval", c.interval)
+    if c.enable or c.create_seed_checkpoint:
+        _writable_folder("checkpoint.folder", c.folder)
     if c.keep_latest_k < 0:
         raise ConfigError("checkpoint.keep_latest_k", c.keep_latest_k, "must be >= 0 (0 keeps every checkpoint)")
     if c.initial_load_path is not None and not (Path(c.initial_load_path) / ".metadata").is_file():

@@ -8,9 +8,9 @@ job (its own ranks, its own MLflow run); the curves are read back from MLflow.
 from pathlib import Path
 
 from hydra import compose
-from omegaconf import OmegaConf
 
 from titan_exp.compare.runs import loss_curve
+from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.context import RunContext
@@ -56,7 +56,7 @@ def _run(overrides: list[str], job_dir: Path) -> str | None:
     """One layout's job; returns its MLflow run id (None untracked)."""
     # parity.layouts emptied: a layout's job is an ordinary training job.
     composed = compose(config_name="config", overrides=overrides + ["parity.layouts=[]"])
-    cfg = resolve(OmegaConf.to_object(composed))
+    cfg = resolve(to_job_config(composed))
     print(f"== {' '.join(overrides)}", flush=True)
     run_job(cfg, job_dir)
     run_id_file = RunContext(str(job_dir), cfg.launcher.name).run_id_file

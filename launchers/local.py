@@ -96,7 +96,7 @@ class _Supervisor:
         self.rank0_output = LogFollower(self.logs[0], lambda line: print(line, flush=True))
 
     def run(self) -> Any:
-        with signals.handled(_raise_interrupt, signal.SIGTERM):
+        with signals.handled(signals.raise_interrupted, signal.SIGTERM):
             try:
                 while True:
                     self.rank0_output.poll()
@@ -198,10 +198,6 @@ def _children(parent: int) -> set[int]:
         if int(fields[1]) == parent:
             found.add(int(stat.parent.name))
     return found
-
-
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def process_alive(pid: int) -> bool:

@@ -29,6 +29,19 @@ def ignored(*signals: signal.Signals) -> contextlib.AbstractContextManager[None]
     return handled(signal.SIG_IGN, *signals)
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal that stops the process the way Ctrl-C does (SIGTERM from torchrun, Slurm, kill)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+def raise_interrupted(signum: int, frame: object) -> None:
+    """A handler: raise Interrupted for `signum` wherever the main thread is."""
+    raise Interrupted(signum)
+
+
 class StopRequested(KeyboardInterrupt):
     """The job was asked to stop (Slurm's SIGUSR2 ahead of its time limit, or a preemption) and its
     ranks stopped together after `step`, its checkpoint saved if checkpointing is on."""

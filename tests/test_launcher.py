@@ -143,6 +143,12 @@ def test_torchrun_started_ranks_train_without_spawning_again(tmp_path, store):
             lambda proc: os.killpg(proc.pid, signal.SIGINT),
             "KeyboardInterrupt",
         ),
+        # kill: SIGTERM to the launching process alone; it stops its ranks.
+        (
+            [sys.executable, "-m", "titan_exp", "launcher.nproc_per_node=2"],
+            lambda proc: proc.send_signal(signal.SIGTERM),
+            "SIGTERM",
+        ),
         # A stopped torchrun job: its agent passes SIGTERM on to the ranks (srun/scancel do the same).
         (
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "titan_exp"],
@@ -150,7 +156,7 @@ def test_torchrun_started_ranks_train_without_spawning_again(tmp_path, store):
             "SIGTERM",
         ),
     ],
-    ids=["ctrl_c_local", "sigterm_torchrun"],
+    ids=["ctrl_c_local", "sigterm_local", "sigterm_torchrun"],
 )
 def test_interrupted_job_ends_its_run_killed_keeping_what_was_logged(tmp_path, store, launcher, stop, reason):
     uri, db = store
@@ -168,3 +174,9 @@ def test_interrupted_job_ends_its_run_killed_keeping_what_was_logged(tmp_path, s
     assert run.data.tags["status"] == "killed" and reason in run.data.tags["failure_reason"]
     steps = [m.step for m in mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg")]
     assert steps[:5] == [1, 2, 3, 4, 5]  # what was logged before stays
+    if launcher[2] == "titan_exp":  # our own launching process: one line, a shell's status for the signal
+        signal_name = "SIGINT" if reason == "KeyboardInterrupt" else "SIGTERM"
+        said = (tmp_path / "stderr.txt").read_text().strip().splitlines()[-1]
+        assert said == f"titan_exp: stopped by {signal_name}; run {run.info.run_id} ended KILLED"
+        assert "Traceback" not in (tmp_path / "stderr.txt").read_text()
+        assert proc.returncode == 128 + signal.Signals[signal_name]

@@ -3,6 +3,7 @@
 
 Nothing here (nor anything it imports) loads torch: the ranks do (tests/test_architecture.py)."""
 
+import signal
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from launchers import signals
 from titan_exp import ui
 from titan_exp.compare import cli as compare_cli
 from titan_exp.config.check import ConfigError
@@ -51,7 +53,8 @@ def _task(composed: DictConfig) -> bool:
         if not sweeping:
             sys.exit(EXIT_BAD_CONFIG)
     except Exception as err:  # a failed run is reported; in a sweep the other points still run
-        print(f"titan_exp: run failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        said = "; ".join([f"run failed: {type(err).__name__}: {err}", *getattr(err, "__notes__", [])])
+        print(f"titan_exp: {said}", file=sys.stderr, flush=True)
         if not sweeping:
             sys.exit(EXIT_RUN_FAILED)
     if sweeping:
@@ -64,7 +67,8 @@ def main() -> None:
         sys.exit(_SUBCOMMANDS[sys.argv[1]](sys.argv[2:]))
     register_schema()
     try:
-        _task()
+        with signals.handled(signals.raise_interrupted, signal.SIGTERM):
+            _task()
     except BaseException as err:
         # A sweep that stops early (interrupted, or Hydra rejects a later point's overrides) still
         # ends its parent run.
@@ -73,6 +77,12 @@ def main() -> None:
             # Hydra reports composition errors (unknown key, unknown option) itself with status 1,
             # before our task runs: those are config errors too.
             sys.exit(EXIT_BAD_CONFIG)
+        if isinstance(err, KeyboardInterrupt):
+            # One line, and the status a shell gives a process that such a signal stopped.
+            signum = getattr(err, "signum", signal.SIGINT)
+            said = "; ".join([f"stopped by {signal.Signals(signum).name}", *getattr(err, "__notes__", [])])
+            print(f"titan_exp: {said}", file=sys.stderr, flush=True)
+            sys.exit(128 + signum)
         raise
     if failed_points():
         print(f"titan_exp: {failed_points()} sweep point(s) failed", file=sys.stderr)

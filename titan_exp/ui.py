@@ -6,6 +6,7 @@ titan_exp ui --port 5001 --uri sqlite:////path/to/mlflow.db
 
 import argparse
 import os
+import socket
 import sys
 
 from titan_exp.tracking.config import TrackingConfig
@@ -46,6 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--port", type=int, default=5000)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    busy = _why_not_free(args.host, args.port)
+    if busy:
+        print(f"titan_exp ui: --port={args.port}: {args.host}:{args.port} {busy}; pick another port", file=sys.stderr)
+        return 2
     command = server_command(args.uri, args.host, args.port)
     print(f"MLflow UI on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
     os.execv(command[0], command)
+
+
+def _why_not_free(host: str, port: int) -> str | None:
+    """Why the server could not listen there, or None: found before the server starts, since a
+    server that cannot bind only logs it and keeps its workers running for a while."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            return f"cannot be listened on ({err.strerror})"
+    return None

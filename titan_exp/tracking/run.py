@@ -102,10 +102,12 @@ def close_run_from_outside(
     cfg: TrackingConfig, run_id_file: Path, run_name: str, tags: dict[str, str], err: BaseException
 ) -> None:
     """The launching process's last word when the ranks died of `err`: end their run (or, if rank
-    0 never got to create one, a new run) with the status and reason `err` implies."""
+    0 never got to create one, a new run) with the status and reason `err` implies; a note on
+    `err` says which run ended how."""
     status, reason = outcome(err)
     if run_id_file.exists():
         run = MlflowRun(cfg.uri, run_id_file.read_text().strip())
     else:
         run = MlflowRun.create(cfg, run_name, tags)
     run.finish(status, reason)
+    err.add_note(f"run {run.run_id} ended {status}")

@@ -15,7 +15,16 @@ def test_busy_port_is_refused_in_one_line_and_starts_nothing(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         start = time.monotonic()
-        command = [sys.executable, "-m", "titan_exp", "ui", "--port", str(port), "--uri", f"sqlite:///{tmp_path}/mlflow.db"]
+        command = [
+            sys.executable,
+            "-m",
+            "titan_exp",
+            "ui",
+            "--port",
+            str(port),
+            "--uri",
+            f"sqlite:///{tmp_path}/mlflow.db",
+        ]
         result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, start_new_session=True)
     assert result.returncode == 2
     said = f"titan_exp ui: --port={port}: 127.0.0.1:{port} cannot be listened on (Address already in use)"

@@ -59,22 +59,37 @@ def test_hydra_composition_errors_exit_2(tmp_path, store, override, expected):
     assert not db.exists()
 
 
-def test_sweep_goes_on_past_a_failing_point(tmp_path, store):
+def test_sweep_with_a_bad_point_is_refused_before_any_point_starts(tmp_path, store):
     uri, db = store
     result = run_cli(
-        ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", "training.steps=0,3"],
+        ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", "training.steps=3,0"],
         tmp_path,
         flags=("-m",),
     )
+    assert result.returncode == 2
+    said = "titan_exp: config error: training.steps=0: must be > 0 (sweep point [1]: training.steps=0)"
+    assert result.stderr.strip().splitlines() == [said]
+    # Nothing ran (no point has a folder) and nothing was recorded.
+    assert not db.exists() and not [p for p in (tmp_path / "multirun").glob("*") if p.is_dir()]
+
+
+def test_sweep_goes_on_past_a_point_that_fails_at_run_time(tmp_path, store):
+    uri, db = store
+    corrupt = tmp_path / "corrupt" / "step-0"  # passes the config check, fails when loaded
+    corrupt.mkdir(parents=True)
+    (corrupt / ".metadata").write_bytes(b"not a checkpoint")
+    points = f"checkpoint.initial_load_path={corrupt},null"
+    result = run_cli(
+        ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", points], tmp_path, flags=("-m",)
+    )
     assert result.returncode == 1
-    assert "training.steps=0: must be > 0" in result.stderr
     assert "1 sweep point(s) failed" in result.stderr
-    # One line per point: the refused one never started, the other ran to its last step.
-    assert "[0] training.steps=0: failed (config error: training.steps=0: must be > 0)" in result.stdout
-    assert re.search(r"^\[1\] training.steps=3: done \(step 3, loss [\d.]+\)$", result.stdout, re.M), result.stdout
-    [run] = mlflow_runs(db)
-    assert run.info.status == "FINISHED" and run.data.params["training.steps"] == "3"
+    # One line per point: the failed one with its reason, the other ran to its last step.
+    assert re.search(rf"^\[0\] checkpoint.initial_load_path={corrupt}: failed \(.*metadata", result.stdout, re.M)
+    assert re.search(r"^\[1\] checkpoint.initial_load_path=null: done \(step 6, loss [\d.]+\)$", result.stdout, re.M)
+    failed, finished = mlflow_runs(db)
+    assert (failed.info.status, finished.info.status) == ("FAILED", "FINISHED")
     # The sweep's parent run says that a point failed.
     [parent] = mlflow_runs(db, sweeps=True)
-    assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert {run.data.tags["mlflow.parentRunId"] for run in (failed, finished)} == {parent.info.run_id}
     assert parent.info.status == "FAILED" and parent.data.tags["failure_reason"] == "1 sweep point(s) failed"

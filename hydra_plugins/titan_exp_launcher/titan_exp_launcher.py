@@ -13,9 +13,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict, read_write
 
+from titan_exp.config.check import ConfigError
 from titan_exp.config.compose import to_job_config
-from titan_exp.job.sweep import point_ended
-from titan_exp.job.sweep_points import SweepPoint, prepare_point, run_points
+from titan_exp.job.sweep import open_parent_run, point_ended
+from titan_exp.job.sweep_points import SweepPoint, check_every_point, prepare_point, run_points
 from titan_exp.tracking.parent_run import parent_run_id_in
 
 
@@ -34,12 +35,19 @@ class TitanExpLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         setup_globals()
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         configs = [self._point_config(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         points = []
         for overrides, config in zip(job_overrides, configs):
             job_dir = sweep_dir / str(config.hydra.sweep.subdir)
             points.append(prepare_point(config.hydra.job.num, list(overrides), job_dir, _task(config)))
+        try:
+            check_every_point(points)  # a refused point refuses the sweep before anything starts
+        except ConfigError as err:
+            # Exit here, as a single run does: Hydra would print a traceback for an exception.
+            print(f"titan_exp: config error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        open_parent_run()
         parent = parent_run_id_in(sweep_dir)
         extra = [f"tracking.parent_run_id={parent}"] if parent else []
         launcher = self.config.launcher

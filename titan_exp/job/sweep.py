@@ -21,6 +21,8 @@ from titan_exp.tracking.parent_run import ParentRun, parent_run_id_in
 
 # The sweep this process started, if any: main() ends it as KILLED when the user interrupts.
 _active: "SweepParentRun | None" = None
+# The Hydra launcher of hydra_plugins/titan_exp_launcher (conf/config.yaml makes it the default).
+TITAN_EXP_LAUNCHER = "hydra_plugins.titan_exp_launcher.titan_exp_launcher.TitanExpLauncher"
 # Points of this process's sweep that failed (main() exits 1 if any did).
 _failed_points = 0
 
@@ -69,16 +71,24 @@ class SweepParentRun(Callback):
     def __init__(self) -> None:
         self.parent: ParentRun | None = None
         self.failed_points = 0
+        self.config: DictConfig | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         global _active
-        tracking: TrackingConfig = OmegaConf.to_object(config.tracking)
+        self.config, _active = config, self
+        # titan_exp's own launcher opens the parent run once every point's config passed its
+        # checks (open_parent_run), so that a refused sweep leaves nothing in the store.
+        if config.hydra.launcher._target_ != TITAN_EXP_LAUNCHER:
+            self.open()
+
+    def open(self) -> None:
+        """Create the parent run (when tracking is on and the user named none)."""
+        tracking: TrackingConfig = OmegaConf.to_object(self.config.tracking)
         if not tracking.enable or tracking.parent_run_id:
             return  # nothing tracked, or the points join the parent the user named
-        overrides = list(config.hydra.overrides.task)
-        sweep_dir = Path(config.hydra.sweep.dir)
+        overrides = list(self.config.hydra.overrides.task)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
         self.parent = ParentRun(tracking, _parent_name(overrides), sweep_dir, {"sweep.overrides": " ".join(overrides)})
-        _active = self
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
         # Points that run in this process report here; a point's task returns False when it failed.
@@ -100,6 +110,12 @@ def _parent_name(overrides: list[str]) -> str:
     """'sweep: parallelism=ddp,fsdp': what the points vary (all overrides if Hydra finds no sweep among them)."""
     swept = [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if o.is_sweep_override()]
     return f"sweep: {' '.join(swept or overrides)}"
+
+
+def open_parent_run() -> None:
+    """titan_exp's launcher: every point passed its checks; the sweep's parent run may start."""
+    if _active is not None:
+        _active.open()
 
 
 def end_active_sweep(stopped_by: BaseException) -> None:

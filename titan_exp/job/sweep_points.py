@@ -40,9 +40,9 @@ class SweepPoint:
     number: int
     overrides: list[str]
     job_dir: Path
-    # The point's resolved config, or why it was refused (then it never starts).
+    # The point's resolved config, or why it was refused (then the sweep is: check_every_point).
     cfg: JobConfig | None = None
-    refused: str | None = None
+    refused: ConfigError | None = None
     state: str = "queued"  # queued | running | done | failed
     detail: str = ""
     process: subprocess.Popen | None = None
@@ -70,8 +70,18 @@ def prepare_point(number: int, overrides: list[str], job_dir: Path, cfg: JobConf
     try:
         point.cfg = resolve(cfg)
     except ConfigError as err:
-        point.refused, point.state, point.detail = str(err), "failed", f"config error: {err}"
+        point.refused = err
     return point
+
+
+def check_every_point(points: list[SweepPoint]) -> None:
+    """Raise the first point's config error, naming the point: a sweep with a bad point is refused
+    before any point starts."""
+    label_points(points)
+    for point in points:
+        if point.refused is not None:
+            err = point.refused
+            raise ConfigError(err.key, err.value, f"{err.fix} (sweep point [{point.number}]: {point.label})")
 
 
 def label_points(points: list[SweepPoint]) -> None:
@@ -135,7 +145,7 @@ def run_points(points: list[SweepPoint], extra_overrides: list[str], max_paralle
     Ctrl-C stops the running points (each stops its own ranks or cancels its Slurm job) and raises."""
     label_points(points)
     room = _Room.of_this_machine(points, max_parallel, max_on_slurm)
-    waiting = deque(p for p in points if p.state == "queued")
+    waiting = deque(points)
     board = StatusBoard(sys.stdout)
     try:
         while waiting or room.running:

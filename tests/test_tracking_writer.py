@@ -1,6 +1,7 @@
 """Rank 0's MLflow writer process on its own: every queued step arrives, and it gives the ranks the
 cores once training starts."""
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -51,3 +52,14 @@ def test_tracker_starts_at_normal_priority_steps_down_when_training_starts_and_c
         time.sleep(0.2)
     tracker.close("FINISHED")
     assert (tmp_path / "run_id").exists()
+
+
+def test_busy_store_messages_of_retried_calls_stay_quiet(tmp_path, capfd):
+    """What MLflow's SQL store logs before raising "database is locked", which with_retries retries."""
+    client(f"sqlite:///{tmp_path}/mlflow.db")
+    capfd.readouterr()
+    logger = logging.getLogger("mlflow.store.db.utils")
+    logger.error("SQLAlchemy database error. The following exception is caught.\n%s", "database is locked")
+    logger.error("SQLAlchemy database error. The following exception is caught.\n%s", "disk I/O error")
+    logged = capfd.readouterr().err
+    assert "disk I/O error" in logged and "database is locked" not in logged

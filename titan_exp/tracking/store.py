@@ -2,6 +2,7 @@
 SQLite store. MLflow itself is imported only when a client is opened (seconds of start-up)."""
 
 import fcntl
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,24 @@ def sqlite_path(uri: str) -> Path | None:
 def client(uri: str):
     from mlflow.tracking import MlflowClient
 
+    _quiet_about_busy_store()
     return MlflowClient(tracking_uri=uri)
+
+
+# MLflow's SQL store logs a traceback for every "database is locked" before raising it; with_retries
+# retries those, so a retry that succeeds would print tracebacks for nothing. One that gives up
+# raises the error itself.
+_BUSY_STORE_LOGGER = "mlflow.store.db.utils"
+
+
+def _quiet_about_busy_store() -> None:
+    busy_store_logger = logging.getLogger(_BUSY_STORE_LOGGER)
+    if _drop_busy_store_records not in busy_store_logger.filters:
+        busy_store_logger.addFilter(_drop_busy_store_records)
+
+
+def _drop_busy_store_records(record: logging.LogRecord) -> bool:
+    return not is_store_busy(Exception(record.getMessage()))
 
 
 def ensure_store(cfg: TrackingConfig) -> None:

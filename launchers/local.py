@@ -5,10 +5,12 @@ The launching process streams rank 0's output, watches every rank, and on the fi
 hanging in a collective and no process outlives the launch.
 """
 
+import _thread
 import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +26,8 @@ POLL_SECONDS = 0.1
 # After SIGINT, how long ranks get to finish what they were writing (rank 0 flushes its MLflow
 # queue) before SIGKILL.
 INTERRUPT_GRACE_SECONDS = 30.0
+# How often each rank checks that the launching process is still there.
+LAUNCHER_WATCH_SECONDS = 1.0
 
 
 def _pid_file_name(job_id: str, rank: int) -> str:
@@ -31,8 +35,10 @@ def _pid_file_name(job_id: str, rank: int) -> str:
     return f"{job_id}_{rank}.pid"
 
 
-def _rank_entry(fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int, pid_dir: str) -> Any:
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored by the controller, not by us
+def _rank_entry(
+    fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int, pid_dir: str, launcher_pid: int
+) -> Any:
+    _stop_when_gone(launcher_pid)  # also listens to SIGINT, which the controller ignores
     job = submitit.JobEnvironment()
     export(RankEnv(job.global_rank, job.local_rank, job.num_tasks, nproc), "127.0.0.1", master_port)
     # Written whole or not at all: the supervisor polls these files (an empty one read once: int('')).
@@ -41,6 +47,22 @@ def _rank_entry(fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int
     partial.write_text(str(os.getpid()))
     partial.replace(pid_file)
     return run_recording_failures(fn, arg)
+
+
+def _stop_when_gone(launcher_pid: int) -> None:
+    """Interrupt this rank (LauncherDied in its main thread) if the launching process dies: killed
+    outright, it cannot stop the ranks itself, and submitit's controller would let them train on."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise signals.LauncherDied(launcher_pid) if not process_alive(launcher_pid) else KeyboardInterrupt()
+
+    def watch() -> None:
+        while process_alive(launcher_pid):
+            time.sleep(LAUNCHER_WATCH_SECONDS)
+        _thread.interrupt_main(signal.SIGINT)
+
+    signal.signal(signal.SIGINT, interrupt)
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -85,7 +107,7 @@ def launch_local(
     # otherwise SIGKILL the ranks 1 s later, cutting short what rank 0 records; the supervisor
     # below stops them instead, with a grace period.
     with _environment(OMP_NUM_THREADS=str(threads_per_rank)), signals.ignored(signal.SIGINT):
-        job = executor.submit(_rank_entry, fn, arg, free_port(), nproc, str(folder))
+        job = executor.submit(_rank_entry, fn, arg, free_port(), nproc, str(folder), os.getpid())
     return _Supervisor(job, nproc, folder).run()
 
 

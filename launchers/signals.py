@@ -42,6 +42,14 @@ def raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+class LauncherDied(KeyboardInterrupt):
+    """The process that launched this rank is gone (killed outright): the rank stops, as if
+    interrupted, rather than train on for nobody."""
+
+    def __init__(self, launcher_pid: int):
+        super().__init__(f"the launching process (pid {launcher_pid}) died")
+
+
 class StopRequested(KeyboardInterrupt):
     """The job was asked to stop (Slurm's SIGUSR2 ahead of its time limit, or a preemption) and its
     ranks stopped together after `step`, its checkpoint saved if checkpointing is on."""

@@ -180,3 +180,36 @@ def test_interrupted_job_ends_its_run_killed_keeping_what_was_logged(tmp_path, s
         assert said == f"titan_exp: stopped by {signal_name}; run {run.info.run_id} ended KILLED"
         assert "Traceback" not in (tmp_path / "stderr.txt").read_text()
         assert proc.returncode == 128 + signal.Signals[signal_name]
+
+
+def test_ranks_stop_when_the_launching_process_is_killed_outright(tmp_path, store):
+    uri, db = store
+    command = [
+        sys.executable,
+        "-m",
+        "titan_exp",
+        f"hydra.run.dir={tmp_path}/run",
+        *LONG_RUN,
+        "launcher.nproc_per_node=2",
+        uri,
+    ]
+    proc = subprocess.Popen(
+        command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("step     5"):
+                break
+        proc.kill()  # kill -9: no word to the ranks
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while _processes_using(tmp_path / "run" / "ranks"):
+            assert time.monotonic() < deadline, "ranks outlived their launcher"
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+    [run] = mlflow_runs(db)
+    assert run.info.status == "KILLED", run.data.tags
+    assert "LauncherDied: the launching process" in run.data.tags["failure_reason"]
+    steps = [m.step for m in mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg")]
+    assert steps[:5] == [1, 2, 3, 4, 5]

@@ -77,8 +77,8 @@ LONG_RUN = [
 ]
 
 
-def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
-    uri, db = store
+def _start_two_ranks(tmp_path, uri: str, **popen) -> subprocess.Popen:
+    """LONG_RUN on 2 local ranks, its step lines on the pipe `proc.stdout`."""
     command = [
         sys.executable,
         "-m",
@@ -86,16 +86,14 @@ def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
         f"hydra.run.dir={tmp_path}/run",
         *LONG_RUN,
         "launcher.nproc_per_node=2",
-        uri,
     ]
-    proc = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([*command, uri], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, **popen)
+
+
+def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
+    uri, db = store
+    proc = _start_two_ranks(tmp_path, uri, stderr=subprocess.PIPE)
     try:
         for line in proc.stdout:
             if line.startswith("step     3"):
@@ -184,18 +182,7 @@ def test_interrupted_job_ends_its_run_killed_keeping_what_was_logged(tmp_path, s
 
 def test_ranks_stop_when_the_launching_process_is_killed_outright(tmp_path, store):
     uri, db = store
-    command = [
-        sys.executable,
-        "-m",
-        "titan_exp",
-        f"hydra.run.dir={tmp_path}/run",
-        *LONG_RUN,
-        "launcher.nproc_per_node=2",
-        uri,
-    ]
-    proc = subprocess.Popen(
-        command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, text=True
-    )
+    proc = _start_two_ranks(tmp_path, uri)
     try:
         for line in proc.stdout:
             if line.startswith("step     5"):

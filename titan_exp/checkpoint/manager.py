@@ -1,12 +1,14 @@
 """Distributed checkpoints (torch.distributed.checkpoint): each rank writes and reads only its shards,
-and a checkpoint written by one layout loads into any other (DCP reshards by parameter name)."""
+and a checkpoint written by one layout loads into any other (DCP reshards by parameter name).
+Where they lie in the folder: checkpoint/layout.py."""
 
-import re
+import os
 import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -16,33 +18,39 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from titan_exp.checkpoint.config import CheckpointConfig
-
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-def step_dir(folder: str, step: int) -> Path:
-    return Path(folder) / f"step-{step}"
+from titan_exp.checkpoint.layout import complete_steps, saving_dir, step_dir
 
 
-def latest_step(folder: str) -> int | None:
-    """The newest complete step folder (DCP writes .metadata last), or None."""
-    steps = [
-        int(m.group(1))
-        for p in Path(folder).glob("step-*")
-        if (m := _STEP_DIR.match(p.name)) and (p / ".metadata").exists()
-    ]
-    return max(steps) if steps else None
+def save_whole(state: dict, folder: str, step: int, is_writer: bool) -> None:
+    """Save `state` as step-N of `folder` (every rank takes part), written under another name and
+    renamed by the writer once DCP has finished (its .metadata last): a save cut short is never
+    taken for a checkpoint."""
+    partial, done = saving_dir(folder, step), step_dir(folder, step)
+    dcp.save(state, checkpoint_id=str(partial))
+    if is_writer:
+        if done.exists():  # the same step saved again (a job that resumed and stopped there)
+            shutil.rmtree(done)
+        os.replace(partial, done)
 
 
-def save_model(model: torch.nn.Module, path: Path) -> None:
-    """Weights only, keyed by the unwrapped parameter names (a seed checkpoint)."""
-    dcp.save(get_model_state_dict(model), checkpoint_id=str(path))
+def save_model(model: torch.nn.Module, folder: str) -> Path:
+    """Weights only, keyed by the unwrapped parameter names, as step-0 (a seed checkpoint)."""
+    save_whole(get_model_state_dict(model), folder, 0, is_writer=True)
+    return step_dir(folder, 0)
 
 
 def load_model(model: torch.nn.Module, path: str) -> None:
+    """The weights of a checkpoint: a seed checkpoint, or a training one (its optimizer state and
+    step left out)."""
     state = get_model_state_dict(model)
-    dcp.load(state, checkpoint_id=path)
+    dcp.load({"model": state} if _holds_training_state(path) else state, checkpoint_id=path)
     set_model_state_dict(model, state)
+
+
+def _holds_training_state(path: str) -> bool:
+    """Whether `path` was saved by TrainCheckpointer (model, optimizer, ... under their names)."""
+    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    return any(key.startswith("model.") for key in saved)
 
 
 class TrainCheckpointer:
@@ -84,10 +92,22 @@ class TrainCheckpointer:
         }
 
     def resume(self) -> int:
-        """Load the newest checkpoint of cfg.folder; returns its step (0 when there is none)."""
-        step = latest_step(self.cfg.folder) if self.cfg.enable else None
-        if step is None:
-            return 0
+        """Load the newest readable checkpoint of cfg.folder; returns its step (0 when there is
+        none). One that cannot be read (a file cut short) is passed over, with a warning, for the
+        one before; if none can be read, the first failure is raised."""
+        steps = complete_steps(self.cfg.folder) if self.cfg.enable else []
+        failures = []
+        for step in reversed(steps):
+            try:
+                return self._load(step)
+            except (Exception, CheckpointException) as err:  # DCP's is a BaseException
+                failures.append(err)
+                print(f"titan_exp: {step_dir(self.cfg.folder, step)} cannot be read ({_last_line(err)})", flush=True)
+        if failures:
+            raise failures[0]
+        return 0
+
+    def _load(self, step: int) -> int:
         part_states = self._part_states()
         state = self._merged(part_states, 0)
         dcp.load(state, checkpoint_id=str(step_dir(self.cfg.folder, step)))
@@ -114,11 +134,12 @@ class TrainCheckpointer:
 
     def save(self, step: int, is_writer: bool) -> None:
         """Save `step` now (every rank takes part); `is_writer` prunes old step folders."""
-        dcp.save(self._merged(self._part_states(), step), checkpoint_id=str(step_dir(self.cfg.folder, step)))
+        save_whole(self._merged(self._part_states(), step), self.cfg.folder, step, is_writer)
         if is_writer and self.cfg.keep_latest_k > 0:
-            self._prune()
+            for old in complete_steps(self.cfg.folder)[: -self.cfg.keep_latest_k]:
+                shutil.rmtree(step_dir(self.cfg.folder, old), ignore_errors=True)
 
-    def _prune(self) -> None:
-        steps = sorted(int(m.group(1)) for p in Path(self.cfg.folder).glob("step-*") if (m := _STEP_DIR.match(p.name)))
-        for old in steps[: -self.cfg.keep_latest_k]:
-            shutil.rmtree(step_dir(self.cfg.folder, old), ignore_errors=True)
+
+def _last_line(err: BaseException) -> str:
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(err).__name__

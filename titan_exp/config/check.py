@@ -12,6 +12,7 @@ import tempfile
 import typing
 from pathlib import Path
 
+from titan_exp.checkpoint.layout import latest_step
 from titan_exp.config.schema import JobConfig
 from titan_exp.config.sections import LauncherConfig
 from titan_exp.parallel.dims import MESH_DIMS
@@ -464,6 +465,14 @@ def check_checkpoint(cfg: JobConfig, world_size: int) -> None:
     _positive("checkpoint.interval", c.interval)
     if c.enable or c.create_seed_checkpoint:
         _writable_folder("checkpoint.folder", c.folder)
+    resumes_at = latest_step(c.folder) if c.enable else None
+    if resumes_at is not None and resumes_at >= cfg.training.steps:
+        raise ConfigError(
+            "training.steps",
+            cfg.training.steps,
+            f"checkpoint.folder={c.folder} holds step-{resumes_at} already, so nothing is left to train; "
+            "raise training.steps or point checkpoint.folder elsewhere",
+        )
     if c.keep_latest_k < 0:
         raise ConfigError("checkpoint.keep_latest_k", c.keep_latest_k, "must be >= 0 (0 keeps every checkpoint)")
     if c.initial_load_path is not None and not (Path(c.initial_load_path) / ".metadata").is_file():

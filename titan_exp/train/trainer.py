@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 from launchers.env import RankEnv
 from launchers.signals import StopRequested, stop_requested
-from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model, step_dir
+from titan_exp.checkpoint.layout import step_dir
+from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model
 from titan_exp.config.schema import JobConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.data.text import prepare_tokens
@@ -113,8 +114,7 @@ def _materialize(model: ModelParts, cfg: JobConfig, device: torch.device) -> Non
 
 
 def _write_seed_checkpoint(model: ModelParts, cfg: JobConfig, env: RankEnv) -> dict[str, float]:
-    path = step_dir(cfg.checkpoint.folder, 0)
-    save_model(model.parts[0], path)  # one rank, one part (config/check.py)
+    path = save_model(model.parts[0], cfg.checkpoint.folder)  # one rank, one part (config/check.py)
     _log0(env, f"seed checkpoint written to {path}; load it with checkpoint.initial_load_path={path}")
     return {}
 

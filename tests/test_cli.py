@@ -85,7 +85,8 @@ def test_sweep_goes_on_past_a_point_that_fails_at_run_time(tmp_path, store):
     assert result.returncode == 1
     assert "1 sweep point(s) failed" in result.stderr
     # One line per point: the failed one with its reason, the other ran to its last step.
-    assert re.search(rf"^\[0\] checkpoint.initial_load_path={corrupt}: failed \(.*metadata", result.stdout, re.M)
+    unreadable = rf"^\[0\] checkpoint.initial_load_path={corrupt}: failed \(.*is not a readable checkpoint"
+    assert re.search(unreadable, result.stdout, re.M)
     assert re.search(r"^\[1\] checkpoint.initial_load_path=null: done \(step 6, loss [\d.]+\)$", result.stdout, re.M)
     failed, finished = mlflow_runs(db)
     assert (failed.info.status, finished.info.status) == ("FAILED", "FINISHED")

@@ -195,7 +195,7 @@ def test_sweep_submits_a_job_per_point_and_goes_on_past_a_failing_one(slurm_env,
     )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     failed_point = re.search(rf"^\[2\] checkpoint.initial_load_path={corrupt}: failed \((.*)\)$", result.stdout, re.M)
-    assert failed_point and "metadata is None" in failed_point.group(1), result.stdout  # the rank's own error
+    assert failed_point and "is not a readable checkpoint" in failed_point.group(1), result.stdout
     assert "1 sweep point(s) failed" in result.stderr
     runs = mlflow_runs(db)
     assert sorted(run.info.status for run in runs) == ["FAILED", "FINISHED", "FINISHED"]

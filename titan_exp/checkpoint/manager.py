@@ -49,7 +49,10 @@ def load_model(model: torch.nn.Module, path: str) -> None:
 
 def _holds_training_state(path: str) -> bool:
     """Whether `path` was saved by TrainCheckpointer (model, optimizer, ... under their names)."""
-    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    try:
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    except Exception as err:
+        raise ValueError(f"{path} is not a readable checkpoint: {type(err).__name__}: {err}") from err
     return any(key.startswith("model.") for key in saved)
 
 

@@ -1,6 +1,8 @@
 """What this machine offers the ranks, counted without importing torch (it would slow every launch)."""
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 
@@ -28,3 +30,27 @@ def visible_gpu_ids() -> list[str]:
     ids = [d.strip() for d in visible.split(",") if d.strip()] if visible is not None else None
     count = visible_gpus()
     return ids[:count] if ids is not None else [str(i) for i in range(count)]
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can still hand out without swapping: MemAvailable, narrowed by the
+    cgroup's limit where the process runs in one (a container); None where neither is known."""
+    meminfo = Path("/proc/meminfo")
+    lines = meminfo.read_text().splitlines() if meminfo.exists() else []
+    known = [int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:")]
+    limit, used = Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")
+    if limit.exists() and used.exists() and limit.read_text().strip() != "max":
+        known.append(int(limit.read_text()) - int(used.read_text()))
+    return min(known) if known else None
+
+
+def gpu_memory() -> int | None:
+    """Bytes of the smallest GPU nvidia-smi lists; None without nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    try:
+        listed = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return min(int(mib) for mib in listed) * 1024**2 if listed else None

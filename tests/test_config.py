@@ -66,7 +66,8 @@ def resolved(overrides: list[str]) -> JobConfig:
 
 
 def test_inferred_degree_fills_the_world():
-    cfg = resolved(["parallelism=hsdp", "launcher.nproc_per_node=4", "launcher.device=cpu"])
+    four_ranks = ["launcher.nproc_per_node=4", "launcher.oversubscribe=true"]
+    cfg = resolved(["parallelism=hsdp", *four_ranks, "launcher.device=cpu"])
     assert (cfg.parallelism.data_parallel_replicate_degree, cfg.parallelism.data_parallel_shard_degree) == (2, 2)
     assert cfg.training.global_batch_size == cfg.training.local_batch_size * 4
 

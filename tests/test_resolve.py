@@ -30,8 +30,8 @@ def _left_open(section) -> list[str]:
     "overrides,nproc",
     [
         (["parallelism=fsdp"], 2),  # a -1 degree, no GPU: DEFAULT_CPU_RANKS
-        (["parallelism=fsdp_tp", "parallelism.data_parallel_shard_degree=2"], 4),  # the degrees' product
-        (["parallelism=hsdp", "launcher.nproc_per_node=4"], 4),
+        (["parallelism=fsdp_tp", "parallelism.data_parallel_shard_degree=2", "launcher.oversubscribe=true"], 4),
+        (["parallelism=hsdp", "launcher.nproc_per_node=4", "launcher.oversubscribe=true"], 4),
         (["parallelism=single"], 1),
     ],
 )

@@ -2,6 +2,8 @@
 
 import pytest
 
+from launchers.devices import cpu_cores
+
 from conftest import loss_curve, mlflow_runs, run_cli
 
 SHORT_RUN = [
@@ -22,7 +24,8 @@ SHORT_RUN = [
 )
 def test_layout_trains_and_lowers_the_loss(tmp_path, store, layout, nproc, mesh):
     uri, db = store
-    result = run_cli([*SHORT_RUN, f"parallelism={layout}", f"launcher.nproc_per_node={nproc}", uri], tmp_path)
+    ranks = [f"launcher.nproc_per_node={nproc}", f"launcher.oversubscribe={nproc > cpu_cores()}"]
+    result = run_cli([*SHORT_RUN, f"parallelism={layout}", *ranks, uri], tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     [run] = mlflow_runs(db)
     assert run.info.status == "FINISHED"

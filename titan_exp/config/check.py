@@ -6,10 +6,12 @@ visible GPUs); config/resolve.py gathers those facts and fills in what the confi
 """
 
 import contextlib
+import copy
 import dataclasses
 import math
 import tempfile
 import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from titan_exp.checkpoint.layout import latest_step
@@ -17,6 +19,7 @@ from titan_exp.config.schema import JobConfig
 from titan_exp.config.sections import LauncherConfig
 from titan_exp.parallel.dims import MESH_DIMS
 from titan_exp.parallel.stages import SCHEDULES, StagePlan
+from titan_exp.plan.memory import GIB, RankMemory
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -380,6 +383,67 @@ def check_gpus(launcher: LauncherConfig, nproc_per_node: int, visible_gpus: int,
             nproc_per_node,
             f"only {visible_gpus} GPU(s) visible; lower it or use launcher.device=cpu",
         )
+
+
+def check_cpu_ranks(launcher: LauncherConfig, nproc_per_node: int, cores: int) -> None:
+    """CPU ranks that our launcher starts here get a core each, unless oversubscribing is asked for:
+    more ranks than cores time-share them, and every speed figure of the run is then meaningless."""
+    if nproc_per_node > cores and not launcher.oversubscribe:
+        raise ConfigError(
+            "launcher.nproc_per_node",
+            nproc_per_node,
+            f"more CPU ranks than the {cores} core(s) this process may use; lower it, "
+            "or add launcher.oversubscribe=true to time-share the cores (fine for parity checks, not for speed)",
+        )
+
+
+def check_memory_fit(cfg: JobConfig, estimate: Callable[[JobConfig], RankMemory], budget: int, where: str) -> None:
+    """One rank's estimated peak (plan/memory.py) within the `budget` bytes each rank can have
+    (`where` says what that budget is). A refusal names the fixes that the same estimate says fit."""
+    needed = estimate(cfg)
+    if needed.total <= budget:
+        return
+    fixes = []
+    for options in _memory_fixes(cfg):
+        fitting = (fix for fix, changed in options if estimate(changed).total <= budget)
+        fixes += [fix] if (fix := next(fitting, None)) else []
+    fixes.append(_rank_count_fix(cfg, needed))
+    m = cfg.model
+    raise ConfigError(
+        "model",
+        f"{m.name}_{m.flavor}",
+        f"one rank needs about {needed.total / GIB:.1f} GiB ({needed.describe()}) but each can have "
+        f"{budget / GIB:.1f} GiB ({where}); try {' or '.join(fixes)}",
+    )
+
+
+def _rank_count_fix(cfg: JobConfig, needed: RankMemory) -> str:
+    """More ranks help where sharded training state dominates; fewer where each process's own
+    footprint does."""
+    if needed.parameters + needed.gradients + needed.optimizer_state >= needed.total / 2:
+        return "more ranks to shard over" if cfg.parallelism.data_parallel_shard_degree > 1 else "an FSDP layout"
+    return "fewer ranks (launcher.nproc_per_node)"
+
+
+def _memory_fixes(cfg: JobConfig) -> list[Iterator[tuple[str, JobConfig]]]:
+    """Kinds of change that lower one rank's memory, each as its options mildest first (the override
+    and the changed config): full activation checkpointing, smaller local batches (whole pipeline
+    microbatches), fewer layers."""
+    mb = cfg.parallelism.pipeline_parallel_microbatch_size if cfg.parallelism.pipeline_parallel_degree > 1 else 1
+    batches = [b for b in range(cfg.training.local_batch_size - 1, 0, -1) if b % mb == 0]
+    full_ac = [_changed(cfg, "activation_checkpoint.mode", "full")] if cfg.activation_checkpoint.mode != "full" else []
+    return [
+        iter(full_ac),
+        (_changed(cfg, "training.local_batch_size", b) for b in batches),
+        (_changed(cfg, "model.n_layers", n) for n in range(cfg.model.n_layers - 1, 0, -1)),
+    ]
+
+
+def _changed(cfg: JobConfig, key: str, value: object) -> tuple[str, JobConfig]:
+    changed = copy.deepcopy(cfg)
+    section, name = key.split(".")
+    setattr(getattr(changed, section), name, value)
+    return f"{key}={value}", changed
 
 
 def check_cuda_only_features(cfg: JobConfig) -> None:

@@ -9,10 +9,11 @@ import math
 import os
 from pathlib import Path
 
-from launchers.devices import cpu_cores, visible_gpus
+from launchers.devices import available_memory, cpu_cores, gpu_memory, visible_gpus
 from launchers.env import RankEnv, external_launcher
 from titan_exp.config import check
 from titan_exp.config.schema import JobConfig
+from titan_exp.plan.memory import GIB, RankMemory, rank_memory
 from titan_exp.tracking.store import absolute_uri
 
 # Ranks on a machine without GPUs when neither the launcher nor the degrees say how many.
@@ -35,6 +36,7 @@ def resolve(cfg: JobConfig) -> JobConfig:
     check.check_job(cfg)
     if cfg.debug.comm_mode == "real":
         check.check_cuda_only_features(cfg)
+        _check_resources(cfg)
     elif cfg.debug.comm_mode == "local_tensor":
         check.check_local_tensor_layout(cfg)
     if cfg.training.global_batch_size == -1:
@@ -91,6 +93,45 @@ def _place_on_slurm(cfg: JobConfig) -> None:
         launcher.gpus_per_node = launcher.nproc_per_node if launcher.device == "cuda" else 0
     if launcher.cpu_threads_per_rank == -1:
         launcher.cpu_threads_per_rank = launcher.cpus_per_task or 1
+
+
+def _check_resources(cfg: JobConfig) -> None:
+    """After every rule of the config itself: what the ranks need against what they can have, where
+    that is known from here. Our launcher's CPU ranks get a core each (unless oversubscribing);
+    one rank's estimated peak memory fits in a GPU, in the available memory shared by the CPU ranks,
+    or in a Slurm CPU job's launcher.mem_gb per node. Ranks that torchrun or srun started share the
+    node with siblings already allocating: not checked there."""
+    launcher = cfg.launcher
+    if launcher.name == "local" and launcher.device == "cpu" and not external_launcher():
+        check.check_cpu_ranks(launcher, launcher.nproc_per_node, cpu_cores())
+    if launcher.name == "slurm":
+        if launcher.device != "cpu" or launcher.mem_gb is None:
+            return
+        budget, where = launcher.mem_gb * GIB / launcher.nproc_per_node, f"launcher.mem_gb={launcher.mem_gb:g} per node"
+    elif external_launcher():
+        return
+    elif launcher.device == "cuda":
+        budget, where = gpu_memory(), "one GPU's memory"
+    else:
+        available, ranks = available_memory(), launcher.nproc_per_node
+        budget = available / ranks if available is not None else None
+        where = f"{(available or 0) / GIB:.1f} GiB available on this machine"
+        where += f" for {ranks} ranks" if ranks > 1 else ""
+    if budget is not None:
+        check.check_memory_fit(cfg, _rank_memory, int(budget), where)
+
+
+def _rank_memory(cfg: JobConfig) -> RankMemory:
+    t = cfg.training
+    return rank_memory(
+        cfg.model,
+        cfg.parallelism,
+        t.local_batch_size,
+        t.seq_len,
+        t.mixed_precision_param,
+        cfg.activation_checkpoint,
+        on_cpu=cfg.launcher.device == "cpu",
+    )
 
 
 def _ranks_per_node(cfg: JobConfig, gpus: int) -> int:

@@ -57,6 +57,9 @@ class LauncherConfig:
     cpu_threads_per_rank: int = -1
     # Sweep points running side by side (-m): -1 as many as fit.
     max_parallel: int = -1
+    # launcher=local on CPU: allow more ranks than this process has cores (they then time-share them;
+    # fine for parity checks, meaningless for speed).
+    oversubscribe: bool = False
 
     # launcher=slurm only.
     # -1: one GPU per rank with device=cuda, none with device=cpu.

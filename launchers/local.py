@@ -49,9 +49,23 @@ def _rank_entry(
     return run_recording_failures(fn, arg)
 
 
+# The launching process a rank of ours watches (set in the rank).
+_watched_launcher: list[int] = []
+
+
+def launcher_gone() -> signals.LauncherDied | None:
+    """LauncherDied if this process is a rank of ours whose launching process is gone. Its peers
+    may stop first, so a rank can fail in a collective before its own interrupt arrives: this says
+    what that failure really was."""
+    if _watched_launcher and not process_alive(_watched_launcher[0]):
+        return signals.LauncherDied(_watched_launcher[0])
+    return None
+
+
 def _stop_when_gone(launcher_pid: int) -> None:
     """Interrupt this rank (LauncherDied in its main thread) if the launching process dies: killed
     outright, it cannot stop the ranks itself, and submitit's controller would let them train on."""
+    _watched_launcher[:] = [launcher_pid]
 
     def interrupt(signum: int, frame: object) -> None:
         raise signals.LauncherDied(launcher_pid) if not process_alive(launcher_pid) else KeyboardInterrupt()

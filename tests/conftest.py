@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,3 +132,32 @@ def stopped_for_good(proc: subprocess.Popen, stop) -> Iterator[None]:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def start_mlflow_server(db: Path, port: int, log: Path) -> subprocess.Popen:
+    """`titan_exp ui` (a real `mlflow server`) on 127.0.0.1:`port` over the SQLite store `db`, once it
+    answers its health endpoint."""
+    command = [sys.executable, "-m", "titan_exp", "ui", "--uri", f"sqlite:///{db}", "--port", str(port)]
+    server = subprocess.Popen(
+        command, cwd=REPO, stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                stop_mlflow_server(server)
+                pytest.fail(f"mlflow server did not come up: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+
+
+def stop_mlflow_server(server: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()

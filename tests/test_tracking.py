@@ -8,10 +8,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 
 from launchers.env import free_port
 
-from conftest import REPO, mlflow_client, mlflow_runs, run_cli
+from conftest import REPO, mlflow_client, mlflow_runs, run_cli, start_mlflow_server, stop_mlflow_server
 
 SMOKE = ["experiment=smoke", "tracking=mlflow", "launcher.device=cpu"]
 # Where tests leave files for people to look at (git-ignored); CI can collect them.
@@ -40,30 +38,12 @@ def _rest(base: str, path: str, body: dict | None = None) -> dict:
 def mlflow_server(tmp_path_factory):
     """`titan_exp ui` (a real `mlflow server`) on 127.0.0.1 over a fresh SQLite store; yields its URL."""
     root = tmp_path_factory.mktemp("server")
-    db = root / "mlflow.db"
     port = free_port()
-    command = [sys.executable, "-m", "titan_exp", "ui", "--uri", f"sqlite:///{db}", "--port", str(port)]
-    server = subprocess.Popen(
-        command, cwd=REPO, stdout=open(root / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
+    server = start_mlflow_server(root / "mlflow.db", port, root / "server.log")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"mlflow server did not come up: {(root / 'server.log').read_text()[-2000:]}")
-                time.sleep(0.5)
-        yield url
+        yield f"http://127.0.0.1:{port}"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop_mlflow_server(server)
 
 
 @pytest.fixture(scope="module")

@@ -60,8 +60,12 @@ def _why_not_free(host: str, port: int) -> str | None:
     """Why the server could not listen there, or None: found before the server starts, since a
     server that cannot bind only logs it and keeps its workers running for a while."""
     with socket.socket() as probe:
+        # As the server binds (uvicorn sets SO_REUSEADDR): a port whose last server just stopped,
+        # with its connections in TIME_WAIT, is free to it.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
+            probe.listen()
         except OSError as err:
             return f"cannot be listened on ({err.strerror})"
     return None

@@ -9,6 +9,7 @@ import contextlib
 import copy
 import dataclasses
 import math
+import sqlite3
 import tempfile
 import typing
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ from titan_exp.config.sections import LauncherConfig
 from titan_exp.parallel.dims import MESH_DIMS
 from titan_exp.parallel.stages import SCHEDULES, StagePlan
 from titan_exp.plan.memory import GIB, RankMemory
+from titan_exp.tracking.config import TrackingConfig
+from titan_exp.tracking.store import is_store_busy, server_answers, sqlite_path
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -45,7 +48,7 @@ def _in_range(key: str, value: float, low: float, high: float) -> None:
         raise ConfigError(key, value, f"must lie in [{low:g}, {high:g}]")
 
 
-def _writable_folder(key: str, folder: str) -> None:
+def _writable_folder(key: str, folder: str, value: str | None = None) -> None:
     """A folder a file can be written in, found by trying (permission bits say little to root, or on
     /proc): the folder is made if missing, a file created and removed in it, and what was made for
     the try removed again."""
@@ -59,7 +62,7 @@ def _writable_folder(key: str, folder: str) -> None:
             pass
     except OSError as err:
         fix = f"cannot write there ({err.strerror}); point it at a folder you can write"
-        raise ConfigError(key, folder, fix) from None
+        raise ConfigError(key, value or folder, fix) from None
     finally:
         for made in missing:  # deepest first
             with contextlib.suppress(OSError):
@@ -547,6 +550,56 @@ def check_checkpoint(cfg: JobConfig, world_size: int) -> None:
         )
 
 
+# How long a tracking server has to answer its health endpoint before the job is refused.
+_SERVER_ANSWER_S = 3.0
+_STORE_FORMS = "sqlite:///path/to/mlflow.db or http(s)://host:port of an MLflow server (or tracking=none)"
+
+
+def check_tracking(t: TrackingConfig) -> None:
+    """A store the job can write, found before any rank starts (a job that trains to the end and
+    records nothing costs its whole run): a SQLite file that is a database, in a folder that can
+    be written, or a server that answers."""
+    if not t.enable:
+        return
+    if not t.experiment:
+        raise ConfigError("tracking.experiment", "''", "must name an MLflow experiment, e.g. titan_exp")
+    _positive("tracking.close_timeout_s", t.close_timeout_s)
+    if not t.uri:
+        raise ConfigError("tracking.uri", "''", f"must name a store: {_STORE_FORMS}")
+    db = sqlite_path(t.uri)
+    if db is not None:
+        _sqlite_store(t.uri, db)
+    elif t.uri.startswith(("http://", "https://")):
+        _answering_server(t.uri)
+    else:
+        raise ConfigError("tracking.uri", t.uri, f"unsupported store; use {_STORE_FORMS}")
+
+
+def _sqlite_store(uri: str, db: Path) -> None:
+    _writable_folder("tracking.uri", str(db.parent), uri)
+    if not db.exists():
+        return
+    try:  # reads the schema only: cheap on any size of store
+        with contextlib.closing(sqlite3.connect(f"{db.absolute().as_uri()}?mode=ro", uri=True, timeout=5)) as store:
+            store.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as err:
+        if is_store_busy(err):  # another job is writing it: a database
+            return
+        raise ConfigError(
+            "tracking.uri", uri, f"{db} is not a readable SQLite database ({err}); move it away or name another file"
+        ) from None
+
+
+def _answering_server(uri: str) -> None:
+    if down := server_answers(uri, _SERVER_ANSWER_S):
+        raise ConfigError(
+            "tracking.uri",
+            uri,
+            f"{down}; start one (mlflow server --backend-store-uri sqlite:///mlflow.db --port PORT) "
+            "or use a sqlite:/// store",
+        )
+
+
 def check_profiling(cfg: JobConfig) -> None:
     _choice("profiling", cfg.profiling.name, ("none",))
 
@@ -561,3 +614,4 @@ def check_job(cfg: JobConfig) -> None:
     check_checkpoint(cfg, cfg.launcher.world_size)
     check_quantize(cfg)
     check_profiling(cfg)
+    check_tracking(cfg.tracking)

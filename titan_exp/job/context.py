@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+from titan_exp.tracking.journal import JOURNAL_FILE, RUN_ID_FILE, RUN_LOG_FILE
+
 
 @dataclass(frozen=True)
 class RunContext:
@@ -16,9 +18,14 @@ class RunContext:
     @property
     def run_id_file(self) -> Path:
         """Where rank 0 records its MLflow run id, so the launching process can close a dead job's run."""
-        return Path(self.job_dir) / "mlflow_run_id"
+        return Path(self.job_dir) / RUN_ID_FILE
+
+    @property
+    def journal_file(self) -> Path:
+        """Rank 0's record of every call to the store, replayable (tracking/journal.py)."""
+        return Path(self.job_dir) / JOURNAL_FILE
 
     @property
     def run_log_file(self) -> Path:
         """Rank 0's console output, logged with its MLflow run."""
-        return Path(self.job_dir) / "rank0.log"
+        return Path(self.job_dir) / RUN_LOG_FILE

@@ -12,9 +12,10 @@ from launchers.local import launch_local
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.context import RunContext
 from titan_exp.job.identity import run_name, run_tags
-from titan_exp.job.rank_entry import run_rank
+from titan_exp.job.rank_entry import TRACKING_INCOMPLETE, run_rank
+from titan_exp.job.tracked_run import left_in_journal
 from titan_exp.metrics.format import format_summary
-from titan_exp.tracking.run import close_run_from_outside
+from titan_exp.tracking.journal import close_run_from_outside
 from titan_exp.tracking.store import ensure_store
 
 
@@ -31,11 +32,11 @@ def run_job(cfg: JobConfig, job_dir: Path) -> dict[str, float]:
     started_by = external_launcher()
     ctx = RunContext(job_dir=str(job_dir), started_by=started_by or cfg.launcher.name)
     if started_by:
-        return run_rank((cfg, ctx))  # this process is one rank already
+        return _tracking_complete(run_rank((cfg, ctx)))  # this process is one rank already
     if cfg.tracking.enable:
         ensure_store(cfg.tracking)
     try:
-        return launch_local(
+        result = launch_local(
             run_rank,
             (cfg, ctx),
             cfg.launcher.nproc_per_node,
@@ -46,8 +47,29 @@ def run_job(cfg: JobConfig, job_dir: Path) -> dict[str, float]:
         )
     except BaseException as err:
         if cfg.tracking.enable:
-            close_run_from_outside(cfg.tracking, ctx.run_id_file, run_name(cfg), run_tags(cfg, ctx.started_by), err)
+            _close_run_from_outside(cfg, ctx, err)
         raise
+    return _tracking_complete(result)
+
+
+class TrackingIncomplete(RuntimeError):
+    """Training finished, but the store did not take all of its records (they are in the journal)."""
+
+
+def _tracking_complete(result: dict[str, object]) -> dict[str, object]:
+    """Rank 0's result, or TrackingIncomplete when the store did not take all of the run."""
+    if TRACKING_INCOMPLETE in result:
+        raise TrackingIncomplete(f"training finished, but {result[TRACKING_INCOMPLETE]}")
+    return result
+
+
+def _close_run_from_outside(cfg: JobConfig, ctx: RunContext, err: BaseException) -> None:
+    """The ranks died of `err`: what rank 0 journaled and its log go into the run, which ends with
+    the status `err` implies (a store that is down leaves that for `sync`, and says so)."""
+    try:
+        close_run_from_outside(cfg.tracking, Path(ctx.job_dir), run_name(cfg), run_tags(cfg, ctx.started_by), err)
+    except Exception as store_err:
+        err.add_note(left_in_journal(ctx, f"{type(store_err).__name__}: {store_err}"))
 
 
 class StoppedBySlurm(RuntimeError):
@@ -98,11 +120,11 @@ def _run_on_slurm(cfg: JobConfig, job_dir: Path) -> dict[str, float]:
         result = slurm.wait(job, lambda line: print(line, flush=True))
         if "stopped" in result:
             raise StoppedBySlurm(result["stopped"])
-        return result
     except BaseException as err:
         if cfg.tracking.enable:
-            close_run_from_outside(cfg.tracking, ctx.run_id_file, run_name(cfg), run_tags(cfg, "slurm"), err)
+            _close_run_from_outside(cfg, ctx, err)
         raise
+    return _tracking_complete(result)
 
 
 def _dry_run(cfg: JobConfig) -> dict[str, float]:

@@ -16,12 +16,16 @@ from launchers.signals import StopRequested
 from launchers.slurm import requeue_this_job
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.context import RunContext
-from titan_exp.job.tracked_run import LeaveRunOpen, tracked_run
+from titan_exp.job.tracked_run import LeaveRunOpen, left_in_journal, tracked_run
+
+# In rank 0's result: what the store did not take (it stays in the journal), when it did not take all.
+TRACKING_INCOMPLETE = "tracking_incomplete"
 
 
 def run_rank(args: tuple[JobConfig, RunContext]) -> dict[str, object]:
-    """A rank's body; returns its last logged metrics (rank 0's are the job's), or {"stopped":
-    reason} when Slurm stopped the job for good (see _after_stop)."""
+    """A rank's body; returns its last logged metrics (rank 0's are the job's, with
+    TRACKING_INCOMPLETE when the store did not take all of them), or {"stopped": reason} when
+    Slurm stopped the job for good (see _after_stop)."""
     cfg, ctx = args
     started = time.monotonic()
     if ctx.started_by == "srun":
@@ -33,9 +37,12 @@ def run_rank(args: tuple[JobConfig, RunContext]) -> dict[str, object]:
             from titan_exp.train.trainer import train  # torch, after the writer has started
 
             try:
-                return train(cfg, env, tracker)
+                result = train(cfg, env, tracker)
             except StopRequested as stop:
                 raise _after_stop(cfg, ctx, stop, time.monotonic() - started, env.rank == 0) from None
+        if tracker is not None and tracker.incomplete:
+            result[TRACKING_INCOMPLETE] = left_in_journal(ctx, tracker.incomplete)
+        return result
     except Requeued as requeued:
         if env.rank == 0:  # last: the requeue ends this run of the job
             print(f"titan_exp: {requeued}", flush=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from launchers import signals
+from launchers.local import launcher_gone
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.context import RunContext
 from titan_exp.job.identity import flatten, run_name, run_tags
@@ -33,7 +34,9 @@ def tracked_run(cfg: JobConfig, ctx: RunContext, resume_run_id: str | None = Non
     interpreter's exit."""
     with run_log(ctx.run_log_file) as log_copy, _sigterm_raises():
         tags = run_tags(cfg, ctx.started_by)
-        tracker = BackgroundTracker(cfg.tracking, run_name(cfg), tags, ctx.run_id_file, resume_run_id)
+        tracker = BackgroundTracker(
+            cfg.tracking, run_name(cfg), tags, ctx.run_id_file, resume_run_id, journal_file=ctx.journal_file
+        )
         status, reason = "FINISHED", None
         try:
             if resume_run_id is None:  # a resumed run has its config already
@@ -43,7 +46,7 @@ def tracked_run(cfg: JobConfig, ctx: RunContext, resume_run_id: str | None = Non
             status = None
             raise
         except BaseException as err:
-            status, reason = outcome(err)
+            status, reason = outcome(launcher_gone() or err)
             with interrupts_ignored(), contextlib.suppress(OSError):
                 log_copy.write(traceback.format_exc())
                 log_copy.flush()
@@ -52,6 +55,15 @@ def tracked_run(cfg: JobConfig, ctx: RunContext, resume_run_id: str | None = Non
             with interrupts_ignored():  # the next interrupt must not cut the record short
                 tracker.log_artifact(ctx.run_log_file, "logs")
                 tracker.close(status, reason)
+            if tracker.incomplete:
+                print(f"titan_exp: {left_in_journal(ctx, tracker.incomplete)}", flush=True)
+
+
+def left_in_journal(ctx: RunContext, why: str) -> str:
+    return (
+        f"the MLflow store did not take all of this run's records ({why}); they are kept in "
+        f"{ctx.journal_file}: python -m titan_exp sync {ctx.job_dir} writes them in once the store is back"
+    )
 
 
 class Terminated(KeyboardInterrupt):

@@ -19,3 +19,6 @@ class TrackingConfig:
     # node, sampled every system_metrics_interval_s (MLflow's system metrics, under system/).
     system_metrics: bool = False
     system_metrics_interval_s: float = 10.0
+    # How long the end of a job waits for the store to take what is still queued; past it the rest
+    # stays in the job's journal (tracking_journal.jsonl) for `python -m titan_exp sync DIR`.
+    close_timeout_s: float = 300.0

@@ -75,6 +75,9 @@ class MlflowRun:
     def log_artifact(self, path: Path, artifact_dir: str) -> None:
         with_retries(lambda: self.client.log_artifact(self.run_id, str(path), artifact_dir))
 
+    def metric_history(self, key: str) -> list:
+        return with_retries(lambda: self.client.get_metric_history(self.run_id, key))
+
     def set_tag(self, key: str, value: str) -> None:
         with_retries(lambda: self.client.set_tag(self.run_id, key, value[:_MAX_TAG_LENGTH]))
 
@@ -96,18 +99,3 @@ def outcome(err: BaseException) -> tuple[str, str]:
     interrupted = isinstance(err, KeyboardInterrupt) or getattr(err, "interrupted", False)
     status = "KILLED" if interrupted else "FAILED"
     return status, f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-
-
-def close_run_from_outside(
-    cfg: TrackingConfig, run_id_file: Path, run_name: str, tags: dict[str, str], err: BaseException
-) -> None:
-    """The launching process's last word when the ranks died of `err`: end their run (or, if rank
-    0 never got to create one, a new run) with the status and reason `err` implies; a note on
-    `err` says which run ended how."""
-    status, reason = outcome(err)
-    if run_id_file.exists():
-        run = MlflowRun(cfg.uri, run_id_file.read_text().strip())
-    else:
-        run = MlflowRun.create(cfg, run_name, tags)
-    run.finish(status, reason)
-    err.add_note(f"run {run.run_id} ended {status}")

@@ -4,6 +4,7 @@ SQLite store. MLflow itself is imported only when a client is opened (seconds of
 import fcntl
 import logging
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -85,6 +86,17 @@ def experiment_id(mlflow_client, cfg: TrackingConfig) -> str:
         if experiment is None:
             raise
         return experiment.experiment_id
+
+
+def server_answers(uri: str, timeout_s: float = 3.0) -> str | None:
+    """None if the tracking server at `uri` answers its health endpoint within `timeout_s`, else why not."""
+    health = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(health, timeout=timeout_s) as answer:
+            answer.read()
+    except (OSError, ValueError) as err:
+        return f"no MLflow server answers at {health} within {timeout_s:g} s ({getattr(err, 'reason', None) or err})"
+    return None
 
 
 def is_store_busy(err: Exception) -> bool:

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from launchers import signals
 from titan_exp.tracking.config import TrackingConfig
+from titan_exp.tracking.journal import Journal
 from titan_exp.tracking.run import MlflowRun
 from titan_exp.tracking.store import is_store_busy
 from titan_exp.tracking.system_metrics import start_system_metrics, stop_system_metrics
@@ -27,6 +29,8 @@ JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 # is recorded, with far fewer store transactions (each costs milliseconds of CPU) than one per step.
 _METRICS_FLUSH_SECONDS = 2.0
 _STOP = ("stop", ())
+# The writer's exit status when the store did not take everything.
+_EXIT_INCOMPLETE = 3
 
 
 class BackgroundTracker:
@@ -56,9 +60,17 @@ class BackgroundTracker:
         tags: dict[str, str],
         run_id_file: Path | None,
         resume_run_id: str | None = None,
+        journal_file: Path | None = None,
     ):
         """`resume_run_id`: go on writing that (unfinished) run instead of creating one, e.g. after
-        the job was requeued."""
+        the job was requeued. `journal_file`: where every call is recorded before it is queued
+        (tracking/journal.py)."""
+        self._close_timeout_s = cfg.close_timeout_s
+        self._journal = Journal(journal_file) if journal_file else None
+        created = {"uri": cfg.uri, "experiment": cfg.experiment, "parent_run_id": cfg.parent_run_id}
+        self._record("create", {**created, "run_name": run_name, "tags": tags, "resume_run_id": resume_run_id})
+        # What the store did not take, once closed (None: it took everything).
+        self.incomplete: str | None = None
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied torch or process-group state
         # Started with the job-wide signals ignored, which the writer and multiprocessing's resource
         # tracker (started with the queue) keep across exec: they die with rank 0 instead.
@@ -73,16 +85,25 @@ class BackgroundTracker:
             self._process.start()
 
     def log_params(self, params: dict[str, object]) -> None:
-        self._queue.put(("log_params", (params,)))
+        self._send("log_params", {key: str(value) for key, value in params.items()})
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self._queue.put(("log_metrics", ([(step, metrics, int(time.time() * 1000))],)))
+        self._send("log_metrics", [(step, metrics, int(time.time() * 1000))])
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self._queue.put(("log_text", (text, artifact_file)))
+        self._send("log_text", text, artifact_file)
 
     def log_artifact(self, path: Path, artifact_dir: str) -> None:
-        self._queue.put(("log_artifact", (path, artifact_dir)))
+        self._send("log_artifact", str(path), artifact_dir)
+
+    def _send(self, call: str, *args: object) -> None:
+        """Journaled first, then queued for the writer."""
+        self._record(call, *args)
+        self._queue.put((call, args))
+
+    def _record(self, call: str, *args: object) -> None:
+        if self._journal is not None:
+            self._journal.record(call, *args)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -95,16 +116,25 @@ class BackgroundTracker:
 
     def close(self, status: str | None, reason: str | None = None) -> None:
         """Write everything queued, end the run with `status` (None: leave it running, for a job that
-        goes on later), and wait for the writer."""
+        goes on later), and wait for the writer, at most tracking.close_timeout_s: a store that is
+        down longer leaves the rest in the journal. Sets `incomplete` if the store did not take all."""
         os.kill(self._process.pid, signal.SIGCONT)  # in case an interrupt came between pause and resume
         if status is not None:
-            self._queue.put(("finish", (status, reason)))
+            self._send("finish", status, reason)
         self._queue.put(_STOP)
         with interrupts_ignored():
-            self._process.join()
+            self._process.join(self._close_timeout_s)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
         # The writer read everything up to the stop marker, or died: either way nothing is left
         # for the queue's feeder thread to deliver, and exit must not wait on it.
         self._queue.cancel_join_thread()
+        if self._process.exitcode != 0:
+            waited = self._process.exitcode == -signal.SIGKILL
+            self.incomplete = f"still writing after {self._close_timeout_s:g} s" if waited else "the writer failed"
+        if self._journal is not None:
+            self._journal.close()
 
 
 def interrupts_ignored() -> contextlib.AbstractContextManager[None]:
@@ -158,6 +188,7 @@ def _write_run(
         stop_system_metrics(monitor)
     if error:
         print(f"titan_exp: tracking failed, the run's MLflow record is incomplete: {error}", flush=True)
+        sys.exit(_EXIT_INCOMPLETE)
 
 
 def _batches(calls):

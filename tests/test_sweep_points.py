@@ -74,9 +74,9 @@ def test_console_lines_update_in_place_on_a_terminal_and_print_changes_elsewhere
 def test_local_points_run_side_by_side_each_on_a_core_of_its_own(tmp_path, store):
     uri, db = store
     sweep = ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", "launcher.nproc_per_node=2"]
-    result = run_cli(
-        [*sweep, "training.steps=30", "launcher.max_parallel=2", "debug.seed=0,1"], tmp_path, flags=("-m",)
-    )
+    # 2 points of 2 ranks on 2 cores: side by side only when oversubscribing is asked for.
+    side_by_side = ["launcher.max_parallel=2", "launcher.oversubscribe=true"]
+    result = run_cli([*sweep, "training.steps=30", *side_by_side, "debug.seed=0,1"], tmp_path, flags=("-m",))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert re.search(r"^\[0\] debug.seed=0: done \(step 30, loss", result.stdout, re.M), result.stdout
     first, second = mlflow_runs(db)

@@ -3,8 +3,8 @@ overrides>` in a process of its own (its console in <point dir>/console.log), st
 the machine has room for it, in order.
 
 Room: on this machine, GPUs (a point takes one per rank, as CUDA_VISIBLE_DEVICES) or CPU cores (a
-point takes an equal share of them, by affinity: max_parallel points at a time, or as many as leave
-each rank a core); `launcher.max_parallel` caps the points running at once. A point that submits a
+point takes an equal share of them, by affinity: as many points at a time as leave each rank a core,
+or launcher.max_parallel if fewer, or more when every point has launcher.oversubscribe=true). A point that submits a
 Slurm job needs no room here: at most `launcher.array_parallelism` of them are in flight. The
 console shows one line per point (queued, running at step N, done, failed and why), redrawn in
 place on a terminal and printed as it changes elsewhere.
@@ -105,8 +105,11 @@ class _Room:
     @classmethod
     def of_this_machine(cls, points: list[SweepPoint], max_parallel: int, max_on_slurm: int) -> "_Room":
         cores = sorted(os.sched_getaffinity(0))
-        widest = max((p.ranks_here for p in points if p.cfg and p.cfg.launcher.device == "cpu"), default=1)
-        side_by_side = max_parallel if max_parallel > 0 else max(1, len(cores) // max(widest, 1))
+        on_cpu = [p for p in points if p.cfg and p.cfg.launcher.device == "cpu" and p.ranks_here]
+        fit = max(1, len(cores) // max((p.ranks_here for p in on_cpu), default=1))  # a core per rank
+        # max_parallel caps the points side by side; beyond what fits only if every point oversubscribes.
+        oversubscribing = bool(on_cpu) and all(p.cfg.launcher.oversubscribe for p in on_cpu)
+        side_by_side = fit if max_parallel <= 0 else max_parallel if oversubscribing else min(max_parallel, fit)
         return cls(visible_gpu_ids(), cores, max(1, len(cores) // side_by_side), max_parallel, max_on_slurm)
 
     def take(self, point: SweepPoint) -> bool:

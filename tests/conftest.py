@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,3 +162,21 @@ def stop_mlflow_server(server: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+
+
+def chromium(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Debian's headless Chromium with `args` (a URL, --dump-dom, --screenshot=...), behind
+    `prefix` (e.g. unshare --net, to take the network away)."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.fail("Debian's chromium is not installed: ./setup.sh --test installs it")
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--window-size=1400,900",
+        "--virtual-time-budget=20000",
+    ]
+    return subprocess.run([*prefix, binary, *flags, *args], capture_output=True, text=True, timeout=180)

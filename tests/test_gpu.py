@@ -30,3 +30,25 @@ def test_fsdp_on_every_gpu_reports_cuda_memory(tmp_path, store):
     assert run.data.metrics["memory/max_active_gib"] > 0 and "memory/cpu_rss_peak_gib" not in run.data.metrics
     losses = loss_curve(db, run.info.run_id)
     assert losses[-1] < losses[0]
+
+
+def test_memory_profiling_writes_cuda_snapshots_and_one_when_a_rank_runs_out(tmp_path, store):
+    assert visible_gpus() > 0, "no GPU visible: this test needs a CUDA machine"
+    uri, db = store
+    cuda = ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cuda", "launcher.nproc_per_node=1"]
+    audited = ["profiling=full", "profiling.memory_snapshot_freq=3", "profiling.profile_freq=3"]
+    audited += ["profiling.profiler_warmup=1"]
+    result = run_cli([*cuda, *audited, "training.steps=3"], tmp_path / "ok")
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = tmp_path / "ok" / "run" / "memory_snapshot" / "iteration_3"
+    assert (folder / "rank0_memory_snapshot.pickle").stat().st_size > 0
+    assert (folder / "rank0_memory.html").exists()
+    # A batch no GPU holds: the rank dumps a snapshot and the run ends FAILED with reason OOM.
+    huge = ["model=llama3_1b", "training.local_batch_size=512", "training.seq_len=2048", "profiling=memory"]
+    result = run_cli([*cuda, *huge, "training.steps=1"], tmp_path / "oom")
+    assert result.returncode in (1, 2), result.stderr[-3000:]
+    if result.returncode == 2:
+        pytest.skip("the pre-flight memory check refused the batch before the GPU could run out")
+    assert list((tmp_path / "oom" / "run" / "memory_snapshot" / "oom").glob("rank0_memory_snapshot.pickle"))
+    failed = mlflow_runs(db)[-1]
+    assert failed.info.status == "FAILED" and "OOM on rank 0" in failed.data.tags["failure_reason"]

@@ -7,7 +7,6 @@ import html
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import urllib.request
@@ -17,7 +16,7 @@ import pytest
 
 from launchers.env import free_port
 
-from conftest import REPO, mlflow_client, mlflow_runs, run_cli, start_mlflow_server, stop_mlflow_server
+from conftest import REPO, chromium, mlflow_client, mlflow_runs, run_cli, start_mlflow_server, stop_mlflow_server
 
 SMOKE = ["experiment=smoke", "tracking=mlflow", "launcher.device=cpu"]
 # Where tests leave files for people to look at (git-ignored); CI can collect them.
@@ -84,30 +83,14 @@ def test_sweep_tracked_over_http_reads_back_through_the_rest_api(server_sweep):
     } <= compare
 
 
-def _chromium(*args: str) -> subprocess.CompletedProcess:
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    if binary is None:
-        pytest.fail("Debian's chromium is not installed: ./setup.sh --test installs it")
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        "--window-size=1400,900",
-        "--virtual-time-budget=20000",
-    ]
-    return subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=180)
-
-
 def _page_text(url: str) -> str:
     """The text a reader sees on the page once its scripts have run (tags stripped, spaces collapsed)."""
-    dom = _chromium("--dump-dom", url).stdout
+    dom = chromium("--dump-dom", url).stdout
     dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
 
 
-def test_mlflow_ui_lists_the_sweep_in_headless_chromium(server_sweep):
+def test_mlflow_ui_lists_the_sweep_in_headlesschromium(server_sweep):
     url, experiment_id = server_sweep
     runs_page = f"{url}/#/experiments/{experiment_id}/runs"
     text = _page_text(runs_page)
@@ -119,7 +102,7 @@ def test_mlflow_ui_lists_the_sweep_in_headless_chromium(server_sweep):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     screenshot = ARTIFACTS / "mlflow_ui_sweep_runs.png"
     screenshot.unlink(missing_ok=True)
-    _chromium(f"--screenshot={screenshot}", runs_page)
+    chromium(f"--screenshot={screenshot}", runs_page)
     assert screenshot.stat().st_size > 10_000  # a rendered page, not an empty canvas
     print(f"screenshot: {screenshot}")
 

@@ -601,7 +601,34 @@ def _answering_server(uri: str) -> None:
 
 
 def check_profiling(cfg: JobConfig) -> None:
-    _choice("profiling", cfg.profiling.name, ("none",))
+    p = cfg.profiling
+    _choice("profiling", p.name, ("none", "trace", "memory", "full"))
+    if p.enable_profiling:
+        _positive("profiling.profiler_active", p.profiler_active)
+        if p.profiler_warmup < 0:
+            raise ConfigError("profiling.profiler_warmup", p.profiler_warmup, "must be >= 0")
+        if p.profile_freq < p.profiler_warmup + p.profiler_active:
+            raise ConfigError(
+                "profiling.profile_freq",
+                p.profile_freq,
+                f"must be >= profiling.profiler_warmup + profiling.profiler_active = "
+                f"{p.profiler_warmup + p.profiler_active} (the steps each period warms up and records)",
+            )
+        if not p.save_traces_folder:
+            raise ConfigError("profiling.save_traces_folder", "''", "must name a folder (relative to the job's)")
+    if p.enable_memory_snapshot:
+        _positive("profiling.memory_snapshot_freq", p.memory_snapshot_freq)
+        if cfg.parallelism.pipeline_parallel_degree > 1:
+            raise ConfigError(
+                "profiling.enable_memory_snapshot",
+                True,
+                "torch 2.13's MemTracker cannot follow a module run once per pipeline microbatch; audit a pp=1 "
+                "layout of the same model, or use profiling=trace",
+            )
+        if not p.save_memory_snapshot_folder:
+            raise ConfigError(
+                "profiling.save_memory_snapshot_folder", "''", "must name a folder (relative to the job's)"
+            )
 
 
 def check_job(cfg: JobConfig) -> None:

@@ -13,13 +13,13 @@ from titan_exp.config.sections import (
     LauncherConfig,
     MetricsConfig,
     ParityConfig,
-    ProfilingConfig,
     TrainingConfig,
 )
 from titan_exp.data.config import DataConfig
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.optim.config import LRSchedulerConfig, OptimizerConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
+from titan_exp.profiling.config import ProfilingConfig
 from titan_exp.quantize.config import QuantizeConfig
 from titan_exp.tracking.config import TrackingConfig
 

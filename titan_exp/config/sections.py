@@ -1,5 +1,5 @@
 """Config sections that belong to the job as a whole rather than to one component: the training
-loop's (training, metrics, debug), placement's (launcher) and the run modes' (parity, profiling).
+loop's (training, metrics, debug), placement's (launcher) and the parity run mode's.
 Components' own sections sit next to their code (models/llama3/args.py, parallel/config.py,
 optim/config.py, data/, quantize/, checkpoint/, tracking/). Key names are torchtitan's and torchrun's."""
 
@@ -101,9 +101,3 @@ class ParityConfig:
     layouts: list[str] = field(default_factory=list)
     # Largest relative deviation of a layout's loss from the reference's, at any step, that passes.
     rtol: float = 1e-4
-
-
-@dataclass
-class ProfilingConfig:
-    # No profiler hooks so far.
-    name: str = "none"

@@ -37,7 +37,7 @@ def run_rank(args: tuple[JobConfig, RunContext]) -> dict[str, object]:
             from titan_exp.train.trainer import train  # torch, after the writer has started
 
             try:
-                result = train(cfg, env, tracker)
+                result = train(cfg, env, tracker, Path(ctx.job_dir))
             except StopRequested as stop:
                 raise _after_stop(cfg, ctx, stop, time.monotonic() - started, env.rank == 0) from None
         if tracker is not None and tracker.incomplete:

@@ -83,6 +83,8 @@ def replay(journal: Path, uri: str | None = None, end: bool = True) -> Replayed:
             run.log_text(*args)
         elif call == "log_artifact" and Path(args[0]).exists():
             run.log_artifact(Path(args[0]), args[1])
+        elif call == "log_artifacts" and Path(args[0]).is_dir():
+            run.log_artifacts(Path(args[0]), args[1])
     finish = next((args for call, args in reversed(calls) if call == "finish"), None) if end else None
     if finish:
         run.finish(*finish)

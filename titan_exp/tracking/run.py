@@ -78,6 +78,9 @@ class MlflowRun:
     def metric_history(self, key: str) -> list:
         return with_retries(lambda: self.client.get_metric_history(self.run_id, key))
 
+    def log_artifacts(self, folder: Path, artifact_dir: str) -> None:
+        with_retries(lambda: self.client.log_artifacts(self.run_id, str(folder), artifact_dir))
+
     def set_tag(self, key: str, value: str) -> None:
         with_retries(lambda: self.client.set_tag(self.run_id, key, value[:_MAX_TAG_LENGTH]))
 

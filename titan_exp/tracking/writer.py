@@ -96,6 +96,10 @@ class BackgroundTracker:
     def log_artifact(self, path: Path, artifact_dir: str) -> None:
         self._send("log_artifact", str(path), artifact_dir)
 
+    def log_artifacts(self, folder: Path, artifact_dir: str) -> None:
+        """Every file under `folder`, under `artifact_dir` (as laid out there)."""
+        self._send("log_artifacts", str(folder), artifact_dir)
+
     def _send(self, call: str, *args: object) -> None:
         """Journaled first, then queued for the writer."""
         self._record(call, *args)

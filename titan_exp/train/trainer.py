@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from titan_exp.optim.lr_schedule import build_lr_scheduler
 from titan_exp.optim.optimizer import build_optimizer
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.mesh import ParallelMesh
+from titan_exp.profiling.profiler import RankProfiler
 from titan_exp.quantize.float8 import after_optimizer_step
 from titan_exp.tracking.writer import BackgroundTracker
 from titan_exp.train.loss import cross_entropy_loss
@@ -33,9 +35,12 @@ from titan_exp.train.model_parts import ModelParts, build_model_parts
 from titan_exp.train.step import ForwardBackward, global_loss
 
 
-def train(cfg: JobConfig, env: RankEnv, tracker: BackgroundTracker | None = None) -> dict[str, float]:
+def train(
+    cfg: JobConfig, env: RankEnv, tracker: BackgroundTracker | None = None, job_dir: Path = Path(".")
+) -> dict[str, float]:
     """Run the job as rank `env.rank`; returns rank 0's last logged metrics (empty elsewhere).
-    `tracker`: rank 0's MLflow writer, started by the caller (job/rank_entry.py)."""
+    `tracker`: rank 0's MLflow writer, started by the caller (job/rank_entry.py); `job_dir`: where
+    profiling writes."""
     device = select_device(cfg.launcher.device, env.local_rank)
     set_determinism(cfg.debug.seed, cfg.debug.deterministic)
     peak_flops = 0.0
@@ -50,7 +55,7 @@ def train(cfg: JobConfig, env: RankEnv, tracker: BackgroundTracker | None = None
         _materialize(model, cfg, device)
         if cfg.checkpoint.create_seed_checkpoint:
             return _write_seed_checkpoint(model, cfg, env)
-        return _train_steps(cfg, env, mesh, model, device, peak_flops, tracker)
+        return _train_steps(cfg, env, mesh, model, device, peak_flops, tracker, job_dir)
 
 
 def select_device(device: str, local_rank: int) -> torch.device:
@@ -178,6 +183,7 @@ def _train_steps(
     device: torch.device,
     peak_flops: float,
     tracker: BackgroundTracker | None,
+    job_dir: Path,
 ) -> dict[str, float]:
     """Resume if there is a checkpoint, then train cfg.training.steps steps, logging on rank 0."""
     t, dims = cfg.training, mesh.dims
@@ -216,13 +222,19 @@ def _train_steps(
     # Slurm warns a job ahead of its time limit (or preemption) with a signal: see _stop_agreed.
     watch_stop = cfg.launcher.name == "slurm"
     last: dict[str, float] = {}
+    profiler = RankProfiler(
+        cfg.profiling, job_dir, env.rank, device, model.parts, optimizers.optimizers, resumed_step + 1
+    )
     for step in range(resumed_step + 1, t.steps + 1):
-        step_loss, data_seconds = forward_backward(step)
-        grad_norm = clip_grad_norm_(params, t.max_norm, mesh.pp_group)
-        lr = optimizers.lr
-        optimizers.step()
-        for part in model.parts:
-            after_optimizer_step(part, cfg.quantize)
+        with profiler.step(step):
+            step_loss, data_seconds = forward_backward(step)
+            grad_norm = clip_grad_norm_(params, t.max_norm, mesh.pp_group)
+            lr = optimizers.lr
+            optimizers.step()
+            for part in model.parts:
+                after_optimizer_step(part, cfg.quantize)
+        if tracker and profiler.audit_metrics:
+            tracker.log_metrics(step, profiler.take_audit_metrics())
         if meter:
             meter.add_step(t.local_batch_size * t.seq_len * accumulation, data_seconds)
         if step == 1 or step % cfg.metrics.log_freq == 0 or step == t.steps:
@@ -243,7 +255,20 @@ def _train_steps(
             if cfg.checkpoint.enable and not saved:
                 checkpointer.save(step, is_writer=env.rank == 0)
             raise StopRequested(step, stop_requested() or "a peer's signal")
+    profiler.close()
+    _log_profiling(profiler, tracker)
     return last
+
+
+def _log_profiling(profiler: RankProfiler, tracker: BackgroundTracker | None) -> None:
+    """Every rank's profiling files into rank 0's run, once all ranks have written theirs."""
+    if not profiler.enabled:
+        return
+    if dist.is_initialized():
+        dist.barrier()
+    for folder, artifact_dir in ((profiler.trace_dir, "profiling/traces"), (profiler.memory_dir, "profiling/memory")):
+        if tracker and folder.is_dir():
+            tracker.log_artifacts(folder, artifact_dir)
 
 
 def _placement_facts(device: torch.device) -> dict[str, str]:

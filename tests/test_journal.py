@@ -111,7 +111,7 @@ def _say_so_and_sync(proc, out: str, err: str, job_dir: Path, db: Path, steps: i
 
 def test_a_killed_writer_loses_nothing_the_job_says_so_and_sync_replays_it(tmp_path, store):
     uri, db = store
-    proc = _start(tmp_path, ["training.steps=25", uri])
+    proc = _start(tmp_path, ["training.steps=15", uri])
     try:
         _read_until_step(proc, 3)
         writers = [pid for pid, cmdline in _descendants(proc.pid) if "spawn_main" in cmdline]
@@ -120,9 +120,10 @@ def test_a_killed_writer_loses_nothing_the_job_says_so_and_sync_replays_it(tmp_p
         out, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
-    _say_so_and_sync(proc, out, err, tmp_path / "run", db, steps=25)
+    _say_so_and_sync(proc, out, err, tmp_path / "run", db, steps=15)
 
 
+@pytest.mark.slow  # ~40 s: two server start-ups (the killed writer above covers the journal in the default run)
 def test_a_server_down_past_the_end_of_the_run_loses_nothing(tmp_path):
     db, port = tmp_path / "server.db", free_port()
     server = start_mlflow_server(db, port, tmp_path / "server.log")

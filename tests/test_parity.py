@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from launchers.env import RankEnv
 from titan_exp.config.resolve import resolve
+from titan_exp.parallel.stages import SCHEDULES
 from titan_exp.train.trainer import train
 
 from conftest import compose_config, loss_curve, mlflow_runs, run_cli
@@ -96,22 +97,26 @@ def test_layout_reproduces_the_single_device_curve(matrix, layout, nproc, local_
     torch.testing.assert_close(curve, matrix.single, rtol=RTOL, atol=0)
 
 
-def test_every_pipeline_schedule_reproduces_the_single_device_curve(matrix):
-    from titan_exp.parallel.stages import SCHEDULES
-
+@pytest.mark.parametrize(
+    "schedules",
+    [("1F1B", "ZBVZeroBubble"), pytest.param(SCHEDULES, marks=pytest.mark.slow)],
+    ids=["single_and_multi_stage", "every"],
+)
+def test_pipeline_schedules_reproduce_the_single_device_curve(matrix, schedules):
     # One sweep over the schedules: 2 pp ranks, 4 microbatches of 1 sample (DualPipeV needs one per stage).
     runs = matrix.sweep(
         [
             "parallelism=pp",
             "launcher.nproc_per_node=2",
             f"training.local_batch_size={GLOBAL_BATCH}",
-            f"parallelism.pipeline_parallel_schedule={','.join(SCHEDULES)}",
+            f"parallelism.pipeline_parallel_schedule={','.join(schedules)}",
         ]
     )
     pipelined = [(run, curve) for run, curve in runs if run.data.params["parallelism.name"] == "pp"]
-    schedules = [run.data.params["parallelism.pipeline_parallel_schedule"] for run, _ in pipelined]
-    assert sorted(schedules) == sorted(SCHEDULES)
-    for schedule, (_, curve) in zip(schedules, pipelined):
+    pipelined = pipelined[-len(schedules) :]  # this sweep's runs (the matrix's store holds earlier ones)
+    schedules_run = [run.data.params["parallelism.pipeline_parallel_schedule"] for run, _ in pipelined]
+    assert sorted(schedules_run) == sorted(schedules)
+    for schedule, (_, curve) in zip(schedules_run, pipelined):
         torch.testing.assert_close(curve, matrix.single, rtol=RTOL, atol=0, msg=lambda m, s=schedule: f"{s}: {m}")
 
 
@@ -245,17 +250,25 @@ TINY_MODEL = [
 FLOAT8_RTOL = 1e-2
 
 
-def test_float8_stays_close_to_full_precision(tmp_path, store):
+FSDP = ["parallelism=fsdp", "launcher.nproc_per_node=2"]
+# Same global batch throughout: fsdp_tp on 4 ranks has 2 data-parallel ranks, like fsdp on 2.
+FLOAT8_VARIANTS = {
+    "tensorwise": [*FSDP, "quantize=float8"],
+    "rowwise": [*FSDP, "quantize=float8_rowwise"],
+    "fsdp_float8_all_gather": [*FSDP, "quantize=float8", "quantize.enable_fsdp_float8_all_gather=true"],
+    "tensorwise_fsdp_tp": ["parallelism=fsdp_tp", "launcher.nproc_per_node=4", "quantize=float8"],
+}
+
+
+@pytest.mark.parametrize(
+    "names",
+    [("tensorwise",), pytest.param(tuple(FLOAT8_VARIANTS), marks=pytest.mark.slow)],
+    ids=["tensorwise", "every"],
+)
+def test_float8_stays_close_to_full_precision(tmp_path, store, names):
     uri, db = store
-    fsdp = ["parallelism=fsdp", "launcher.nproc_per_node=2"]
-    reference = curve_of(tmp_path, store, "fp32", [*fsdp, *TINY_MODEL])
-    # Same global batch throughout: fsdp_tp on 4 ranks has 2 data-parallel ranks, like fsdp on 2.
-    variants = {
-        "tensorwise": [*fsdp, "quantize=float8"],
-        "rowwise": [*fsdp, "quantize=float8_rowwise"],
-        "fsdp_float8_all_gather": [*fsdp, "quantize=float8", "quantize.enable_fsdp_float8_all_gather=true"],
-        "tensorwise_fsdp_tp": ["parallelism=fsdp_tp", "launcher.nproc_per_node=4", "quantize=float8"],
-    }
+    reference = curve_of(tmp_path, store, "fp32", [*FSDP, *TINY_MODEL])
+    variants = {name: FLOAT8_VARIANTS[name] for name in names}
     for name, overrides in variants.items():
         low = curve_of(tmp_path, store, name, [*overrides, *TINY_MODEL])
         torch.testing.assert_close(low, reference, rtol=FLOAT8_RTOL, atol=0, msg=lambda m, n=name: f"{n}: {m}")

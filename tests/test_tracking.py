@@ -1,5 +1,5 @@
 """Tracking and comparison against real MLflow stores: a `mlflow server` on loopback read back over
-REST, its UI in headless Chromium, a SQLite store shared by eight jobs, sweeps as parent + child
+REST, its UI in headless Chromium, a SQLite store shared by four jobs, sweeps as parent + child
 runs, and the strategy table computed from what the runs logged."""
 
 import csv
@@ -186,10 +186,14 @@ def test_local_sweep_compares_its_points_into_the_parent_run(tmp_path, store):
     )
 
 
-def test_eight_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, store):
+# As many jobs as a 2-core machine runs at once with room to spare for contention on the store.
+JOBS_SHARING_A_STORE = 4
+
+
+def test_four_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, store):
     uri, db = store
     jobs = []
-    for i in range(8):
+    for i in range(JOBS_SHARING_A_STORE):
         command = [
             sys.executable,
             "-m",
@@ -210,8 +214,9 @@ def test_eight_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, store
         )
     for i, job in enumerate(jobs):
         assert job.wait(timeout=600) == 0, (tmp_path / f"job{i}.log").read_text()[-3000:]
+        assert "database is locked" not in (tmp_path / f"job{i}.log").read_text()  # retries that succeed are silent
     runs = mlflow_runs(db)
-    assert sorted(r.info.run_name for r in runs) == [f"job{i}" for i in range(8)]
+    assert sorted(r.info.run_name for r in runs) == [f"job{i}" for i in range(JOBS_SHARING_A_STORE)]
     client = mlflow_client(db)
     for run in runs:
         assert run.info.status == "FINISHED"

@@ -65,6 +65,9 @@ def test_sweep_tracked_over_http_reads_back_through_the_rest_api(server_sweep):
     children = [r for r in runs if r is not parent]
     parent_id = parent["info"]["run_id"]
     assert parent["info"]["status"] == "FINISHED" and parent["info"]["run_name"] == "sweep: parallelism=ddp,fsdp"
+    assert "compare/strategy_table.html" in tags[parent_id]["mlflow.note.content"]  # its Overview says where
+    experiment = _rest(url, f"experiments/get?experiment_id={experiment_id}")["experiment"]
+    assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in experiment["tags"]
     assert sorted(r["info"]["run_name"] for r in children) == ["llama3_debug·ddp2", "llama3_debug·fsdp2"]
     for child in children:
         child_id = child["info"]["run_id"]
@@ -90,7 +93,7 @@ def _page_text(url: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
 
 
-def test_mlflow_ui_lists_the_sweep_in_headlesschromium(server_sweep):
+def test_mlflow_ui_lists_the_sweep_in_headless_chromium(server_sweep):
     url, experiment_id = server_sweep
     runs_page = f"{url}/#/experiments/{experiment_id}/runs"
     text = _page_text(runs_page)
@@ -104,6 +107,31 @@ def test_mlflow_ui_lists_the_sweep_in_headlesschromium(server_sweep):
     screenshot.unlink(missing_ok=True)
     chromium(f"--screenshot={screenshot}", runs_page)
     assert screenshot.stat().st_size > 10_000  # a rendered page, not an empty canvas
+    print(f"screenshot: {screenshot}")
+
+
+def test_the_printed_link_opens_on_the_sweeps_points_sorted_by_tps(server_sweep):
+    url, experiment_id = server_sweep
+    port = url.rsplit(":", 1)[1]
+    printed = subprocess.run(
+        [sys.executable, "-m", "titan_exp", "ui", "--uri", url, "--port", port, "--print-link"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    link = printed.stdout.strip()
+    assert link.startswith(f"{url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"), link
+    text = _page_text(link)
+    assert "Token Usage" not in text and "Model training" in text  # not the GenAI overview
+    assert "Sort: throughput/tps_per_device_mean" in text and "2 matching runs" in text, text[-2000:]
+    children = _rest(url, "runs/search", {"experiment_ids": [experiment_id], "filter": "tags.world_size = '2'"})["runs"]
+    for child in children:
+        metrics = {m["key"]: m["value"] for m in child["data"]["metrics"]}
+        assert child["info"]["run_name"] in text
+        assert str(metrics["throughput/tps_per_device_mean"])[:5] in text  # its TPS/device (JS prints floats as repr)
+    screenshot = ARTIFACTS / "mlflow_ui_comparison_link.png"
+    screenshot.unlink(missing_ok=True)
+    chromium("--window-size=1600,900", f"--screenshot={screenshot}", link)
+    assert screenshot.stat().st_size > 10_000
     print(f"screenshot: {screenshot}")
 
 

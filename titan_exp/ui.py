@@ -2,6 +2,10 @@
 
 titan_exp ui                     # http://127.0.0.1:5000 over outputs/mlflow.db
 titan_exp ui --port 5001 --uri sqlite:////path/to/mlflow.db
+titan_exp ui --print-link        # only the link to the latest sweep's comparison (a server runs already)
+
+It prints a link that opens MLflow's model-training runs table on the latest sweep's points, the
+strategy columns shown and sorted by TPS/device (compare/ui_view.py).
 """
 
 import argparse
@@ -10,7 +14,7 @@ import socket
 import sys
 
 from titan_exp.tracking.config import TrackingConfig
-from titan_exp.tracking.store import absolute_uri, sqlite_path
+from titan_exp.tracking.store import absolute_uri, client, sqlite_path
 
 
 def server_command(backend_uri: str, host: str, port: int) -> list[str]:
@@ -46,14 +50,35 @@ def main(argv: list[str] | None = None) -> int:
         "--host", default="127.0.0.1", help="interface to listen on (default %(default)s: this machine only)"
     )
     parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--experiment", default=defaults.experiment, help="whose comparison the link opens")
+    parser.add_argument("--print-link", action="store_true", help="print the link and exit (start no server)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    base_url = f"http://{args.host}:{args.port}"
+    if args.print_link:
+        if link := _link(args.uri, base_url, args.experiment):
+            print(link)
+            return 0
+        print(f"titan_exp ui: no experiment {args.experiment!r} in {args.uri}", file=sys.stderr)
+        return 1
     busy = _why_not_free(args.host, args.port)
     if busy:
         print(f"titan_exp ui: --port={args.port}: {args.host}:{args.port} {busy}; pick another port", file=sys.stderr)
         return 2
     command = server_command(args.uri, args.host, args.port)
-    print(f"MLflow UI on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
+    print(f"MLflow UI on {base_url} (Ctrl-C stops it)", flush=True)
+    if link := _link(args.uri, base_url, args.experiment):
+        print(f"the latest comparison: {link}", flush=True)
     os.execv(command[0], command)
+
+
+def _link(uri: str, base_url: str, experiment: str) -> str | None:
+    """The comparison link, where the store exists already (a new one has nothing to compare)."""
+    db = sqlite_path(absolute_uri(uri))
+    if db is not None and not db.exists():
+        return None
+    from titan_exp.compare.ui_view import comparison_link
+
+    return comparison_link(client(absolute_uri(uri)), base_url, experiment)
 
 
 def _why_not_free(host: str, port: int) -> str | None:

@@ -44,6 +44,15 @@ def join_sweep(cfg: JobConfig, sweep_dir: Path) -> JobConfig:
     return dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, parent_run_id=parent_id))
 
 
+# The run's description, shown first on its Overview in MLflow's UI.
+DESCRIPTION_TAG = "mlflow.note.content"
+COMPARISON_NOTE = (
+    "The comparison of these points: compare/strategy_table.html under Artifacts (with loss_curves.png, "
+    "throughput.png, memory.png, scaling.png); `python -m titan_exp ui` prints a link to the points "
+    "sorted by TPS/device."
+)
+
+
 def close_parent(
     parent: ParentRun, failed_jobs: int = 0, interrupted: bool = False, failure: str | None = None
 ) -> None:
@@ -54,6 +63,7 @@ def close_parent(
     try:
         report = compare_sweep(parent.uri, parent.run_id, out_dir)
         print(f"\n{report.markdown}tables and plots: {out_dir} (and the parent run's compare/ artifacts)", flush=True)
+        parent.run.set_tag(DESCRIPTION_TAG, COMPARISON_NOTE)
         # A job that failed counts once, whether or not it got as far as a run of its own.
         failed = max(failed_jobs, sum(row.status != "FINISHED" for row in report.summaries))
         reason = f"{failed} sweep point(s) failed" if failed else failure

@@ -71,15 +71,27 @@ def ensure_store(cfg: TrackingConfig) -> None:
             experiment_id(client(cfg.uri), cfg)
 
 
+# MLflow 3's UI opens an experiment on the view its kind names; without the tag it guesses, and an
+# experiment of training runs opened on the GenAI overview (traces, evaluations: all empty).
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
+
 def experiment_id(mlflow_client, cfg: TrackingConfig) -> str:
+    """The id of cfg.experiment, created if new, marked as a model-training experiment (also one
+    created before the mark existed, once)."""
     experiment = mlflow_client.get_experiment_by_name(cfg.experiment)
     if experiment:
+        if experiment.tags.get(EXPERIMENT_KIND_TAG) is None:
+            with_retries(
+                lambda: mlflow_client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+            )
         return experiment.experiment_id
     db = sqlite_path(cfg.uri)
     # For a SQLite store artifacts go beside the database (MLflow would use ./mlruns of the cwd).
     location = (db.resolve().parent / "mlartifacts" / cfg.experiment).as_uri() if db else None
     try:
-        return mlflow_client.create_experiment(cfg.experiment, artifact_location=location)
+        kind = {EXPERIMENT_KIND_TAG: MODEL_TRAINING}
+        return mlflow_client.create_experiment(cfg.experiment, artifact_location=location, tags=kind)
     except Exception:
         # Another job created it in the meantime.
         experiment = mlflow_client.get_experiment_by_name(cfg.experiment)

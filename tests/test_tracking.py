@@ -118,7 +118,7 @@ def test_the_printed_link_opens_on_the_sweeps_points_sorted_by_tps(server_sweep)
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert printed.returncode == 0, printed.stderr
-    link = printed.stdout.strip()
+    link, charts = printed.stdout.split()
     assert link.startswith(f"{url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"), link
     text = _page_text(link)
     assert "Token Usage" not in text and "Model training" in text  # not the GenAI overview
@@ -128,6 +128,15 @@ def test_the_printed_link_opens_on_the_sweeps_points_sorted_by_tps(server_sweep)
         metrics = {m["key"]: m["value"] for m in child["data"]["metrics"]}
         assert child["info"]["run_name"] in text
         assert str(metrics["throughput/tps_per_device_mean"])[:5] in text  # its TPS/device (JS prints floats as repr)
+    # The same runs as MLflow's charts: the loss curves overlaid, TPS/device and MFU per run.
+    assert charts == f"{link}&compareRunsMode=CHART"
+    charts_text = _page_text(charts)
+    # Its section holds the loss, TPS/device, MFU and CPU peak-memory charts (the CUDA one has no data here).
+    assert "Strategy comparison (4)" in charts_text, charts_text[-2000:]
+    screenshot = ARTIFACTS / "mlflow_ui_comparison_charts.png"
+    screenshot.unlink(missing_ok=True)
+    chromium("--window-size=1600,1000", f"--screenshot={screenshot}", charts)
+    assert screenshot.stat().st_size > 10_000
     screenshot = ARTIFACTS / "mlflow_ui_comparison_link.png"
     screenshot.unlink(missing_ok=True)
     chromium("--window-size=1600,900", f"--screenshot={screenshot}", link)

@@ -2,7 +2,8 @@
 
 titan_exp ui                     # http://127.0.0.1:5000 over outputs/mlflow.db
 titan_exp ui --port 5001 --uri sqlite:////path/to/mlflow.db
-titan_exp ui --print-link        # only the link to the latest sweep's comparison (a server runs already)
+titan_exp ui --print-link        # only the links to the latest sweep's comparison (a server runs already)
+titan_exp ui --open              # and open it in a browser
 
 It prints a link that opens MLflow's model-training runs table on the latest sweep's points, the
 strategy columns shown and sorted by TPS/device (compare/ui_view.py).
@@ -12,9 +13,12 @@ import argparse
 import os
 import socket
 import sys
+import time
+import webbrowser
 
+from titan_exp.compare.ui_view import CHARTS_VIEW, comparison_link
 from titan_exp.tracking.config import TrackingConfig
-from titan_exp.tracking.store import absolute_uri, client, sqlite_path
+from titan_exp.tracking.store import absolute_uri, client, server_answers, sqlite_path
 
 
 def server_command(backend_uri: str, host: str, port: int) -> list[str]:
@@ -52,11 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--experiment", default=defaults.experiment, help="whose comparison the link opens")
     parser.add_argument("--print-link", action="store_true", help="print the link and exit (start no server)")
+    parser.add_argument("--open", action="store_true", help="open the link in a browser once the server is up")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     base_url = f"http://{args.host}:{args.port}"
     if args.print_link:
         if link := _link(args.uri, base_url, args.experiment):
-            print(link)
+            print(f"{link}\n{link}{CHARTS_VIEW}")
             return 0
         print(f"titan_exp ui: no experiment {args.experiment!r} in {args.uri}", file=sys.stderr)
         return 1
@@ -66,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = server_command(args.uri, args.host, args.port)
     print(f"MLflow UI on {base_url} (Ctrl-C stops it)", flush=True)
-    if link := _link(args.uri, base_url, args.experiment):
-        print(f"the latest comparison: {link}", flush=True)
+    link = _link(args.uri, base_url, args.experiment)
+    if link:
+        print(f"the latest comparison: {link}\n  as charts: {link}{CHARTS_VIEW}", flush=True)
+    if args.open:
+        _open_once_up(base_url, link or base_url)
     os.execv(command[0], command)
 
 
@@ -76,9 +84,22 @@ def _link(uri: str, base_url: str, experiment: str) -> str | None:
     db = sqlite_path(absolute_uri(uri))
     if db is not None and not db.exists():
         return None
-    from titan_exp.compare.ui_view import comparison_link
-
     return comparison_link(client(absolute_uri(uri)), base_url, experiment)
+
+
+def _open_once_up(base_url: str, link: str) -> None:
+    """In a child process (this one becomes the server): wait for the server, then open `link` in a
+    browser where one exists."""
+    if os.fork():
+        return
+    try:
+        deadline = time.monotonic() + 120
+        while server_answers(base_url, 2.0) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not webbrowser.open(link):
+            print("titan_exp ui: no browser found here; open the link above", file=sys.stderr, flush=True)
+    finally:
+        os._exit(0)
 
 
 def _why_not_free(host: str, port: int) -> str | None:

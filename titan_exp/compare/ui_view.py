@@ -1,5 +1,7 @@
 """A link into MLflow's own UI that opens on the comparison: the model-training runs table of the
-latest sweep's points (or of every run), the strategy columns shown, sorted by TPS/device.
+latest sweep's points (or of every run), the strategy columns shown, sorted by TPS/device; with
+CHARTS_VIEW added, MLflow's run charts of the same runs: the loss curves overlaid and TPS/device,
+MFU and peak memory per run.
 
 MLflow 3's UI shares a table's state (search, sort, columns) through an experiment tag,
 `mlflow.sharedViewState.<key>`, opened by `?viewStateShareKey=<key>`; `workflowType=machine_learning`
@@ -26,6 +28,39 @@ STRATEGY_COLUMNS = (
 )
 
 
+_SECTION = "titan_exp-strategy"
+# The charts view: the loss curves overlaid, and one bar per run of each strategy figure.
+STRATEGY_CHARTS = (
+    ("LINE", "loss/global_avg", "loss"),
+    ("BAR", _TPS_KEY, "TPS/device"),
+    ("BAR", _MFU_KEY, "MFU %"),
+    ("BAR", "memory/max_active_gib", "peak memory GiB (CUDA active)"),
+    ("BAR", "memory/cpu_rss_peak_gib", "peak memory GiB (CPU RSS)"),
+)
+# MLflow's UI shows the view's table by default, its charts with this added to the link.
+CHARTS_VIEW = "&compareRunsMode=CHART"
+
+
+def _chart(kind: str, metric: str, title: str) -> dict:
+    """One chart card as MLflow's UI keeps it (RunsChartsCardConfig's fields)."""
+    card = {
+        "uuid": f"titan_exp-{metric}",
+        "type": kind,
+        "runsCountToCompare": 20,
+        "metricSectionId": _SECTION,
+        "deleted": False,
+        "isGenerated": False,
+        "displayName": title,
+        "metricKey": metric,
+        "selectedMetricKeys": [metric],
+    }
+    if kind == "LINE":
+        card |= {"lineSmoothness": 0, "scaleType": "linear", "xAxisScaleType": "linear", "xAxisKey": "step"}
+        card |= {"selectedXAxisMetricKey": "", "yAxisKey": "metric", "yAxisExpressions": [], "ignoreOutliers": False}
+        card |= {"range": {}, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
+    return card
+
+
 def comparison_link(client, base_url: str, experiment_name: str) -> str | None:
     """The link (None: no such experiment). Writes the view it opens as a tag of the experiment."""
     experiment = client.get_experiment_by_name(experiment_name)
@@ -38,6 +73,11 @@ def comparison_link(client, base_url: str, experiment_name: str) -> str | None:
         "orderByKey": f"metrics.`{_TPS_KEY}`",
         "orderByAsc": False,
         "selectedColumns": list(STRATEGY_COLUMNS),
+        "compareRunCharts": [_chart(*chart) for chart in STRATEGY_CHARTS],
+        "compareRunSections": [
+            {"uuid": _SECTION, "name": "Strategy comparison", "display": True, "isReordered": True, "deleted": False}
+        ],
+        "isAccordionReordered": True,
     }
     tag = _SHARED_VIEW_TAG + key
     with_retries(lambda: client.set_experiment_tag(experiment.experiment_id, tag, json.dumps(state)))

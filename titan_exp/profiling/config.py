@@ -16,10 +16,10 @@ class ProfilingConfig:
     profile_freq: int = 10
     profiler_warmup: int = 3
     profiler_active: int = 1
-    # A memory audit of every memory_snapshot_freq-th step: memory over the step by category
-    # (parameters, gradients, optimizer state, activations, temporaries, inputs), the peak's
-    # breakdown and a per-module table; on CUDA also the allocator's history (stacks="python") as
-    # snapshots at those steps and when a rank runs out of memory.
+    # A memory audit of every memory_snapshot_freq-th step (torch's MemTracker): memory over the step
+    # by category (parameters, buffers, optimizer state, gradients, activations, temporaries), the
+    # peak's breakdown and a per-module table; on CUDA also the allocator's history
+    # (stacks="python") as snapshots at those steps and when a rank runs out of memory.
     enable_memory_snapshot: bool = False
     memory_snapshot_freq: int = 10
     save_memory_snapshot_folder: str = "memory_snapshot"

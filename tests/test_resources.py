@@ -3,12 +3,13 @@
 import re
 
 import pytest
+from test_config import PUBLISHED_PARAMS
 
 from launchers.devices import available_memory, cpu_cores
 from titan_exp.config.check import ConfigError, check_memory_fit
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import _rank_memory, resolve
-from titan_exp.plan.memory import GIB
+from titan_exp.plan.memory import GIB, model_parameters
 
 from conftest import compose_config, mlflow_runs, run_cli
 
@@ -95,3 +96,8 @@ def test_the_estimate_bounds_a_measured_run_from_above_but_not_by_much(tmp_path,
     measured = run.data.metrics["memory/cpu_rss_peak_gib"]
     estimate = _rank_memory(resolved(shape)).total / GIB
     assert measured <= estimate <= 1.4 * measured, (measured, estimate)
+
+
+@pytest.mark.parametrize("flavor,count", sorted(PUBLISHED_PARAMS.items()))
+def test_the_estimate_counts_every_parameter_of_each_model(flavor: str, count: int):
+    assert model_parameters(to_job_config(compose_config([f"model={flavor}"])).model) == count

@@ -81,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _link(uri: str, base_url: str, experiment: str) -> str | None:
     """The comparison link, where the store exists already (a new one has nothing to compare)."""
-    db = sqlite_path(absolute_uri(uri))
+    uri = absolute_uri(uri)
+    db = sqlite_path(uri)
     if db is not None and not db.exists():
         return None
-    return comparison_link(client(absolute_uri(uri)), base_url, experiment)
+    return comparison_link(client(uri), base_url, experiment)
 
 
 def _open_once_up(base_url: str, link: str) -> None:

@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from launchers.tasks import last_line
 from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.checkpoint.layout import complete_steps, saving_dir, step_dir
 
@@ -105,7 +106,8 @@ class TrainCheckpointer:
                 return self._load(step)
             except (Exception, CheckpointException) as err:  # DCP's is a BaseException
                 failures.append(err)
-                print(f"titan_exp: {step_dir(self.cfg.folder, step)} cannot be read ({_last_line(err)})", flush=True)
+                why = last_line(str(err) or type(err).__name__)
+                print(f"titan_exp: {step_dir(self.cfg.folder, step)} cannot be read ({why})", flush=True)
         if failures:
             raise failures[0]
         return 0
@@ -141,8 +143,3 @@ class TrainCheckpointer:
         if is_writer and self.cfg.keep_latest_k > 0:
             for old in complete_steps(self.cfg.folder)[: -self.cfg.keep_latest_k]:
                 shutil.rmtree(step_dir(self.cfg.folder, old), ignore_errors=True)
-
-
-def _last_line(err: BaseException) -> str:
-    lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(err).__name__

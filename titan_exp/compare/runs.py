@@ -8,11 +8,11 @@ from titan_exp.tracking.run import PARENT_TAG, ROLE_TAG
 
 # Steady-state figures only (everything after step 1, which includes start-up and compilation); a
 # run that never got past its first log interval has none.
-_TPS_KEY = "throughput/tps_per_device_mean"
-_MFU_KEY = "throughput/mfu_pct_mean"
+TPS_KEY = "throughput/tps_per_device_mean"
+MFU_KEY = "throughput/mfu_pct_mean"
 # CUDA's allocator peak, else the CPU resident-set peak: never mixed in one figure (see metrics/memory.py).
-_MEMORY_KEYS = (("memory/max_active_gib", "active"), ("memory/cpu_rss_peak_gib", "cpu rss"))
-_LOSS_KEY = "loss/global_avg"
+MEMORY_KEYS = (("memory/max_active_gib", "active"), ("memory/cpu_rss_peak_gib", "cpu rss"))
+LOSS_KEY = "loss/global_avg"
 
 
 @dataclass
@@ -68,12 +68,12 @@ def experiment_training_runs(client, experiment_id: str) -> list:
 
 def loss_curve(client, run_id: str) -> list[tuple[int, float]]:
     """(step, global average loss) of every logged step, in step order."""
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, _LOSS_KEY))
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, LOSS_KEY))
 
 
 def summarize(client, run) -> RunSummary:
     metrics, tags, params = run.data.metrics, run.data.tags, run.data.params
-    memory_key, memory_kind = next(((k, kind) for k, kind in _MEMORY_KEYS if k in metrics), (None, ""))
+    memory_key, memory_kind = next(((k, kind) for k, kind in MEMORY_KEYS if k in metrics), (None, ""))
     curve = loss_curve(client, run.info.run_id)
     return RunSummary(
         run_id=run.info.run_id,
@@ -86,8 +86,8 @@ def summarize(client, run) -> RunSummary:
         device=tags.get("device", "?"),
         tokens_per_micro_batch=int(params.get("training.local_batch_size", 0)) * int(params.get("training.seq_len", 0)),
         world_size=int(tags.get("world_size", 0) or 0),
-        tps_per_device=metrics.get(_TPS_KEY),
-        mfu_pct=metrics.get(_MFU_KEY),
+        tps_per_device=metrics.get(TPS_KEY),
+        mfu_pct=metrics.get(MFU_KEY),
         peak_memory_gib=max(m.value for m in client.get_metric_history(run.info.run_id, memory_key))
         if memory_key
         else None,

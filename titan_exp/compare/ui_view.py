@@ -9,7 +9,7 @@ opens the model-training view instead of the GenAI overview."""
 
 import json
 
-from titan_exp.compare.runs import _MFU_KEY, _TPS_KEY, latest_sweep
+from titan_exp.compare.runs import LOSS_KEY, MEMORY_KEYS, MFU_KEY, TPS_KEY, latest_sweep
 from titan_exp.tracking.run import PARENT_TAG
 from titan_exp.tracking.store import with_retries
 
@@ -19,11 +19,7 @@ STRATEGY_COLUMNS = (
     "tags.`layout`",
     "tags.`world_size`",
     "tags.`mesh`",
-    f"metrics.`{_TPS_KEY}`",
-    f"metrics.`{_MFU_KEY}`",
-    "metrics.`memory/max_active_gib`",
-    "metrics.`memory/cpu_rss_peak_gib`",
-    "metrics.`loss/global_avg`",
+    *(f"metrics.`{key}`" for key in (TPS_KEY, MFU_KEY, *(key for key, _ in MEMORY_KEYS), LOSS_KEY)),
     "tags.`status`",
 )
 
@@ -31,11 +27,10 @@ STRATEGY_COLUMNS = (
 _SECTION = "titan_exp-strategy"
 # The charts view: the loss curves overlaid, and one bar per run of each strategy figure.
 STRATEGY_CHARTS = (
-    ("LINE", "loss/global_avg", "loss"),
-    ("BAR", _TPS_KEY, "TPS/device"),
-    ("BAR", _MFU_KEY, "MFU %"),
-    ("BAR", "memory/max_active_gib", "peak memory GiB (CUDA active)"),
-    ("BAR", "memory/cpu_rss_peak_gib", "peak memory GiB (CPU RSS)"),
+    ("LINE", LOSS_KEY, "loss"),
+    ("BAR", TPS_KEY, "TPS/device"),
+    ("BAR", MFU_KEY, "MFU %"),
+    *(("BAR", key, f"peak memory GiB ({kind})") for key, kind in MEMORY_KEYS),
 )
 # MLflow's UI shows the view's table by default, its charts with this added to the link.
 CHARTS_VIEW = "&compareRunsMode=CHART"
@@ -70,7 +65,7 @@ def comparison_link(client, base_url: str, experiment_name: str) -> str | None:
     key = f"titan_exp-{sweep.info.run_id if sweep else 'all'}"
     state = {
         "searchFilter": f"tags.`{PARENT_TAG}` = '{sweep.info.run_id}'" if sweep else "",
-        "orderByKey": f"metrics.`{_TPS_KEY}`",
+        "orderByKey": f"metrics.`{TPS_KEY}`",
         "orderByAsc": False,
         "selectedColumns": list(STRATEGY_COLUMNS),
         "compareRunCharts": [_chart(*chart) for chart in STRATEGY_CHARTS],

@@ -101,14 +101,14 @@ def _check_resources(cfg: JobConfig) -> None:
     one rank's estimated peak memory fits in a GPU, in the available memory shared by the CPU ranks,
     or in a Slurm CPU job's launcher.mem_gb per node. Ranks that torchrun or srun started share the
     node with siblings already allocating: not checked there."""
-    launcher = cfg.launcher
-    if launcher.name == "local" and launcher.device == "cpu" and not external_launcher():
+    launcher, started_by = cfg.launcher, external_launcher()
+    if launcher.name == "local" and launcher.device == "cpu" and not started_by:
         check.check_cpu_ranks(launcher, launcher.nproc_per_node, cpu_cores())
     if launcher.name == "slurm":
         if launcher.device != "cpu" or launcher.mem_gb is None:
             return
         budget, where = launcher.mem_gb * GIB / launcher.nproc_per_node, f"launcher.mem_gb={launcher.mem_gb:g} per node"
-    elif external_launcher():
+    elif started_by:
         return
     elif launcher.device == "cuda":
         budget, where = gpu_memory(), "one GPU's memory"

@@ -73,9 +73,8 @@ def rank_memory(
     pp, tp, cp = p.pipeline_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree
     shards = p.data_parallel_shard_degree * cp if p.data_parallel_shard_degree * cp > 1 else 1
     layers = math.ceil(m.n_layers / pp)
-    held = layers * layer_parameters(m) + m.vocab_size * m.dim + (m.dim if pp == 1 else 0)
-    if pp == 1 and not m.tie_word_embeddings:
-        held += m.vocab_size * m.dim
+    # Without a pipeline a rank holds (a shard of) the whole model; the first stage, its layers and the embeddings.
+    held = model_parameters(m) if pp == 1 else layers * layer_parameters(m) + m.vocab_size * m.dim
     params_here = held / (tp * shards)
     act_bytes = DTYPE_BYTES[activation_dtype]
     microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else local_batch_size

@@ -70,7 +70,10 @@ def replay(journal: Path, uri: str | None = None, end: bool = True) -> Replayed:
     created = next((args[0] for call, args in reversed(calls) if call == "create"), None)
     if created is None:
         raise ValueError(f"{journal} records no run (no 'create' line)")
-    run = _open_run(journal.parent / RUN_ID_FILE, created, uri or created["uri"])
+    cfg = TrackingConfig(
+        uri=uri or created["uri"], experiment=created["experiment"], parent_run_id=created["parent_run_id"]
+    )
+    run = _open_run(journal.parent / RUN_ID_FILE, cfg, created["run_name"], created["tags"])
     params = {k: v for call, args in calls if call == "log_params" for k, v in args[0].items()}
     if params:
         run.log_params(params)
@@ -93,11 +96,11 @@ def replay(journal: Path, uri: str | None = None, end: bool = True) -> Replayed:
     return Replayed(run.run_id, added, total - added, finish[0] if finish else None)
 
 
-def _open_run(run_id_file: Path, created: dict, uri: str) -> MlflowRun:
+def _open_run(run_id_file: Path, cfg: TrackingConfig, run_name: str, tags: dict[str, str]) -> MlflowRun:
+    """The run `run_id_file` names, or a new one (its id then written there)."""
     if run_id_file.exists():
-        return MlflowRun(uri, run_id_file.read_text().strip())
-    cfg = TrackingConfig(uri=uri, experiment=created["experiment"], parent_run_id=created["parent_run_id"])
-    run = MlflowRun.create(cfg, created["run_name"], created["tags"])
+        return MlflowRun(cfg.uri, run_id_file.read_text().strip())
+    run = MlflowRun.create(cfg, run_name, tags)
     run_id_file.write_text(run.run_id)
     return run
 
@@ -126,11 +129,8 @@ def close_run_from_outside(
         raise ConnectionError(down)  # rather than MLflow's minutes of retries
     journal, run_id_file, run_log = (job_dir / name for name in (JOURNAL_FILE, RUN_ID_FILE, RUN_LOG_FILE))
     if journal.exists():
-        run = MlflowRun(cfg.uri, replay(journal, cfg.uri, end=False).run_id)
-    elif run_id_file.exists():
-        run = MlflowRun(cfg.uri, run_id_file.read_text().strip())
-    else:
-        run = MlflowRun.create(cfg, run_name, tags)
+        replay(journal, cfg.uri, end=False)  # opens (or creates) the run and names it in run_id_file
+    run = _open_run(run_id_file, cfg, run_name, tags)
     if run_log.exists():
         run.log_artifact(run_log, "logs")
     run.finish(status, reason)

@@ -128,15 +128,15 @@ class BackgroundTracker:
         self._queue.put(_STOP)
         with interrupts_ignored():
             self._process.join(self._close_timeout_s)
-            if self._process.is_alive():
+            timed_out = self._process.is_alive()
+            if timed_out:
                 self._process.kill()
                 self._process.join()
         # The writer read everything up to the stop marker, or died: either way nothing is left
         # for the queue's feeder thread to deliver, and exit must not wait on it.
         self._queue.cancel_join_thread()
         if self._process.exitcode != 0:
-            waited = self._process.exitcode == -signal.SIGKILL
-            self.incomplete = f"still writing after {self._close_timeout_s:g} s" if waited else "the writer failed"
+            self.incomplete = f"still writing after {self._close_timeout_s:g} s" if timed_out else "the writer failed"
         if self._journal is not None:
             self._journal.close()
 

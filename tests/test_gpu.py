@@ -1,6 +1,8 @@
 """The CUDA path (nccl, one rank per GPU, allocator memory stats). Deselected by default; run with
 `python -m pytest -m gpu` on a machine with GPUs."""
 
+import sys
+
 import pytest
 
 from launchers.devices import visible_gpus
@@ -43,12 +45,12 @@ def test_memory_profiling_writes_cuda_snapshots_and_one_when_a_rank_runs_out(tmp
     folder = tmp_path / "ok" / "run" / "memory_snapshot" / "iteration_3"
     assert (folder / "rank0_memory_snapshot.pickle").stat().st_size > 0
     assert (folder / "rank0_memory.html").exists()
-    # A batch no GPU holds: the rank dumps a snapshot and the run ends FAILED with reason OOM.
+    # A batch no GPU holds: the rank dumps a snapshot and the run ends FAILED with reason OOM. Started
+    # by torchrun, so that the pre-flight memory check (ours only) lets it reach the GPU.
     huge = ["model=llama3_1b", "training.local_batch_size=512", "training.seq_len=2048", "profiling=memory"]
-    result = run_cli([*cuda, *huge, "training.steps=1"], tmp_path / "oom")
-    assert result.returncode in (1, 2), result.stderr[-3000:]
-    if result.returncode == 2:
-        pytest.skip("the pre-flight memory check refused the batch before the GPU could run out")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "-m"]
+    result = run_cli([*cuda, *huge, "training.steps=1"], tmp_path / "oom", launcher=torchrun)
+    assert result.returncode == 1, result.stderr[-3000:]
     assert list((tmp_path / "oom" / "run" / "memory_snapshot" / "oom").glob("rank0_memory_snapshot.pickle"))
     failed = mlflow_runs(db)[-1]
     assert failed.info.status == "FAILED" and "OOM on rank 0" in failed.data.tags["failure_reason"]

@@ -86,11 +86,20 @@ def test_sweep_tracked_over_http_reads_back_through_the_rest_api(server_sweep):
     } <= compare
 
 
-def _page_text(url: str) -> str:
+def _page_text(url: str, *flags: str) -> str:
     """The text a reader sees on the page once its scripts have run (tags stripped, spaces collapsed)."""
-    dom = chromium("--dump-dom", url).stdout
+    dom = chromium(*flags, "--dump-dom", url).stdout
     dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
+
+
+def test_a_new_browser_opens_the_experiment_on_model_training_not_genai(server_sweep, tmp_path):
+    url, experiment_id = server_sweep
+    # The experiment's own address, no workflowType in it, in a browser profile that has chosen nothing.
+    text = _page_text(f"{url}/#/experiments/{experiment_id}", f"--user-data-dir={tmp_path / 'profile'}")
+    # A plain `mlflow server` opens this address on "Overview - Experiment N" (GenAI: traces, token usage).
+    assert text.startswith(f"Runs - Experiment {experiment_id} ") and "Token Usage" not in text, text[-2000:]
+    assert "sweep: parallelism=ddp,fsdp" in text and "3 matching runs" in text, text[-2000:]  # the runs table
 
 
 def test_mlflow_ui_lists_the_sweep_in_headless_chromium(server_sweep):

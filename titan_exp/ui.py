@@ -23,7 +23,8 @@ from titan_exp.tracking.store import absolute_uri, client, server_answers, sqlit
 
 def server_command(backend_uri: str, host: str, port: int) -> list[str]:
     """`mlflow server` over a store, one worker (a UI for one person, not a fleet's tracking
-    server); for a SQLite store, uploaded artifacts land beside the database."""
+    server) whose page opens on MLflow's model-training view (compare/ui_app.py); for a SQLite
+    store, uploaded artifacts land beside the database."""
     backend_uri = absolute_uri(backend_uri)
     command = [
         sys.executable,
@@ -38,6 +39,8 @@ def server_command(backend_uri: str, host: str, port: int) -> list[str]:
         str(port),
         "--workers",
         "1",
+        "--app-name",
+        "titan_exp",
     ]
     db = sqlite_path(backend_uri)
     if db is not None:

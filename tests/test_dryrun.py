@@ -70,6 +70,26 @@ def test_config_key_selects_the_dry_run_and_fsdp_halves_the_params(tmp_path):
     assert "loss" not in result.stdout  # nothing trained
 
 
+def test_context_parallel_dry_run_holds_a_slice_of_the_activations_and_the_gathered_kv(tmp_path):
+    """Debug model at seq 2048 on 4 ranks: cp=2 keeps half the activations of its fsdp4 twin, plus
+    the other rank's K and V each attention layer gathered (plan/memory.py's count of them)."""
+    from titan_exp.models.llama3.args import Llama3Config
+    from titan_exp.plan.memory import GIB, gathered_kv
+
+    activations = {}
+    for cp in (1, 2):
+        args = ["parallelism=fsdp_cp", f"parallelism.context_parallel_degree={cp}", "launcher.nproc_per_node=4"]
+        args += ["training.seq_len=2048", "training.local_batch_size=1", "tracking=none"]
+        result = run_cli(args, tmp_path / str(cp), env={"COMM_MODE": "fake_backend"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = report_of(result.stdout)
+        assert report["mesh"] == ("dp_shard4" if cp == 1 else "dp_shard2·cp2")
+        activations[cp] = float(report["rank0_step_peak_activation_gib"])
+    debug = Llama3Config()
+    kv = debug.n_layers * gathered_kv(debug, 1, 2048, 2) * 4 / GIB
+    assert activations[2] == pytest.approx(activations[1] / 2 + kv, rel=0.1), (activations, kv)
+
+
 def test_dry_run_needs_the_world_spelled_out(tmp_path):
     result = run_cli(["parallelism=fsdp", "tracking=none"], tmp_path, env={"COMM_MODE": "fake_backend"})
     assert result.returncode == 2

@@ -77,22 +77,38 @@ def matrix(tmp_path_factory):
     return matrix
 
 
+# Context parallel on CPU ranks runs the all-gather attention: a chunk given the wrong rope
+# positions, mask offset or loss weight leaves the band.
+TP2_CP2 = ("parallelism.data_parallel_shard_degree=1", "parallelism.tensor_parallel_degree=2")
+CP2_PP2 = ("parallelism.pipeline_parallel_degree=2", "parallelism.context_parallel_degree=2")
+
+
 @pytest.mark.parametrize(
-    "layout,nproc,local_batch",
+    "layout,nproc,local_batch,extra",
     [
-        ("ddp", 2, 2),
-        ("fsdp", 2, 2),
-        ("hsdp", 4, 1),
-        ("tp", 2, 4),
-        ("fsdp_tp", 4, 2),
-        ("fsdp_pp", 4, 2),
-        ("fsdp_tp_pp", 8, 2),
+        ("ddp", 2, 2, ()),
+        ("fsdp", 2, 2, ()),
+        ("hsdp", 4, 1, ()),
+        ("tp", 2, 4, ()),
+        ("fsdp_tp", 4, 2, ()),
+        ("fsdp_pp", 4, 2, ()),
+        ("fsdp_tp_pp", 8, 2, ()),
+        ("cp", 2, 4, ()),
+        ("fsdp_cp", 4, 2, ()),
+        ("fsdp_cp", 4, 4, TP2_CP2),
+        pytest.param("cp", 4, 4, CP2_PP2, marks=pytest.mark.slow),
     ],
+    ids=["ddp", "fsdp", "hsdp", "tp", "fsdp_tp", "fsdp_pp", "fsdp_tp_pp", "cp", "fsdp_cp", "tp2_cp2", "pp2_cp2"],
 )
-def test_layout_reproduces_the_single_device_curve(matrix, layout, nproc, local_batch):
+def test_layout_reproduces_the_single_device_curve(matrix, layout, nproc, local_batch, extra, request):
     curve = matrix.curve(
-        layout,
-        [f"parallelism={layout}", f"launcher.nproc_per_node={nproc}", f"training.local_batch_size={local_batch}"],
+        request.node.callspec.id,
+        [
+            f"parallelism={layout}",
+            f"launcher.nproc_per_node={nproc}",
+            f"training.local_batch_size={local_batch}",
+            *extra,
+        ],
     )
     torch.testing.assert_close(curve, matrix.single, rtol=RTOL, atol=0)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from titan_exp.checkpoint.layout import latest_step
 from titan_exp.config.schema import JobConfig
 from titan_exp.config.sections import LauncherConfig
+from titan_exp.parallel.config import CONTEXT_PARALLEL_IMPLS
 from titan_exp.parallel.dims import MESH_DIMS
 from titan_exp.parallel.stages import SCHEDULES, StagePlan
 from titan_exp.plan.memory import GIB, RankMemory
@@ -123,17 +124,19 @@ def check_model_fit(cfg: JobConfig) -> None:
             )
     if p.pipeline_parallel_degree > 1:
         check_pipeline(cfg)
-    if cfg.training.seq_len % tp:
+    cp, seq_len = p.context_parallel_degree, cfg.training.seq_len
+    if cp > 1 and seq_len % (2 * cp):
+        raise ConfigError(
+            "parallelism.context_parallel_degree",
+            cp,
+            f"2 × it must divide training.seq_len={seq_len} (each rank takes two load-balanced chunks)",
+        )
+    if (seq_len // cp) % tp:
+        where = f"training.seq_len={seq_len}" if cp == 1 else f"each cp rank's {seq_len // cp} tokens"
         raise ConfigError(
             "parallelism.tensor_parallel_degree",
             tp,
-            f"must divide training.seq_len={cfg.training.seq_len} (sequence parallelism splits the sequence)",
-        )
-    if cfg.training.seq_len % (2 * p.context_parallel_degree):
-        raise ConfigError(
-            "parallelism.context_parallel_degree",
-            p.context_parallel_degree,
-            f"2 × it must divide training.seq_len={cfg.training.seq_len} (each rank takes two load-balanced chunks)",
+            f"must divide {where} (sequence parallelism splits the sequence)",
         )
 
 
@@ -179,11 +182,13 @@ def check_pipeline(cfg: JobConfig) -> None:
 def check_supported_layout(cfg: JobConfig) -> None:
     """Layouts whose code has not landed yet are refused by name rather than silently ignored."""
     p = cfg.parallelism
-    if p.context_parallel_degree > 1 and p.pipeline_parallel_degree > 1:
+    _choice("parallelism.context_parallel_impl", p.context_parallel_impl, CONTEXT_PARALLEL_IMPLS)
+    if p.context_parallel_degree > 1 and p.pipeline_parallel_degree > 1 and p.context_parallel_impl == "torch":
         raise ConfigError(
-            "parallelism.context_parallel_degree",
-            p.context_parallel_degree,
-            "does not combine with pipeline parallelism yet; set one of them to 1",
+            "parallelism.context_parallel_impl",
+            "torch",
+            "torch's ring attention does not combine with pipeline parallelism here; "
+            "use parallelism.context_parallel_impl=allgather (or set a degree to 1)",
         )
     if p.enable_async_tensor_parallel:
         if p.tensor_parallel_degree == 1:
@@ -454,12 +459,12 @@ def check_cuda_only_features(cfg: JobConfig) -> None:
     if cfg.launcher.device == "cuda":
         return
     p = cfg.parallelism
-    if p.context_parallel_degree > 1:
+    if p.context_parallel_degree > 1 and p.context_parallel_impl == "torch":
         raise ConfigError(
-            "parallelism.context_parallel_degree",
-            p.context_parallel_degree,
-            "context parallelism needs CUDA: torch has no context-parallel attention for CPU "
-            "(aten._scaled_dot_product_flash_attention_for_cpu has no sharding strategy); set it to 1",
+            "parallelism.context_parallel_impl",
+            "torch",
+            "torch's ring attention needs CUDA (the CPU attention kernel has no context-parallel sharding "
+            "strategy); use parallelism.context_parallel_impl=allgather (or auto) on CPU",
         )
     if cfg.quantize.name == "mxfp8":
         raise ConfigError(

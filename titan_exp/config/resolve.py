@@ -13,6 +13,7 @@ from launchers.devices import available_memory, cpu_cores, gpu_memory, visible_g
 from launchers.env import RankEnv, external_launcher
 from titan_exp.config import check
 from titan_exp.config.schema import JobConfig
+from titan_exp.parallel.config import resolved_context_parallel_impl
 from titan_exp.plan.memory import GIB, RankMemory, rank_memory
 from titan_exp.tracking.store import absolute_uri
 
@@ -33,6 +34,8 @@ def resolve(cfg: JobConfig) -> JobConfig:
         check.check_dry_run_world(cfg.launcher)
         cfg.launcher.device = "cpu"
     _fill_degrees(cfg)
+    p = cfg.parallelism
+    p.context_parallel_impl = resolved_context_parallel_impl(p.context_parallel_impl, cfg.launcher.device)
     check.check_job(cfg)
     if cfg.debug.comm_mode == "real":
         check.check_cuda_only_features(cfg)

@@ -25,6 +25,9 @@ class ParallelismConfig:
     # Layers per stage; None: 1 stage per rank (2 for multi-stage schedules), layers split evenly.
     pipeline_parallel_layers_per_stage: Optional[int] = None
     context_parallel_degree: int = 1
+    # Context-parallel attention: torch (torch's ring attention; CUDA only, no pipelining) |
+    # allgather (K/V all-gathered over the cp ranks; any device, any backend) | auto (torch on CUDA).
+    context_parallel_impl: str = "auto"
 
     def degrees(self) -> dict[str, int]:
         """Every degree keyed by its config key, in mesh order (outermost first)."""
@@ -35,6 +38,16 @@ class ParallelismConfig:
             "context_parallel_degree": self.context_parallel_degree,
             "tensor_parallel_degree": self.tensor_parallel_degree,
         }
+
+
+CONTEXT_PARALLEL_IMPLS = ("auto", "torch", "allgather")
+
+
+def resolved_context_parallel_impl(name: str, device: str) -> str:
+    """`auto`: torch's ring attention where it exists (CUDA), the all-gather one elsewhere."""
+    if name == "auto":
+        return "torch" if device == "cuda" else "allgather"
+    return name
 
 
 @dataclass

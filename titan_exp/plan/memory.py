@@ -53,6 +53,13 @@ def saved_per_token(m: Llama3Config) -> int:
     return 10 * m.dim + 4 * m.ffn_hidden_dim
 
 
+def gathered_kv(m: Llama3Config, batch: int, seq_len: int, cp: int) -> float:
+    """Elements of other cp ranks' K and V one attention layer holds under context parallelism:
+    gathered over the cp ranks and repeated to every query head, kept for the layer's backward (the
+    all-gather attention; torch's ring attention with its all-gather rotation is alike)."""
+    return batch * seq_len * (1 - 1 / cp) * 2 * m.n_heads * m.head_dim
+
+
 def model_parameters(m: Llama3Config) -> int:
     """Every parameter of the model (a tied output counted once)."""
     outside_layers = m.vocab_size * m.dim * (1 if m.tie_word_embeddings else 2) + m.dim
@@ -79,7 +86,7 @@ def rank_memory(
     act_bytes = DTYPE_BYTES[activation_dtype]
     microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else local_batch_size
     tokens = microbatch * seq_len / cp
-    per_layer = tokens * saved_per_token(m) * act_bytes / tp
+    per_layer = tokens * saved_per_token(m) * act_bytes / tp + gathered_kv(m, microbatch, seq_len, cp) * act_bytes / tp
     if ac.mode == "full":  # each layer keeps its input; one layer is recomputed at a time
         kept = layers * tokens * m.dim * act_bytes / tp + per_layer
     elif ac.mode == "selective":

@@ -34,6 +34,7 @@ from titan_exp.models.llama3.model import Transformer
 from titan_exp.optim.grad_clip import clip_grad_norm_
 from titan_exp.optim.lr_schedule import build_lr_scheduler
 from titan_exp.optim.optimizer import build_optimizer
+from titan_exp.parallel.context import AllGatherContextParallel
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.train.loss import cross_entropy_loss
@@ -70,7 +71,7 @@ def fake_backend_dry_run(cfg: JobConfig, world_size: int) -> dict[str, float]:
                 part.to_empty(device="cpu")
             # foreach=True over-reports optimizer state under fake tensors; for-loop AdamW is exact.
             optimizer = torch.optim.AdamW(params, lr=cfg.optimizer.lr, foreach=False)
-            peak = _tracked_forward_backward(cfg, dims, model, optimizer)
+            peak = _tracked_forward_backward(cfg, mesh, model, optimizer)
             optimizer.step()  # validates the update's shapes; its state is counted below
             optimizer.zero_grad()
     # AdamW keeps two fp32 moments per parameter. Counted from the shards rather than tracked: the
@@ -90,9 +91,11 @@ def fake_backend_dry_run(cfg: JobConfig, world_size: int) -> dict[str, float]:
     }
 
 
-def _tracked_forward_backward(cfg: JobConfig, dims: ParallelDims, model: ModelParts, optimizer) -> dict[str, int]:
-    """Peak bytes by category (params, grads, activations, …) over one forward and backward."""
-    t = cfg.training
+def _tracked_forward_backward(cfg: JobConfig, mesh: ParallelMesh, model: ModelParts, optimizer) -> dict[str, int]:
+    """Peak bytes by category (params, grads, activations, …) over one forward and backward. Under
+    context parallelism rank 0 holds its slice of the sequence and gathers K and V in every attention
+    layer (the all-gather attention: torch's ring attention cannot run on the fake process group)."""
+    t, dims = cfg.training, mesh.dims
     batch = t.local_batch_size if dims.pp == 1 else cfg.parallelism.pipeline_parallel_microbatch_size
     parts = model.parts
     if len(parts) == 1 and isinstance(parts[0], FSDPModule):
@@ -101,6 +104,8 @@ def _tracked_forward_backward(cfg: JobConfig, dims: ParallelDims, model: ModelPa
         tracker = MemTracker()
         tracker.track_external(*parts, optimizer)
     tokens = torch.randint(cfg.model.vocab_size, (batch, t.seq_len))
+    if dims.cp > 1:
+        tokens = AllGatherContextParallel(parts, mesh["cp"], t.seq_len).shard(tokens)
     last_stage = model.stage_plan.num_stages - 1
     with tracker:
         for stage, part in zip(model.stage_ids, parts):
@@ -108,7 +113,7 @@ def _tracked_forward_backward(cfg: JobConfig, dims: ParallelDims, model: ModelPa
                 x = tokens
             else:
                 # Hidden states arrive sequence-sharded under tensor (sequence) parallelism.
-                x = torch.randn(batch, t.seq_len // dims.tp, cfg.model.dim, requires_grad=True)
+                x = torch.randn(batch, tokens.shape[1] // dims.tp, cfg.model.dim, requires_grad=True)
             out = part(x)
             if stage == last_stage:
                 with loss_parallel() if dims.tp > 1 else contextlib.nullcontext():

@@ -11,7 +11,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from titan_exp.data.loader import BatchLoader
 from titan_exp.models.llama3.model import Transformer
-from titan_exp.parallel.context import ContextParallel
+from titan_exp.parallel.context import build_context_parallel
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.train.loss import cross_entropy_loss
 
@@ -26,17 +26,19 @@ class ForwardBackward:
 
     def __init__(
         self,
-        model: Transformer,
+        parts: list[Transformer],
         pipeline: "Pipeline | None",
         mesh: ParallelMesh,
         loader: BatchLoader,
         accumulation: int,
         device: torch.device,
         param_dtype: torch.dtype,
+        context_parallel_impl: str,
     ):
+        """`parts`: this rank's model parts (its stages under pipelining, else the one model)."""
         dims = mesh.dims
         self.model, self.pipeline, self.loader, self.accumulation, self.device = (
-            model,
+            parts[0],
             pipeline,
             loader,
             accumulation,
@@ -44,7 +46,9 @@ class ForwardBackward:
         )
         self.sync_gradients_last_only = dims.fsdp_enabled or dims.ddp_enabled
         seq_len = loader.plan.seq_len
-        self.sequence_context = ContextParallel(model, mesh["cp"], seq_len) if dims.cp > 1 else None
+        self.sequence_context = (
+            build_context_parallel(context_parallel_impl, parts, mesh["cp"], seq_len) if dims.cp > 1 else None
+        )
         # Without FSDP/DDP (single device, TP only), the param dtype becomes an autocast dtype.
         autocast = dims.dp == 1 and param_dtype != torch.float32
         self.autocast = (lambda: torch.autocast(device.type, dtype=param_dtype)) if autocast else contextlib.nullcontext
@@ -56,17 +60,18 @@ class ForwardBackward:
         step_loss = torch.zeros((), device=self.device)
         for micro in range(self.accumulation):
             start = time.perf_counter()
-            inputs, labels = (t.to(self.device, non_blocking=True) for t in self.loader.get(step - 1, micro))
+            batch = tuple(t.to(self.device, non_blocking=True) for t in self.loader.get(step - 1, micro))
             data_seconds += time.perf_counter() - start
+            # Under context parallelism: this rank's slice of the sequences.
+            sequence = self.sequence_context(*batch) if self.sequence_context else contextlib.nullcontext(batch)
             if self.pipeline:
-                with self.loss_context():
+                with sequence as (inputs, labels), self.loss_context():
                     step_loss += self.pipeline.step(inputs, labels)
                 continue
             if self.sync_gradients_last_only:
                 # Reduce gradients only once per step, after the last microbatch.
                 self.model.set_requires_gradient_sync(micro == self.accumulation - 1)
-            sequence = self.sequence_context(inputs, labels) if self.sequence_context else contextlib.nullcontext()
-            with sequence:
+            with sequence as (inputs, labels):
                 with self.autocast():
                     logits = self.model(inputs)
                 with self.loss_context():

@@ -196,7 +196,9 @@ def _train_steps(
     accumulation = t.global_batch_size // (t.local_batch_size * dims.dp)
     loader = _batch_loader(cfg, env, mesh, accumulation)
     param_dtype = getattr(torch, t.mixed_precision_param)
-    forward_backward = ForwardBackward(model.parts[0], pipeline, mesh, loader, accumulation, device, param_dtype)
+    forward_backward = ForwardBackward(
+        model.parts, pipeline, mesh, loader, accumulation, device, param_dtype, cfg.parallelism.context_parallel_impl
+    )
 
     facts = {
         "derived/num_params": model.num_params,

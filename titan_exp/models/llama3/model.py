@@ -56,12 +56,24 @@ def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(rotated).flatten(3).type_as(x)
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention over one whole sequence: q (batch, seq, heads, head_dim), k and v with the kv
+    heads (grouped-query attention: each repeated for its group of query heads)."""
+    repeats = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(repeats, dim=2)
+    v = v.repeat_interleave(repeats, dim=2)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+    return out.transpose(1, 2)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: Llama3Config):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.kv_heads
         self.head_dim = cfg.head_dim
+        # q, k, v -> output, all (batch, seq, heads, head_dim); context parallelism swaps in its own.
+        self.attend = causal_attention
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
@@ -74,11 +86,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
-        repeats = self.n_heads // self.n_kv_heads
-        k = k.repeat_interleave(repeats, dim=2)
-        v = v.repeat_interleave(repeats, dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+        return self.wo(self.attend(q, k, v).reshape(batch, seq, -1))
 
 
 class FeedForward(nn.Module):

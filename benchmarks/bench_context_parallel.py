@@ -2,7 +2,7 @@
 cp = 1 (one rank), 2 and 4 (FSDP over the cp ranks, the all-gather attention), on CPU ranks.
 
 Measured by the memory audit (profiling=memory: torch's MemTracker over step 2, tensor-level, rank 0)
-and, beside it, the analytic estimate (plan/memory.py) with the part that is other ranks' gathered
+and, beside it, the analytic estimate (estimate/memory.py) with the part that is other ranks' gathered
 K and V. Activations should fall roughly as 1/cp plus the gathered K/V, which grows towards a whole
 sequence's worth per layer.
 
@@ -18,9 +18,9 @@ from pathlib import Path
 from bench_vs_plain import env_with, stream
 from mlflow import MlflowClient
 
+from titan_exp.estimate.memory import GIB, gathered_kv, rank_memory
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
-from titan_exp.plan.memory import GIB, gathered_kv, rank_memory
 
 SEQ_LEN = 4096
 JOB = [
@@ -54,7 +54,7 @@ def measured(workdir: Path, cp: int) -> dict[str, float]:
 
 
 def estimated(cp: int) -> dict[str, float]:
-    """plan/memory.py's activations (GiB) and the gathered K/V in them, for rank 0 of the same job."""
+    """estimate/memory.py's activations (GiB) and the gathered K/V in them, for rank 0 of the same job."""
     model = Llama3Config()  # the defaults are the debug model's
     layout = ParallelismConfig(data_parallel_shard_degree=1, context_parallel_degree=cp)
     estimate = rank_memory(model, layout, 1, SEQ_LEN, "float32", ActivationCheckpointConfig(), on_cpu=False)

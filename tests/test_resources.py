@@ -9,7 +9,7 @@ from launchers.devices import available_memory, cpu_cores
 from titan_exp.config.check import ConfigError, check_memory_fit
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import _rank_memory, resolve
-from titan_exp.plan.memory import GIB, model_parameters
+from titan_exp.estimate.memory import GIB, model_parameters
 
 from conftest import compose_config, mlflow_runs, run_cli
 

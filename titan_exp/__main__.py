@@ -1,6 +1,7 @@
 """`python -m titan_exp [overrides] [-m]`: compose with Hydra, resolve (check), run the job.
 `python -m titan_exp compare ...` and `python -m titan_exp ui ...`: compare tracked runs, serve the MLflow UI.
 `python -m titan_exp sync DIR...`: write what the store missed from jobs' journals (tracking/sync.py).
+`python -m titan_exp plan [overrides]`: predict memory and speed without running (plan/cli.py).
 
 Nothing here (nor anything it imports) loads torch: the ranks do (tests/test_architecture.py)."""
 
@@ -23,13 +24,14 @@ from titan_exp.config.schema import register_schema
 from titan_exp.job.launch import run_job
 from titan_exp.job.parity import run_parity
 from titan_exp.job.sweep import end_active_sweep, failed_points, join_sweep, point_ended
+from titan_exp.plan import cli as plan_cli
 from titan_exp.tracking import sync
 
 # Exit statuses: 1 a run failed, 2 the config was rejected (nothing started).
 EXIT_RUN_FAILED = 1
 EXIT_BAD_CONFIG = 2
 
-_SUBCOMMANDS = {"compare": compare_cli.main, "ui": ui.main, "sync": sync.main}
+_SUBCOMMANDS = {"compare": compare_cli.main, "ui": ui.main, "sync": sync.main, "plan": plan_cli.main}
 _state = {"task_started": False}
 
 

@@ -17,6 +17,7 @@ from titan_exp.config.check import ConfigError
 from titan_exp.config.compose import to_job_config
 from titan_exp.job.sweep import open_parent_run, point_ended
 from titan_exp.job.sweep_points import SweepPoint, check_every_point, prepare_point, run_points
+from titan_exp.plan.prune import prune, record_pruned
 from titan_exp.tracking.parent_run import parent_run_id_in
 
 
@@ -36,10 +37,16 @@ class TitanExpLauncher(Launcher):
         setup_globals()
         sweep_dir = Path(self.config.hydra.sweep.dir)
         configs = [self._point_config(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
-        points = []
+        points, pruned = [], {}
         for overrides, config in zip(job_overrides, configs):
             job_dir = sweep_dir / str(config.hydra.sweep.subdir)
-            points.append(prepare_point(config.hydra.job.num, list(overrides), job_dir, _task(config)))
+            task = _task(config)
+            point = SweepPoint(config.hydra.job.num, list(overrides), job_dir)
+            if found := prune(task):  # plan.prune=true: predicted not to fit, not started
+                point.state, point.detail, pruned[point.number] = "pruned", found.reason, found
+            else:
+                point = prepare_point(point.number, point.overrides, job_dir, task)
+            points.append(point)
         try:
             check_every_point(points)  # a refused point refuses the sweep before anything starts
         except ConfigError as err:
@@ -51,7 +58,10 @@ class TitanExpLauncher(Launcher):
         parent = parent_run_id_in(sweep_dir)
         extra = [f"tracking.parent_run_id={parent}"] if parent else []
         launcher = self.config.launcher
-        run_points(points, extra, launcher.max_parallel, launcher.array_parallelism)
+        for found in pruned.values():
+            record_pruned(found, parent)
+        if to_run := [point for point in points if point.number not in pruned]:
+            run_points(to_run, extra, launcher.max_parallel, launcher.array_parallelism)
         return [self._report(point, config) for point, config in zip(points, configs)]
 
     def _point_config(self, overrides: Sequence[str], number: int) -> DictConfig:
@@ -63,8 +73,10 @@ class TitanExpLauncher(Launcher):
 
     def _report(self, point: SweepPoint, config: DictConfig) -> JobReturn:
         """The point's end as Hydra's callbacks expect it (return value: whether it succeeded)."""
-        ok = point.state == "done"
-        if not ok:
+        ok = point.state in ("done", "pruned")
+        if point.state == "pruned":
+            print(f"titan_exp: sweep point [{point.number}] {point.overrides}: {point.detail}", file=sys.stderr)
+        elif not ok:
             print(f"titan_exp: sweep point [{point.number}] {point.label} failed: {point.detail}", file=sys.stderr)
         result = JobReturn(
             overrides=point.overrides, cfg=config, hydra_cfg=config, working_dir=str(point.job_dir),

@@ -14,8 +14,10 @@ COLUMNS = [
     "strategy",
     "world size",
     "TPS/device",
+    "predicted TPS/device",
     "MFU %",
     "peak memory GiB",
+    "predicted peak GiB",
     "scaling efficiency",
     "final loss",
     "status",
@@ -29,6 +31,13 @@ def table(summaries: list[RunSummary]) -> list[list[str]]:
     def number(value: float | None, fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
 
+    def predicted(value: float | None, measured: float | None, fmt: str) -> str:
+        """The prediction and how far it was from the measured figure (where they are comparable)."""
+        if value is None:
+            return "n/a"
+        error = f" ({100 * (value / measured - 1):+.0f}%)" if measured else ""
+        return format(value, fmt) + error
+
     rows = []
     for s in summaries:
         memory = f"{number(s.peak_memory_gib, '.2f')} ({s.memory_kind})" if s.peak_memory_gib is not None else "n/a"
@@ -38,8 +47,11 @@ def table(summaries: list[RunSummary]) -> list[list[str]]:
                 s.name,
                 str(s.world_size),
                 number(s.tps_per_device, ",.0f"),
+                predicted(s.predicted_tps_per_device, s.tps_per_device, ",.0f"),
                 number(s.mfu_pct, ".2f"),
                 memory,
+                # Predictions count tensors: comparable with an allocator's peak, not a CPU resident set.
+                predicted(s.predicted_peak_memory_gib, s.peak_memory_gib if s.memory_kind == "active" else None, ".2f"),
                 number(s.scaling_efficiency, ".2f"),
                 number(s.final_loss, ".4f"),
                 status,
@@ -49,15 +61,15 @@ def table(summaries: list[RunSummary]) -> list[list[str]]:
     return rows
 
 
-def to_markdown(rows: list[list[str]]) -> str:
+def to_markdown(rows: list[list[str]], columns: list[str] = COLUMNS) -> str:
     escape = lambda cell: cell.replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(escape(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
-def to_html(rows: list[list[str]], title: str) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+def to_html(rows: list[list[str]], title: str, columns: list[str] = COLUMNS) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>\n" for row in rows)
     return (
         f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
@@ -72,9 +84,11 @@ CSV_COLUMNS = [
     "strategy",
     "world_size",
     "tps_per_device",
+    "predicted_tps_per_device",
     "mfu_pct",
     "peak_memory_gib",
     "memory_kind",
+    "predicted_peak_memory_gib",
     "scaling_efficiency",
     "final_loss",
     "status",
@@ -93,9 +107,11 @@ def write_csv(summaries: list[RunSummary], path: Path) -> None:
                     s.name,
                     s.world_size,
                     s.tps_per_device,
+                    s.predicted_tps_per_device,
                     s.mfu_pct,
                     s.peak_memory_gib,
                     s.memory_kind,
+                    s.predicted_peak_memory_gib,
                     s.scaling_efficiency,
                     s.final_loss,
                     s.status,

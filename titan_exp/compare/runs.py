@@ -13,6 +13,8 @@ MFU_KEY = "throughput/mfu_pct_mean"
 # CUDA's allocator peak, else the CPU resident-set peak: never mixed in one figure (see metrics/memory.py).
 MEMORY_KEYS = (("memory/max_active_gib", "active"), ("memory/cpu_rss_peak_gib", "cpu rss"))
 LOSS_KEY = "loss/global_avg"
+# The role tag of a prediction run (python -m titan_exp plan): compared with, never as, a training run.
+PREDICTION_ROLE = "prediction"
 
 
 @dataclass
@@ -37,6 +39,9 @@ class RunSummary:
     failure_reason: str = ""
     # TPS/device over that of the smallest world size in the same family (filled by add_scaling_efficiency).
     scaling_efficiency: float | None = None
+    # The latest prediction of the same layout in the experiment (python -m titan_exp plan), if any.
+    predicted_tps_per_device: float | None = None
+    predicted_peak_memory_gib: float | None = None
 
     @property
     def family(self) -> tuple:
@@ -61,9 +66,20 @@ def sweep_points(client, parent) -> list:
 
 
 def experiment_training_runs(client, experiment_id: str) -> list:
-    """Every training run of an experiment (sweep parents left out), in the order they started."""
+    """Every training run of an experiment (sweep and plan parents, predictions left out), in the
+    order they started."""
     runs = client.search_runs([experiment_id], order_by=["attributes.start_time ASC"])
-    return [run for run in runs if run.data.tags.get(ROLE_TAG) != "sweep"]
+    return [run for run in runs if run.data.tags.get(ROLE_TAG) not in ("sweep", "plan", PREDICTION_ROLE)]
+
+
+def latest_prediction(client, run):
+    """The newest prediction run of the same layout as `run`, in its experiment; None if none."""
+    key = run.data.tags.get("layout_key")
+    if not key:
+        return None
+    query = f"tags.`{ROLE_TAG}` = '{PREDICTION_ROLE}' and tags.layout_key = '{key}'"
+    found = client.search_runs([run.info.experiment_id], query, order_by=["attributes.start_time DESC"], max_results=1)
+    return found[0] if found else None
 
 
 def loss_curve(client, run_id: str) -> list[tuple[int, float]]:
@@ -95,7 +111,17 @@ def summarize(client, run) -> RunSummary:
         final_loss=curve[-1][1] if curve else None,
         loss_curve=curve,
         failure_reason=tags.get("failure_reason", ""),
+        **_predicted(client, run),
     )
+
+
+def _predicted(client, run) -> dict[str, float | None]:
+    prediction = latest_prediction(client, run)
+    metrics = prediction.data.metrics if prediction else {}
+    return {
+        "predicted_tps_per_device": metrics.get("prediction/tps_per_device"),
+        "predicted_peak_memory_gib": metrics.get("prediction/peak_memory_gib"),
+    }
 
 
 def add_scaling_efficiency(summaries: list[RunSummary]) -> None:

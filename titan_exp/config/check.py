@@ -18,10 +18,10 @@ from pathlib import Path
 from titan_exp.checkpoint.layout import latest_step
 from titan_exp.config.schema import JobConfig
 from titan_exp.config.sections import LauncherConfig
+from titan_exp.estimate.memory import GIB, RankMemory
 from titan_exp.parallel.config import CONTEXT_PARALLEL_IMPLS
 from titan_exp.parallel.dims import MESH_DIMS
 from titan_exp.parallel.stages import SCHEDULES, StagePlan
-from titan_exp.plan.memory import GIB, RankMemory
 from titan_exp.tracking.config import TrackingConfig
 from titan_exp.tracking.store import is_store_busy, server_answers, sqlite_path
 
@@ -406,7 +406,7 @@ def check_cpu_ranks(launcher: LauncherConfig, nproc_per_node: int, cores: int) -
 
 
 def check_memory_fit(cfg: JobConfig, estimate: Callable[[JobConfig], RankMemory], budget: int, where: str) -> None:
-    """One rank's estimated peak (plan/memory.py) within the `budget` bytes each rank can have
+    """One rank's estimated peak (estimate/memory.py) within the `budget` bytes each rank can have
     (`where` says what that budget is). A refusal names the fixes that the same estimate says fit."""
     needed = estimate(cfg)
     if needed.total <= budget:
@@ -623,13 +623,6 @@ def check_profiling(cfg: JobConfig) -> None:
             raise ConfigError("profiling.save_traces_folder", "''", "must name a folder (relative to the job's)")
     if p.enable_memory_snapshot:
         _positive("profiling.memory_snapshot_freq", p.memory_snapshot_freq)
-        if cfg.parallelism.pipeline_parallel_degree > 1:
-            raise ConfigError(
-                "profiling.enable_memory_snapshot",
-                True,
-                "torch 2.13's MemTracker cannot follow a module run once per pipeline microbatch; audit a pp=1 "
-                "layout of the same model, or use profiling=trace",
-            )
         if not p.save_memory_snapshot_folder:
             raise ConfigError(
                 "profiling.save_memory_snapshot_folder", "''", "must name a folder (relative to the job's)"

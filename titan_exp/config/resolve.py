@@ -13,8 +13,8 @@ from launchers.devices import available_memory, cpu_cores, gpu_memory, visible_g
 from launchers.env import RankEnv, external_launcher
 from titan_exp.config import check
 from titan_exp.config.schema import JobConfig
+from titan_exp.estimate.memory import GIB, RankMemory, rank_memory
 from titan_exp.parallel.config import resolved_context_parallel_impl
-from titan_exp.plan.memory import GIB, RankMemory, rank_memory
 from titan_exp.tracking.store import absolute_uri
 
 # Ranks on a machine without GPUs when neither the launcher nor the degrees say how many.

@@ -16,6 +16,7 @@ from titan_exp.config.sections import (
     TrainingConfig,
 )
 from titan_exp.data.config import DataConfig
+from titan_exp.estimate.config import HardwareConfig, PlanConfig
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.optim.config import LRSchedulerConfig, OptimizerConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
@@ -42,6 +43,8 @@ class JobConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     parity: ParityConfig = field(default_factory=ParityConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
 
 def register_schema() -> None:

@@ -30,7 +30,25 @@ def run_tags(cfg: JobConfig, started_by: str) -> dict[str, str]:
         "launcher": started_by,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
         "status": "running",
+        "layout_key": layout_key(cfg),
     }
+
+
+def layout_key(cfg: JobConfig) -> str:
+    """What a prediction and a training run must share to be compared (python -m titan_exp plan):
+    the model, the layout, the batch's shape, precision and the memory-saving options."""
+    p, t = cfg.parallelism, cfg.training
+    parts = [
+        f"{cfg.model.name}_{cfg.model.flavor}",
+        ParallelDims.from_config(p).label(),
+        f"batch{t.local_batch_size}x{t.seq_len}/{t.global_batch_size}",
+        t.mixed_precision_param,
+        f"ac-{cfg.activation_checkpoint.mode}",
+        cfg.quantize.name,
+    ]
+    if p.pipeline_parallel_degree > 1:
+        parts.append(f"{p.pipeline_parallel_schedule}-mb{p.pipeline_parallel_microbatch_size}")
+    return "·".join(parts)
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, object]:

@@ -43,7 +43,7 @@ class SweepPoint:
     # The point's resolved config, or why it was refused (then the sweep is: check_every_point).
     cfg: JobConfig | None = None
     refused: ConfigError | None = None
-    state: str = "queued"  # queued | running | done | failed
+    state: str = "queued"  # queued | running | done | failed | pruned (plan.prune: predicted not to fit)
     detail: str = ""
     process: subprocess.Popen | None = None
     cores: tuple[int, ...] = ()

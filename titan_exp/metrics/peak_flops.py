@@ -5,7 +5,9 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -61,10 +63,18 @@ def measure_cpu_matmul_flops(dtype: torch.dtype, size: int = 1024, repeats: int 
 def cpu_peak_flops(dtype: torch.dtype, cache_dir: str) -> float:
     """Measured once per (CPU model, dtype, thread count) and cached as JSON under cache_dir."""
     key = f"{_cpu_name()}|{dtype}|threads={torch.get_num_threads()}"
-    path = Path(cache_dir) / "cpu_peak_flops.json"
+    return cached(Path(cache_dir) / "cpu_peak_flops.json", key, lambda: measure_cpu_matmul_flops(dtype))
+
+
+T = TypeVar("T")
+
+
+def cached(path: Path, key: str, measure: Callable[[], T]) -> T:
+    """`measure()`'s value under `key` in the JSON table at `path`, measured the first time only
+    (the table is replaced whole, so a reader never sees it half-written)."""
     table = json.loads(path.read_text()) if path.exists() else {}
     if key not in table:
-        table[key] = measure_cpu_matmul_flops(dtype)
+        table[key] = measure()
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent)
         with os.fdopen(fd, "w") as f:

@@ -11,7 +11,7 @@ amount of attention work), and shard the tokens, the labels and the rotary table
   ranks (the kv heads, before grouped-query attention repeats them) and attends from its two chunks
   to the gathered prefix each may see. Backward runs through autograd: the gather's gradient is a
   reduce-scatter. It holds the whole sequence's K and V per layer for a moment, which ring attention
-  avoids; on 2-8 ranks that is small next to the rest (see plan/memory.py).
+  avoids; on 2-8 ranks that is small next to the rest (see estimate/memory.py).
 """
 
 import contextlib

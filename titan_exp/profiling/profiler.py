@@ -155,6 +155,16 @@ class _TimelineTracker(MemTracker):
         if (snap := self._curr_mem_snap.get(self._device)) is not None:
             self.timeline.append((time.perf_counter(), dict(snap)))
 
+    def _pre_fw_hook(self, module: torch.nn.Module, inputs) -> None:
+        # A pipeline stage runs its forward once per microbatch, which MemTracker takes for the next
+        # iteration and refuses: the stage's module statistics restart with each microbatch (the
+        # memory totals and categories, kept per device, go on).
+        if module in self.memory_tracking and not self._mod_tracker.is_bw:
+            parents = set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)}
+            if parents == {"Global"}:
+                del self.memory_tracking[module]
+        super()._pre_fw_hook(module, inputs)
+
 
 def _module_rows(tracker: MemTracker, device: torch.device, depth: int = 3) -> list[ModuleRow]:
     """Per module (down to `depth` levels): its parameters, what its outputs hold, and the peaks

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
+from titan_exp.parallel.stages import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -30,6 +31,8 @@ class RankMemory:
     activations: int
     logits: int
     temporaries: int
+    # FSDP's gathered layers (the running one and the prefetched next) and a layer's reduce-scatter buffer.
+    communication: int
     process: int
 
     @property
@@ -51,6 +54,32 @@ def saved_per_token(m: Llama3Config) -> int:
     both norms' inputs and outputs, q, k and v after rope and the kv-heads' repeat, the attention
     output and the contiguous copies the attention kernel takes, the SwiGLU's four ffn-wide tensors."""
     return 10 * m.dim + 4 * m.ffn_hidden_dim
+
+
+def pipeline_chunks_in_flight(p: ParallelismConfig, microbatches: int) -> int:
+    """Stage-microbatches whose activations a pipeline's first rank holds at its peak, as torch's
+    schedules order their work: every microbatch under GPipe and, per stage, under LoopedBFS; one
+    per stage ahead of it under 1F1B; under the interleaved schedules (v stages per rank) their
+    warm-up, (v-1)·pp + 2·(pp-1) forwards, and the first steady one; under the V-shaped ones, 2·pp."""
+    pp, schedule = p.pipeline_parallel_degree, p.pipeline_parallel_schedule
+    if pp == 1:
+        return 1
+    if schedule == "GPipe":
+        return microbatches
+    if schedule in SINGLE_STAGE_SCHEDULES:
+        return min(pp, microbatches)
+    v = 2
+    if schedule == "LoopedBFS":
+        return microbatches * v
+    if schedule in V_SHAPED_SCHEDULES:
+        return min(microbatches * v, 2 * pp)
+    return min(microbatches * v, (v - 1) * pp + 2 * (pp - 1) + 1)
+
+
+def pipeline_in_flight(p: ParallelismConfig, microbatches: int) -> float:
+    """The same in microbatches through all of the rank's layers (a stage holds 1/v of them)."""
+    single = p.pipeline_parallel_schedule in SINGLE_STAGE_SCHEDULES or p.pipeline_parallel_degree == 1
+    return pipeline_chunks_in_flight(p, microbatches) / (1 if single else 2)
 
 
 def gathered_kv(m: Llama3Config, batch: int, seq_len: int, cp: int) -> float:
@@ -89,26 +118,28 @@ def rank_memory(
     per_layer = tokens * saved_per_token(m) * act_bytes / tp + gathered_kv(m, microbatch, seq_len, cp) * act_bytes / tp
     if ac.mode == "full":  # each layer keeps its input; one layer is recomputed at a time
         kept = layers * tokens * m.dim * act_bytes / tp + per_layer
-    elif ac.mode == "selective":
-        kept = layers * per_layer / 2
+    elif ac.mode == "selective":  # per-op SAC keeps attention and every other matmul output: ~30% (dry run's)
+        kept = layers * per_layer * 0.3 + per_layer
     else:
         kept = layers * per_layer
-    # A pipeline's first stage holds the activations of the microbatches in flight: all of them
-    # under GPipe, up to one per stage under the 1F1B family.
-    microbatches = local_batch_size // microbatch
-    in_flight = 1 if pp == 1 else microbatches if p.pipeline_parallel_schedule == "GPipe" else min(pp, microbatches)
+    in_flight = pipeline_in_flight(p, local_batch_size // microbatch)
     # float32 logits, the loss's log-softmax of them, and their gradient.
     logits = local_batch_size * seq_len / cp * m.vocab_size / tp * 4 * 3
-    # During a layer's backward: its activations' gradients; under FSDP, two layers' gathered
-    # parameters (the current one and the prefetched next).
-    gathered = 2 * layer_parameters(m) / tp * _PARAM_BYTES if shards > 1 else 0
+    # Under FSDP: two layers' gathered parameters (the current one and the prefetched next) and a
+    # layer's gradients before their reduce-scatter.
+    gathered = 3 * layer_parameters(m) / tp * _PARAM_BYTES if shards > 1 else 0
+    # Under pipelining a microbatch's backward runs before the last one's forward: the stage's
+    # gradients exist at the peak, under FSDP unreduced (PipelineStage syncs after the last one).
+    grad_bytes = held / tp * act_bytes if shards > 1 and pp > 1 else params_here * _GRAD_BYTES
     slack = _CPU_ALLOCATOR_SLACK if on_cpu else 1.0
     return RankMemory(
         parameters=int(params_here * _PARAM_BYTES * slack),
-        gradients=int(params_here * _GRAD_BYTES * slack),
+        gradients=int(grad_bytes * slack),
         optimizer_state=int(params_here * _ADAM_BYTES * slack),
         activations=int(kept * in_flight * slack),
         logits=int(logits * slack),
-        temporaries=int((per_layer + gathered) * slack),
+        # During a layer's backward: its activations' gradients.
+        temporaries=int(per_layer * slack),
+        communication=int(gathered * slack),
         process=CPU_RANK_BASELINE_BYTES if on_cpu else 0,
     )

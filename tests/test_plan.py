@@ -1,0 +1,121 @@
+"""`python -m titan_exp plan`: predictions for one config and for a grid, recorded in MLflow and
+set beside measured runs; published GPU layouts predicted plausibly; plan.prune in a sweep.
+(Accuracy against real runs: benchmarks/bench_planner.py.)"""
+
+import csv
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, mlflow_client, mlflow_runs, run_cli
+
+H100_96GB = ["hardware=h100", "hardware.memory_gib=96", "training.mixed_precision_param=bfloat16"]
+SEQ_8K = ["training.seq_len=8192", "model.max_seq_len=8192"]
+
+
+def subcommand(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python -m titan_exp <subcommand> ...` (no Hydra run folder: plan and compare write where told)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "titan_exp", *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def plan(args: list[str], tmp_path, timeout: int = 300):
+    result = subcommand(["plan", "--out", str(tmp_path / "plan"), *args], timeout)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "plan" / "plan.csv")))
+    return result, rows
+
+
+def test_one_config_is_predicted_and_recorded_as_a_prediction(tmp_path, store):
+    uri, db = store
+    result, [row] = plan(
+        ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=4", uri], tmp_path
+    )
+    out = result.stdout
+    assert "peak memory per rank" in out and "optimizer state" in out and "tokens/s per device" in out
+    assert "measured (fake pass" in out and "(measured) + communication" in out  # which figure is which
+    assert row["layout"] == "fsdp2" and row["fits"] == "yes" and float(row["step s"]) > 0
+    [run] = mlflow_runs(db)
+    tags, metrics = run.data.tags, run.data.metrics
+    assert tags["titan_exp.role"] == "prediction" and tags["layout"] == "fsdp2" and tags["hardware"] == "cpu"
+    assert metrics["prediction/peak_memory_gib"] == pytest.approx(float(row["peak GiB/rank"]), abs=0.006)
+    assert metrics["prediction/tps_per_device"] > 0 and 0 < metrics["prediction/mfu_pct"] < 100
+
+
+def test_a_grid_is_ranked_fitting_first_then_by_tps(tmp_path):
+    args = ["-m", "model=llama3_8b", *H100_96GB, *SEQ_8K, "launcher.nproc_per_node=8", "plan.measure=false"]
+    args += ["parallelism=fsdp,fsdp_tp", "training.local_batch_size=1,2,8", "tracking=none"]
+    _, rows = plan(args, tmp_path)
+    assert len(rows) == 6 and [int(r["rank"]) for r in rows] == list(range(1, 7))
+    fits = [r["fits"] == "yes" for r in rows]
+    assert fits == sorted(fits, reverse=True) and True in fits and False in fits  # local batch 8 does not fit
+    fitting = [float(r["TPS/device"].replace(",", "")) for r in rows if r["fits"] == "yes"]
+    assert fitting == sorted(fitting, reverse=True)
+    assert all(r["compute"] == "modelled" for r in rows)
+    html = (tmp_path / "plan" / "plan.html").read_text()
+    assert html.count("<tr>") == 7 and (tmp_path / "plan" / "plan.md").read_text().count("\n") == 8
+
+
+def test_published_h100_layouts_are_predicted_plausibly(tmp_path):
+    """TorchTitan's published runs on 96 GB H100s at seq 8192 (seed 003): Llama 3 8B, FSDP 8, local
+    batch 2, selective AC: 5,762 TPS/GPU in 82 GiB; 405B, FSDP 8 × TP 8 × PP 8 on 512 GPUs, full AC:
+    fits under 1F1B and Interleaved1F1B."""
+    args = ["model=llama3_8b", *H100_96GB, *SEQ_8K, "parallelism=fsdp", "launcher.nproc_per_node=8"]
+    args += ["training.local_batch_size=2", "activation_checkpoint.mode=selective", "tracking=none"]
+    _, [row] = plan(args, tmp_path / "8b")
+    assert row["fits"] == "yes" and 40 < float(row["peak GiB/rank"]) < 86.4
+    assert 3_000 < float(row["TPS/device"].replace(",", "")) < 12_000
+    start = time.monotonic()
+    args = ["-m", "model=llama3_405b", *H100_96GB, *SEQ_8K, "parallelism=fsdp_tp_pp", "launcher.nodes=64"]
+    args += [
+        "launcher.nproc_per_node=8",
+        "parallelism.tensor_parallel_degree=8",
+        "parallelism.pipeline_parallel_degree=8",
+    ]
+    args += ["training.local_batch_size=32", "activation_checkpoint.mode=full", "tracking=none"]
+    args += ["parallelism.pipeline_parallel_schedule=1F1B,Interleaved1F1B"]
+    _, rows = plan(args, tmp_path / "405b")
+    assert time.monotonic() - start < 120  # measured memory included (the fake pass), 2 points
+    assert {r["overrides"].split("schedule=")[1] for r in rows} == {"1F1B", "Interleaved1F1B"}
+    for row in rows:
+        assert row["fits"] == "yes" and 20 < float(row["peak GiB/rank"]) < 86.4, row
+
+
+def test_compare_puts_the_prediction_beside_the_measured_run(tmp_path, store):
+    uri, db = store
+    layout = ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=4", "training.seq_len=128"]
+    plan([*layout, uri], tmp_path)
+    trained = run_cli([*layout, "training.steps=4", "metrics.log_freq=1", "data=synthetic", uri], tmp_path / "run")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    runs = mlflow_runs(db)
+    [prediction] = [r for r in runs if r.data.tags.get("titan_exp.role") == "prediction"]
+    [measured] = [r for r in runs if r is not prediction]
+    assert prediction.data.tags["layout_key"] == measured.data.tags["layout_key"]
+    compared = subcommand(["compare", "--all", "--uri", uri.split("=", 1)[1], "--out", str(tmp_path / "cmp")])
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    [row] = list(csv.DictReader(open(tmp_path / "cmp" / "strategy_table.csv")))
+    assert row["run_id"] == measured.info.run_id  # the prediction is not a training run of its own
+    predicted_tps = float(row["predicted_tps_per_device"])
+    assert predicted_tps == pytest.approx(prediction.data.metrics["prediction/tps_per_device"])
+    markdown = (tmp_path / "cmp" / "strategy_table.md").read_text()
+    assert "predicted TPS/device" in markdown and "%)" in markdown  # the prediction's error
+
+
+def test_prune_skips_points_predicted_not_to_fit_and_records_them(tmp_path, store):
+    uri, db = store
+    args = ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.steps=2", "data=synthetic"]
+    args += ["plan.prune=true", "plan.memory_budget_gib=0.5", "training.local_batch_size=1,64", uri]
+    result = run_cli(args, tmp_path, flags=("-m",), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pruned: predicted" in result.stderr
+    runs = {r.data.params.get("training.local_batch_size", r.data.tags.get("layout_key")): r for r in mlflow_runs(db)}
+    pruned = [r for r in mlflow_runs(db) if r.data.tags.get("status") == "pruned"]
+    assert len(pruned) == 1 and "batch64x" in pruned[0].data.tags["layout_key"]
+    assert pruned[0].info.status == "KILLED" and pruned[0].data.metrics["prediction/peak_memory_gib"] > 0.5
+    trained = [r for r in runs.values() if r.data.tags.get("status") == "finished"]
+    assert [r.data.params["training.local_batch_size"] for r in trained] == ["1"]
+    assert mlflow_client(db)  # the store is readable after the sweep

@@ -1,0 +1,203 @@
+"""`python -m titan_exp plan [overrides]`: predict a layout's per-rank memory and step time, tokens/s
+per device and MFU before spending GPU-hours on it; with comma lists (`-m` optional), a grid ranked
+best first, written as Markdown, CSV and HTML and recorded in MLflow as prediction runs.
+
+python -m titan_exp plan model=llama3_8b hardware=h100 launcher.nproc_per_node=8
+python -m titan_exp plan -m model=llama3_70b hardware=h100 launcher.nproc_per_node=8 launcher.nodes=32 \\
+    parallelism=fsdp_tp parallelism.tensor_parallel_degree=2,4,8 activation_checkpoint.mode=none,full
+
+Configs are checked as a training run's are (the world spelled out; nothing is placed). On the `cpu`
+profile the device's figures and a rank's compute are measured on this machine (plan/measure.py);
+elsewhere they are modelled from the profile.
+"""
+
+import argparse
+import copy
+import csv
+import datetime
+import itertools
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from launchers.devices import cpu_cores
+from titan_exp.compare.report import to_html, to_markdown
+from titan_exp.config.check import ConfigError
+from titan_exp.config.compose import to_job_config
+from titan_exp.config.schema import JobConfig, register_schema
+from titan_exp.estimate.memory import GIB
+from titan_exp.job.identity import flatten, run_name, run_tags
+from titan_exp.plan.predict import (
+    MEASURED,
+    Prediction,
+    local_parameters,
+    microbatch_tokens,
+    predict,
+    resolve_for_plan,
+)
+from titan_exp.tracking.run import ROLE_TAG, MlflowRun
+from titan_exp.tracking.store import ensure_store
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+COLUMNS = [
+    "rank",
+    "layout",
+    "world size",
+    "peak GiB/rank",
+    "budget GiB",
+    "fits",
+    "step s",
+    "TPS/device",
+    "MFU %",
+    "compute",
+    "overrides",
+]
+
+
+def grid(overrides: list[str]) -> list[list[str]]:
+    """Every combination of the comma lists and sweeps in `overrides` (Hydra's grammar, as its
+    basic sweeper expands them)."""
+    choices = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            choices.append([f"{key}={override.get_value_element_as_str()}"])
+    return [list(point) for point in itertools.product(*choices)]
+
+
+def compose_point(point: list[str]) -> JobConfig:
+    """The point's config, resolved for planning (predict.resolve_for_plan)."""
+    # Hydra's own keys place a run's outputs: nothing to place here.
+    point = [override for override in point if not override.startswith("hydra.")]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        composed = compose(config_name="config", overrides=point)
+    return resolve_for_plan(to_job_config(composed))
+
+
+def _cpu_ranks(cfg: JobConfig) -> tuple[int, float]:
+    """(threads per rank, how much the ranks' time stretches as they share this machine's cores)."""
+    cores, ranks = cpu_cores(), cfg.launcher.nproc_per_node
+    threads = cfg.launcher.cpu_threads_per_rank
+    threads = threads if threads > 0 else max(1, cores // ranks)
+    return threads, max(1.0, ranks * threads / cores)
+
+
+def plan_one(cfg: JobConfig) -> Prediction:
+    """Measure what torch can here (plan.measure): rank 0's memory by the dry run's fake pass; on the
+    `cpu` profile the device's figures and a rank's compute. Model the rest."""
+    hw = cfg.hardware
+    if not cfg.plan.measure and hw.name != "cpu":
+        return predict(cfg, hw, cfg.plan, compute=None)  # all modelled: no torch to load
+    from titan_exp.plan import measure  # torch: measuring is this command's job
+
+    memory = measure.measured_memory(cfg) if cfg.plan.measure else None
+    compute, oversubscription = None, 1.0
+    if hw.name == "cpu":
+        threads, oversubscription = _cpu_ranks(cfg)
+        hw = measure.resolve_hardware(hw, threads, cfg.data.cache_dir)  # beside the measured peak FLOP/s
+        compute = measure.measured_compute(
+            cfg, microbatch_tokens(cfg), cfg.parallelism.tensor_parallel_degree, local_parameters(cfg), threads
+        )
+    return predict(cfg, hw, cfg.plan, compute, oversubscription, memory)
+
+
+def _row(rank: int, prediction: Prediction, point: list[str]) -> list[str]:
+    p = prediction
+    return [
+        str(rank),
+        p.layout,
+        str(p.world_size),
+        f"{p.peak_gib:.2f}",
+        f"{p.memory_budget_gib:.1f}",
+        "yes" if p.fits else "no",
+        f"{p.step.total:.3f}",
+        f"{p.tps_per_device:,.0f}",
+        f"{p.mfu_pct:.1f}",
+        p.sources["compute"],
+        " ".join(point),
+    ]
+
+
+def describe(prediction: Prediction) -> str:
+    """One prediction in full: the memory breakdown and the step's."""
+    p = prediction
+    lines = [
+        f"{p.layout} ({p.mesh}), {p.world_size} ranks",
+        f"  peak memory per rank {p.peak_gib:.2f} GiB of {p.memory_budget_gib:.1f} "
+        f"({'fits' if p.fits else 'does NOT fit'}), {p.sources['memory']}:",
+        *(f"    {name.replace('_', ' '):16s} {size / GIB:10.3f} GiB" for name, size in vars(p.memory).items()),
+        f"  step {p.step.total:.3f} s: compute {p.step.compute:.3f} ({p.sources['compute']}) + communication "
+        f"{p.step.communication:.3f} + pipeline bubble {p.step.bubble:.3f} (modelled)"
+        + (f", × {p.step.oversubscription:.2f} for ranks sharing cores" if p.step.oversubscription > 1 else ""),
+        f"  tokens/s per device {p.tps_per_device:,.0f}, MFU {p.mfu_pct:.1f}%",
+    ]
+    return "\n".join(lines)
+
+
+def _record(
+    cfgs: list[JobConfig], predictions: list[Prediction], points: list[list[str]], out: Path, title: str
+) -> None:
+    """Each prediction as an MLflow run tagged as one (a grid's under a parent run holding the table)."""
+    if not cfgs[0].tracking.enable:
+        return
+    ensure_store(cfgs[0].tracking)
+    parent = None
+    if len(cfgs) > 1:
+        parent = MlflowRun.create(cfgs[0].tracking, title[:250], {ROLE_TAG: "plan"})
+        parent.log_artifacts(out, "plan")
+        parent.finish("FINISHED")
+    now_ms = int(datetime.datetime.now().timestamp() * 1000)
+    for cfg, prediction, point in zip(cfgs, predictions, points):
+        tracking = copy.deepcopy(cfg.tracking)
+        tracking.parent_run_id = parent.run_id if parent else None
+        tags = run_tags(cfg, "plan") | {ROLE_TAG: "prediction", "hardware": cfg.hardware.name, "status": "predicted"}
+        tags["prediction_sources"] = ", ".join(f"{k}: {v}" for k, v in prediction.sources.items())
+        run = MlflowRun.create(tracking, f"prediction: {run_name(cfg)}", tags)
+        params = flatten(OmegaConf.to_container(OmegaConf.structured(cfg))) | {"plan.overrides": " ".join(point)}
+        run.log_params(params)
+        run.log_metrics([(0, prediction.metrics(), now_ms)])
+        run.finish("FINISHED")
+    where = f"parent run {parent.run_id}" if parent else "1 run"
+    print(f"recorded in MLflow ({cfgs[0].tracking.uri}, experiment {cfgs[0].tracking.experiment}): {where}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="titan_exp plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-m", "--multirun", action="store_true", help="a grid (implied by comma lists)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder of the ranked table (default outputs/plans/<time>)"
+    )
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    register_schema()
+    points = grid(args.overrides)
+    try:
+        cfgs = [compose_point(point) for point in points]
+    except ConfigError as err:
+        print(f"titan_exp plan: config error: {err}", file=sys.stderr)
+        return 2
+    predictions = [plan_one(cfg) for cfg in cfgs]
+    if len(points) == 1:
+        print(describe(predictions[0]))
+    ranked = sorted(range(len(points)), key=lambda i: (not predictions[i].fits, -predictions[i].tps_per_device))
+    shared = set.intersection(*map(set, points)) if len(points) > 1 else set()  # the table shows what varies
+    rows = [_row(n + 1, predictions[i], [o for o in points[i] if o not in shared]) for n, i in enumerate(ranked)]
+    out = args.out or Path("outputs") / "plans" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    out.mkdir(parents=True, exist_ok=True)
+    title = "plan: " + " ".join(args.overrides)
+    (out / "plan.md").write_text(to_markdown(rows, COLUMNS))
+    (out / "plan.html").write_text(to_html(rows, title, COLUMNS))
+    with open(out / "plan.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(COLUMNS)
+        writer.writerows(rows)
+    print(to_markdown(rows, COLUMNS), end="")
+    print(f"table: {out}/plan.md (.csv, .html); figures measured on this machine: "
+          f"{sorted({k for p in predictions for k, v in p.sources.items() if v == MEASURED}) or 'none'}")  # fmt: skip
+    _record(cfgs, predictions, points, out, title)
+    return 0

@@ -1,0 +1,250 @@
+"""What the planner measures on this machine (imports torch; the planner's command loads it, the
+pre-flight check does not):
+
+- the `cpu` device profile: matmul peak at a rank's thread count, memory bandwidth, gloo's
+  per-call cost and bandwidth between two rank processes; cached under outputs/cache;
+- a rank's compute at its real shapes: one transformer layer of the model (with the run's
+  activation checkpointing and float8 conversion) forward and backward on the rank's tokens, the
+  output head and loss, and the optimizer step, timed here (on CPU ranks this *is* the device).
+"""
+
+import contextlib
+import copy
+import dataclasses
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import loss_parallel
+
+from launchers.devices import available_memory
+from titan_exp.config.schema import JobConfig
+from titan_exp.estimate.config import HardwareConfig
+from titan_exp.estimate.memory import GIB, pipeline_chunks_in_flight
+from titan_exp.estimate.step_time import ComputeTimes
+from titan_exp.metrics.peak_flops import _cpu_name, cached, cpu_peak_flops
+from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.llama3.parallelize import apply_tensor_parallel
+from titan_exp.optim.optimizer import build_optimizer
+from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
+from titan_exp.parallel.stages import StagePlan
+from titan_exp.quantize.float8 import convert_linears
+from titan_exp.train.loss import cross_entropy_loss
+
+_GLOO_SIZES = (1024, 2 * 1024**2, 8 * 1024**2, 32 * 1024**2)
+
+
+def _timed(fn, repeats: int = 3, best: bool = False) -> float:
+    """Median (or best) seconds of `fn` after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) if best else statistics.median(times)
+
+
+def _memory_gbps() -> float:
+    source, target = torch.empty(32 * 1024**2), torch.empty(32 * 1024**2)
+    return 2 * source.numel() * 4 / _timed(lambda: target.copy_(source)) / 1e9
+
+
+def _gloo_rank(rank: int, port: int, out: dict) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        seconds = {}
+        for size in _GLOO_SIZES:
+            local, whole = torch.ones(size // 4), torch.ones(2 * size // 4)
+            dist.barrier()
+            gather = _timed(lambda w=whole, t=local: dist.all_gather_single(w, t), repeats=7)
+            scatter = _timed(lambda w=whole, t=local: dist.reduce_scatter_single(t, w), repeats=7)
+            seconds[size] = (gather, scatter)
+        out[rank] = seconds
+    finally:
+        dist.destroy_process_group()
+
+
+def _gloo_link() -> dict[str, float]:
+    """Between two rank processes (medians of 7 calls): the per-call cost of a tiny all-gather and
+    of a tiny reduce-scatter (gloo's is higher), and the bus bandwidth of all-gathers from 2 to 32 MB
+    (the sizes of FSDP's units and TP's activations), their median."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        # spawn, not fork: a fork of a process whose OpenMP threads have run can hang.
+        mp.start_processes(_gloo_rank, args=(port, out), nprocs=2, start_method="spawn")
+        seconds = dict(out[0])
+    gather, scatter = seconds[_GLOO_SIZES[0]]
+    # each rank's half crosses the link
+    rates = [size / 2 / max(seconds[size][0] - gather, 1e-9) / 1e9 for size in _GLOO_SIZES[1:]]
+    return {
+        "collective_latency_us": gather * 1e6,
+        "reduce_latency_us": scatter * 1e6,
+        "intra_node_gbps": statistics.median(rates),
+    }
+
+
+def cpu_profile(threads: int, cache_dir: str) -> dict[str, float]:
+    """This machine's figures for a rank with `threads` threads (gloo's between two single-thread
+    ranks), measured once and cached under cache_dir."""
+    path = Path(cache_dir) / "cpu_profile.json"
+    link = cached(path, f"{_cpu_name()}|gloo", _gloo_link)
+
+    def measure() -> dict[str, float]:
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return {
+                "peak_tflops_float32": cpu_peak_flops(torch.float32, cache_dir) / 1e12,
+                "peak_tflops_bfloat16": cpu_peak_flops(torch.bfloat16, cache_dir) / 1e12,
+                "memory_gbps": _memory_gbps(),
+            }
+        finally:
+            torch.set_num_threads(previous)
+
+    return cached(path, f"{_cpu_name()}|threads={threads}", measure) | link
+
+
+def resolve_hardware(hw: HardwareConfig, threads: int, cache_dir: str) -> HardwareConfig:
+    """`hw` with every -1 measured here (the `cpu` profile)."""
+    if all(value != -1 for value in dataclasses.asdict(hw).values()):
+        return hw
+    found = cpu_profile(threads, cache_dir)
+    found["peak_tflops_float8"] = found["peak_tflops_bfloat16"]  # emulated: no float8 units on a CPU
+    found["inter_node_gbps"] = found["intra_node_gbps"]
+    found["memory_gib"] = (available_memory() or 0) / GIB
+    found["compute_efficiency"] = 1.0  # compute is timed on CPU ranks, not derived from the peak
+    return dataclasses.replace(hw, **{k: v for k, v in found.items() if getattr(hw, k) == -1})
+
+
+def measured_compute(
+    cfg: JobConfig, tokens: tuple[int, int], tp: int, local_params: float, threads: int
+) -> ComputeTimes:
+    """Times one layer (forward + backward, recomputation included), the output head with the loss,
+    and the optimizer step over `local_params` parameters, for a microbatch of `tokens` = (samples,
+    sequence length on this rank), on this machine with `threads` threads; the matmuls' share
+    divided by `tp`, whose shards split them. Under tensor parallelism a layer also pays DTensor's
+    dispatch: measured as the layer over a one-rank tp mesh (no communication) against the plain one."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        layer, head, optimizer = _timed_parts(cfg, tokens, local_params, tensor_parallel=False)
+        if tp == 1:
+            return ComputeTimes(layer=layer, head=head, optimizer=optimizer)
+        with _one_rank_world():
+            tp_layer, tp_head, _ = _timed_parts(cfg, tokens, local_params, tensor_parallel=True)
+        return ComputeTimes(
+            layer=layer / tp + max(0.0, tp_layer - layer),
+            head=head / tp + max(0.0, tp_head - head),
+            optimizer=optimizer,
+        )
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def _one_rank_world():
+    """This process as the only rank of a gloo group (for DTensor over a one-rank mesh)."""
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _timed_parts(
+    cfg: JobConfig, tokens: tuple[int, int], local_params: float, tensor_parallel: bool
+) -> tuple[float, float, float]:
+    """Seconds of (one layer's forward + backward, the head's with the loss, the optimizer step)."""
+    shape = dataclasses.replace(cfg.model, n_layers=1, max_seq_len=max(cfg.model.max_seq_len, tokens[1]))
+    model = Transformer(shape)
+    convert_linears(model, cfg.quantize, torch.device("cpu"))
+    if tensor_parallel:
+        apply_tensor_parallel(model, init_device_mesh("cpu", (1,), mesh_dim_names=("tp",)))
+    apply_activation_checkpointing(model.layers, cfg.activation_checkpoint)
+    dtype = getattr(torch, cfg.training.mixed_precision_param)
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+    inputs = torch.randint(cfg.model.vocab_size, tokens)
+    hidden = torch.randn(*tokens, cfg.model.dim, dtype=dtype, requires_grad=True)
+    freqs = model.freqs_cis[: tokens[1]]
+    layer = model.layers["0"]
+
+    def layer_step() -> None:
+        layer(hidden, freqs).sum().backward()
+
+    def head_step() -> None:
+        with loss_parallel() if tensor_parallel else contextlib.nullcontext():
+            cross_entropy_loss(model.output(model.norm(hidden)), inputs).backward()
+
+    optimizer_seconds = 0.0
+    if not tensor_parallel:  # the step over local shards: the same with or without DTensor
+        optimizer = build_optimizer(model.parameters(), cfg.optimizer)
+        for param in model.parameters():
+            param.grad = torch.zeros_like(param)
+        optimizer_seconds = _timed(optimizer.step) * local_params / model.num_params()
+    # Best of five: a rank's steady steps run undisturbed; a first measurement here may not.
+    layer_seconds, head_seconds = (_timed(step, repeats=5, best=True) for step in (layer_step, head_step))
+    return layer_seconds, head_seconds, optimizer_seconds
+
+
+# The dry run's categories (MemTracker's, at rank 0's peak) as the planner's breakdown.
+_CATEGORIES = {
+    "parameters": ("sharded_param", "parameter", "buffer"),
+    "gradients": ("sharded_grad", "gradient"),
+    "activations": ("activation",),
+    "temporaries": ("temp",),
+    "communication": ("unsharded_param", "unsharded_grad"),
+}
+
+
+def measured_memory(cfg: JobConfig) -> dict[str, float]:
+    """Rank 0's peak by category in bytes, measured by the dry run's pass (MemTracker over one
+    forward and backward under the fake process group and FakeTensorMode, train/dry_run.py) on the
+    layout with one and with two layers per pipeline stage, extrapolated to the model's layers
+    (each category grows linearly with the layers a rank holds). Under pipelining the pass runs one
+    stage at a time: the activations are those of a stage-microbatch, times those the schedule keeps
+    in flight (modelled, estimate/memory.py)."""
+    from titan_exp.train.dry_run import GIB as DRY_GIB
+    from titan_exp.train.dry_run import fake_backend_dry_run
+
+    p = cfg.parallelism
+    plan = StagePlan.from_config(p, cfg.model.n_layers)
+    layers_here = len(plan.layers(0, cfg.model.n_layers))
+    reports = []
+    for per_stage in (1, 2):
+        small = copy.deepcopy(cfg)
+        small.model.n_layers = per_stage * plan.num_stages
+        if p.pipeline_parallel_layers_per_stage:
+            small.parallelism.pipeline_parallel_layers_per_stage = per_stage
+        reports.append(fake_backend_dry_run(small, cfg.launcher.world_size))
+
+    def category(report: dict, names: tuple[str, ...]) -> float:
+        return sum(report.get(f"rank0_step_peak_{name}_gib", 0.0) for name in names) * DRY_GIB
+
+    found = {}
+    for name, names in _CATEGORIES.items():
+        one, two = category(reports[0], names), category(reports[1], names)
+        found[name] = max(0.0, one + (layers_here - 1) * (two - one))
+    one, two = (r["rank0_optimizer_state_gib"] * DRY_GIB for r in reports)
+    found["optimizer_state"] = one + (layers_here - 1) * (two - one)
+    if p.pipeline_parallel_degree > 1:
+        microbatches = cfg.training.local_batch_size // p.pipeline_parallel_microbatch_size
+        found["activations"] *= pipeline_chunks_in_flight(p, microbatches)
+        # A microbatch's backward runs before the last one's forward: the stage's gradients exist
+        # at the peak, under FSDP unreduced (torch's PipelineStage syncs them after the last one).
+        shard = p.data_parallel_shard_degree * p.context_parallel_degree
+        param_bytes = 2 if cfg.training.mixed_precision_param == "bfloat16" else 4
+        found["gradients"] = found["parameters"] * (shard * param_bytes / 4 if shard > 1 else 1)
+    return found

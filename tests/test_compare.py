@@ -56,10 +56,13 @@ def test_table_formats_agree_and_escape(tmp_path):
     run = _summary("a|b<c>", "fsdp", 2, 1234.5, {"dp_shard": 2})
     failed = _summary("f", "fsdp", 4, None, {"dp_shard": 4}, status="FAILED")
     failed.failure_reason = "RankFailure: rank 1 failed"
+    run.predicted_tps_per_device, run.predicted_peak_memory_gib = 1111.05, 1.65  # python -m titan_exp plan's
     add_scaling_efficiency([run, failed])
     rows = table([run, failed])
-    assert rows[0] == ["a|b<c>", "2", "1,234", "12.35", "1.50 (active)", "1.00", "2.0000", "FINISHED", "a|b<c>-i"]
-    assert rows[1][2] == "n/a" and rows[1][5] == "n/a" and rows[1][7] == "FAILED: RankFailure: rank 1 failed"
+    expected = ["a|b<c>", "2", "1,234", "1,111 (-10%)", "12.35", "1.50 (active)", "1.65 (+10%)", "1.00", "2.0000"]
+    assert rows[0] == [*expected, "FINISHED", "a|b<c>-i"]
+    assert rows[1][2] == "n/a" and rows[1][3] == "n/a" and rows[1][7] == "n/a"
+    assert rows[1][9] == "FAILED: RankFailure: rank 1 failed"
     markdown = to_markdown(rows).splitlines()
     assert markdown[0] == "| " + " | ".join(COLUMNS) + " |" and markdown[2].startswith("| a\\|b<c> | 2 | 1,234 |")
     assert "<td>a|b&lt;c&gt;</td>" in to_html(rows, "t")
@@ -67,6 +70,7 @@ def test_table_formats_agree_and_escape(tmp_path):
     with open(tmp_path / "t.csv") as file:
         written = list(csv.DictReader(file))
     assert float(written[0]["tps_per_device"]) == 1234.5 and float(written[0]["scaling_efficiency"]) == 1.0
+    assert float(written[0]["predicted_tps_per_device"]) == 1111.05 and written[1]["predicted_tps_per_device"] == ""
     assert written[1]["tps_per_device"] == "" and written[1]["failure_reason"] == "RankFailure: rank 1 failed"
 
 

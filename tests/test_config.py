@@ -39,6 +39,7 @@ def test_all_groups_have_options():
         "tracking",
         "debug",
         "experiment",
+        "hardware",
     }
     assert expected <= set(GROUPS)
     assert all(options(g) for g in GROUPS)

@@ -6,7 +6,7 @@ from the link's `workflowType` or else the browser's last choice (localStorage),
 browser that has never chosen thus opened the project's experiments on an empty GenAI overview. This
 page sets that choice to model training, once, where the browser has none; a user's own choice stays."""
 
-from flask import Response
+from flask import Response, request
 from mlflow.server import app as flask_app
 from mlflow.server.fastapi_app import app  # noqa: F401  (what uvicorn serves: MLflow's app, this hook added)
 
@@ -20,8 +20,8 @@ _MODEL_TRAINING_FIRST = (
 
 @flask_app.after_request
 def _model_training_view_first(response: Response) -> Response:
-    """Adds the choice to MLflow's page (the only HTML with a <head> it serves)."""
-    if response.status_code != 200 or response.mimetype != "text/html":
+    """Adds the choice to MLflow's page (its `serve` route; artifacts, HTML ones too, pass as they are)."""
+    if request.endpoint != "serve" or response.status_code != 200 or response.mimetype != "text/html":
         return response
     response.direct_passthrough = False  # a file sent as it is on disk: read it to change it
     page = response.get_data()

@@ -94,7 +94,7 @@ CP2_PP2 = ("parallelism.pipeline_parallel_degree=2", "parallelism.context_parall
         ("fsdp_pp", 4, 2, ()),
         ("fsdp_tp_pp", 8, 2, ()),
         ("cp", 2, 4, ()),
-        ("fsdp_cp", 4, 2, ()),
+        pytest.param("fsdp_cp", 4, 2, (), marks=pytest.mark.slow),  # cp and tp×cp run by default
         ("fsdp_cp", 4, 4, TP2_CP2),
         pytest.param("cp", 4, 4, CP2_PP2, marks=pytest.mark.slow),
     ],
@@ -220,7 +220,11 @@ def test_seed_checkpoint_loads_into_another_layout(tmp_path, store):
 
 
 @pytest.mark.parametrize(
-    "layout", ["parallelism=fsdp", "parallelism=pp parallelism.pipeline_parallel_schedule=Interleaved1F1B"]
+    "layout",
+    [
+        "parallelism=fsdp",
+        pytest.param("parallelism=pp parallelism.pipeline_parallel_schedule=Interleaved1F1B", marks=pytest.mark.slow),
+    ],
 )
 def test_resume_continues_the_same_curve(tmp_path, store, layout):
     uri, db = store

@@ -119,3 +119,18 @@ def test_prune_skips_points_predicted_not_to_fit_and_records_them(tmp_path, stor
     trained = [r for r in runs.values() if r.data.tags.get("status") == "finished"]
     assert [r.data.params["training.local_batch_size"] for r in trained] == ["1"]
     assert mlflow_client(db)  # the store is readable after the sweep
+
+
+@pytest.mark.parametrize(
+    "overrides,said",
+    [
+        (["hardware=tpu"], "Could not find 'hardware/tpu' (options: a100, b200, cpu, h100, h200)"),
+        (["parallelism=tp", "parallelism.tensor_parallel_degree=3"], "parallelism.tensor_parallel_degree=3"),
+        (["hardware.peak_tflops_bf16=3"], "Could not override 'hardware.peak_tflops_bf16'"),
+    ],
+)
+def test_a_bad_config_is_refused_in_one_line(overrides, said):
+    result = subcommand(["plan", *overrides, "tracking=none"])
+    assert result.returncode == 2 and result.stdout == ""
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("titan_exp plan: config error:") and said in line

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from launchers.devices import cpu_cores
@@ -166,6 +167,13 @@ def _record(
     print(f"recorded in MLflow ({cfgs[0].tracking.uri}, experiment {cfgs[0].tracking.experiment}): {where}")
 
 
+def _one_line(err: Exception) -> str:
+    """A config error in one line (Hydra's own list the options of a group on lines of their own)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    options = getattr(err, "options", None)
+    return lines[0] + (f" (options: {', '.join(options)})" if options else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="titan_exp plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--multirun", action="store_true", help="a grid (implied by comma lists)")
@@ -175,11 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     register_schema()
-    points = grid(args.overrides)
     try:
+        points = grid(args.overrides)
         cfgs = [compose_point(point) for point in points]
-    except ConfigError as err:
-        print(f"titan_exp plan: config error: {err}", file=sys.stderr)
+    except (ConfigError, HydraException) as err:
+        print(f"titan_exp plan: config error: {_one_line(err)}", file=sys.stderr)
         return 2
     predictions = [plan_one(cfg) for cfg in cfgs]
     if len(points) == 1:

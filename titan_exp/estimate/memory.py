@@ -89,6 +89,12 @@ def gathered_kv(m: Llama3Config, batch: int, seq_len: int, cp: int) -> float:
     return batch * seq_len * (1 - 1 / cp) * 2 * m.n_heads * m.head_dim
 
 
+def part_parameters(m: Llama3Config, pp: int, layers: int) -> int:
+    """Parameters of the busiest rank's model part before sharding: the whole model without a
+    pipeline; under one, its `layers` and the embeddings (the first stage)."""
+    return model_parameters(m) if pp == 1 else layers * layer_parameters(m) + m.vocab_size * m.dim
+
+
 def model_parameters(m: Llama3Config) -> int:
     """Every parameter of the model (a tied output counted once)."""
     outside_layers = m.vocab_size * m.dim * (1 if m.tie_word_embeddings else 2) + m.dim
@@ -109,8 +115,7 @@ def rank_memory(
     pp, tp, cp = p.pipeline_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree
     shards = p.data_parallel_shard_degree * cp if p.data_parallel_shard_degree * cp > 1 else 1
     layers = math.ceil(m.n_layers / pp)
-    # Without a pipeline a rank holds (a shard of) the whole model; the first stage, its layers and the embeddings.
-    held = model_parameters(m) if pp == 1 else layers * layer_parameters(m) + m.vocab_size * m.dim
+    held = part_parameters(m, pp, layers)
     params_here = held / (tp * shards)
     act_bytes = DTYPE_BYTES[activation_dtype]
     microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else local_batch_size

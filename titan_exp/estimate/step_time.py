@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import layer_parameters, model_parameters
+from titan_exp.estimate.memory import layer_parameters, part_parameters
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
@@ -125,7 +125,7 @@ def step_time(
     def spans(inner: int, size: int) -> bool:
         return inner * size > hw.devices_per_node
 
-    held = (model_parameters(m) if pp == 1 else layers * layer_parameters(m) + m.vocab_size * m.dim) / tp
+    held = part_parameters(m, pp, layers) / tp
     blocking, overlappable = 0.0, 0.0
     units = layers + (2 if pp == 1 else 1)  # one FSDP unit per layer, the embeddings, norm + output
     if shard > 1:

@@ -37,7 +37,7 @@ def gpu_peak_flops(device_name: str) -> float:
     return GPU_PEAK_BF16_FLOPS[max(matches, key=len)]
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -62,7 +62,7 @@ def measure_cpu_matmul_flops(dtype: torch.dtype, size: int = 1024, repeats: int 
 
 def cpu_peak_flops(dtype: torch.dtype, cache_dir: str) -> float:
     """Measured once per (CPU model, dtype, thread count) and cached as JSON under cache_dir."""
-    key = f"{_cpu_name()}|{dtype}|threads={torch.get_num_threads()}"
+    key = f"{cpu_name()}|{dtype}|threads={torch.get_num_threads()}"
     return cached(Path(cache_dir) / "cpu_peak_flops.json", key, lambda: measure_cpu_matmul_flops(dtype))
 
 

@@ -26,9 +26,9 @@ from torch.distributed.tensor.parallel import loss_parallel
 from launchers.devices import available_memory
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import GIB, pipeline_chunks_in_flight
+from titan_exp.estimate.memory import DTYPE_BYTES, GIB, pipeline_chunks_in_flight
 from titan_exp.estimate.step_time import ComputeTimes
-from titan_exp.metrics.peak_flops import _cpu_name, cached, cpu_peak_flops
+from titan_exp.metrics.peak_flops import cached, cpu_name, cpu_peak_flops
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import apply_tensor_parallel
 from titan_exp.optim.optimizer import build_optimizer
@@ -98,21 +98,17 @@ def cpu_profile(threads: int, cache_dir: str) -> dict[str, float]:
     """This machine's figures for a rank with `threads` threads (gloo's between two single-thread
     ranks), measured once and cached under cache_dir."""
     path = Path(cache_dir) / "cpu_profile.json"
-    link = cached(path, f"{_cpu_name()}|gloo", _gloo_link)
+    link = cached(path, f"{cpu_name()}|gloo", _gloo_link)
 
     def measure() -> dict[str, float]:
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
+        with _threads(threads):
             return {
                 "peak_tflops_float32": cpu_peak_flops(torch.float32, cache_dir) / 1e12,
                 "peak_tflops_bfloat16": cpu_peak_flops(torch.bfloat16, cache_dir) / 1e12,
                 "memory_gbps": _memory_gbps(),
             }
-        finally:
-            torch.set_num_threads(previous)
 
-    return cached(path, f"{_cpu_name()}|threads={threads}", measure) | link
+    return cached(path, f"{cpu_name()}|threads={threads}", measure) | link
 
 
 def resolve_hardware(hw: HardwareConfig, threads: int, cache_dir: str) -> HardwareConfig:
@@ -135,19 +131,26 @@ def measured_compute(
     sequence length on this rank), on this machine with `threads` threads; the matmuls' share
     divided by `tp`, whose shards split them. Under tensor parallelism a layer also pays DTensor's
     dispatch: measured as the layer over a one-rank tp mesh (no communication) against the plain one."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with _threads(threads):
         layer, head, optimizer = _timed_parts(cfg, tokens, local_params, tensor_parallel=False)
         if tp == 1:
             return ComputeTimes(layer=layer, head=head, optimizer=optimizer)
         with _one_rank_world():
             tp_layer, tp_head, _ = _timed_parts(cfg, tokens, local_params, tensor_parallel=True)
-        return ComputeTimes(
-            layer=layer / tp + max(0.0, tp_layer - layer),
-            head=head / tp + max(0.0, tp_head - head),
-            optimizer=optimizer,
-        )
+    return ComputeTimes(
+        layer=layer / tp + max(0.0, tp_layer - layer),
+        head=head / tp + max(0.0, tp_head - head),
+        optimizer=optimizer,
+    )
+
+
+@contextlib.contextmanager
+def _threads(count: int):
+    """torch's intra-op threads set to `count` for a measurement (a rank's share), then restored."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
     finally:
         torch.set_num_threads(previous)
 
@@ -245,6 +248,6 @@ def measured_memory(cfg: JobConfig) -> dict[str, float]:
         # A microbatch's backward runs before the last one's forward: the stage's gradients exist
         # at the peak, under FSDP unreduced (torch's PipelineStage syncs them after the last one).
         shard = p.data_parallel_shard_degree * p.context_parallel_degree
-        param_bytes = 2 if cfg.training.mixed_precision_param == "bfloat16" else 4
+        param_bytes = DTYPE_BYTES[cfg.training.mixed_precision_param]
         found["gradients"] = found["parameters"] * (shard * param_bytes / 4 if shard > 1 else 1)
     return found

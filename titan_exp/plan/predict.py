@@ -11,7 +11,7 @@ from launchers.devices import available_memory
 from titan_exp.config.resolve import DEFAULT_CPU_RANKS, resolve
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig, PlanConfig
-from titan_exp.estimate.memory import GIB, RankMemory, model_parameters, rank_memory
+from titan_exp.estimate.memory import DTYPE_BYTES, GIB, RankMemory, model_parameters, part_parameters, rank_memory
 from titan_exp.estimate.step_time import ComputeTimes, StepTime, modelled_compute, step_time
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.parallel.dims import ParallelDims
@@ -61,12 +61,10 @@ def matmul_dtype(cfg: JobConfig) -> str:
 
 def local_parameters(cfg: JobConfig) -> float:
     """Parameters one rank holds after sharding (the first stage's under pipelining)."""
-    return (
-        rank_memory(
-            cfg.model, cfg.parallelism, 1, cfg.training.seq_len, "float32", cfg.activation_checkpoint, on_cpu=False
-        ).parameters
-        / 4
-    )
+    p = cfg.parallelism
+    shards = max(1, p.data_parallel_shard_degree * p.context_parallel_degree)
+    layers = math.ceil(cfg.model.n_layers / p.pipeline_parallel_degree)
+    return part_parameters(cfg.model, p.pipeline_parallel_degree, layers) / (p.tensor_parallel_degree * shards)
 
 
 def microbatch_tokens(cfg: JobConfig) -> tuple[int, int]:
@@ -125,12 +123,11 @@ def predict(
     by category (bytes, RankMemory's names) from the dry run's pass, or None to model it."""
     t, p, m = cfg.training, cfg.parallelism, cfg.model
     dims = ParallelDims.from_config(p)
-    memory = predicted_memory(cfg)
     sources = {"memory": MODELLED, "communication": MODELLED, "bubble": MODELLED}
-    if measured_memory is not None:
-        measured = {name: int(measured_memory.get(name, 0)) for name in ("parameters", "gradients", "activations")}
-        measured |= {name: int(measured_memory.get(name, 0)) for name in ("temporaries", "communication")}
-        memory = RankMemory(**measured, optimizer_state=int(measured_memory["optimizer_state"]), logits=0, process=0)
+    if measured_memory is None:
+        memory = predicted_memory(cfg)
+    else:  # the categories the pass has (no separate logits, no process baseline: tensors only)
+        memory = RankMemory(**{f.name: int(measured_memory.get(f.name, 0)) for f in dataclasses.fields(RankMemory)})
         sources["memory"] = MEASURED + " (fake pass, extrapolated over layers; in-flight microbatches modelled)"
     samples, tokens = microbatch_tokens(cfg)
     if compute is None:
@@ -142,7 +139,7 @@ def predict(
     else:
         sources["compute"] = MEASURED
     accumulation = t.global_batch_size // (t.local_batch_size * dims.dp)
-    param_bytes = 2 if t.mixed_precision_param == "bfloat16" else 4
+    param_bytes = DTYPE_BYTES[t.mixed_precision_param]
     step = step_time(
         m, p, hw, compute, t.local_batch_size, t.seq_len, accumulation, param_bytes, param_bytes, oversubscription
     )

@@ -1,13 +1,20 @@
-"""titan_exp against a minimal plain-PyTorch loop (benchmarks/minimal_llama.py), same model shape,
-batch, sequence length and dtype, measured in one run with the two sides interleaved.
+"""titan_exp against plain PyTorch (benchmarks/minimal_llama.py: the same model shape, batch,
+sequence length and dtype, written without titan_exp), the sides interleaved in every repeat so
+that the machine's drift hits both alike. Prints a table, then one JSON object.
 
-1. Single-rank tokens/s over steps 11..40 (titan_exp: parallelism=single, tracking on, synthetic
-   data; baseline: one process). Target: ratio >= 0.95.
-2. Seconds from the command to the first finished step on 2 CPU ranks (titan_exp:
-   `python -m titan_exp parallelism=ddp`, tracking on, an existing store; baseline: `torchrun` of
-   the minimal loop with DDP). Target: ratio <= 1.5.
+1. Steady tokens/s per device over steps WARMUP+1..STEPS (titan_exp: tracking on, synthetic data;
+   the plain loop prints a timestamp per step):
+   - single rank: parallelism=single against one plain process. Target ratio >= 0.95.
+   - 2 CPU ranks: parallelism=ddp against `torchrun` of the plain loop with DDP (target >= 0.97);
+     parallelism=fsdp against the same plain DDP (target >= 0.90); fsdp with
+     parallelism.fsdp_reshard_after_forward=never (ZeRO-2-like: no all-gather in backward) shown
+     beside it.
+2. Seconds from the command to the end of the first step, 2 CPU ranks (titan_exp: parallelism=ddp,
+   tracking on, an existing store; plain: `torchrun` of the plain DDP loop). Target ratio <= 1.2.
+   The median of titan_exp's own start-up breakdown (rank 0's `start-up:` line) is printed too.
+3. compile.enable=true against eager, tokens/s, for single, ddp and fsdp (no target: a report).
 
-Prints one JSON object. Usage: python benchmarks/bench_vs_plain.py [--repeats 3]
+Usage: python benchmarks/bench_vs_plain.py [--repeats 3] [--compile-repeats 1] [--steps 40]
 """
 
 import argparse
@@ -19,143 +26,186 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BATCH, SEQ, STEPS, WARMUP = 4, 256, 40, 10
+BATCH, SEQ, WARMUP = 4, 256, 10
 SHAPE = [f"training.local_batch_size={BATCH}", f"training.seq_len={SEQ}", "data=synthetic"]
+TARGETS = {"single": ">= 0.95", "ddp2": ">= 0.97", "fsdp2": ">= 0.90", "first_step": "<= 1.2"}
 
 
-def stream(command: list[str], env: dict[str, str], first_line: str) -> tuple[float, list[str]]:
-    """Run to completion; return (seconds until a line containing first_line appeared, all lines)."""
+def run(command: list[str], threads: int) -> list[str]:
+    """Run to completion; its output lines, each with the seconds since the start when it appeared."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     start = time.time()
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen_at, lines = None, []
-    for line in proc.stdout:
-        lines.append(line)
-        if seen_at is None and first_line in line:
-            seen_at = time.time() - start
-    if proc.wait() != 0 or seen_at is None:
+    lines = [f"{time.time() - start:.3f} {line}" for line in proc.stdout]
+    if proc.wait() != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{''.join(lines[-30:])}")
-    return seen_at, lines
+    return lines
 
 
-def env_with(threads: int) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+def first_seen(lines: list[str], text: str) -> float:
+    return next(float(line.split(" ", 1)[0]) for line in lines if text in line)
 
 
-def titan_tps(workdir: Path, threads: int) -> float:
-    args = [
-        sys.executable,
-        "-m",
-        "titan_exp",
-        f"hydra.run.dir={workdir}/tps-{time.time_ns()}",
-        "parallelism=single",
-        *SHAPE,
-        f"training.steps={STEPS}",
-        f"metrics.log_freq={WARMUP}",
-        f"launcher.cpu_threads_per_rank={threads}",
-        f"tracking.uri=sqlite:///{workdir}/mlflow.db",
-    ]
-    _, lines = stream(args, env_with(threads), "step     1 ")
-    # Logged intervals after the warm-up: steps 11-20, 21-30, 31-40; `step X.XXXs` is seconds per step.
-    step_seconds = []
-    for line in lines:
-        m = re.match(r"step\s+(\d+)\s.*\sstep ([\d.]+)s", line)
-        if m and int(m.group(1)) > WARMUP:
-            step_seconds.append(float(m.group(2)))
-    return (STEPS - WARMUP) * BATCH * SEQ / (WARMUP * sum(step_seconds))
+class Titan:
+    def __init__(self, workdir: Path, steps: int):
+        self.workdir, self.steps = workdir, steps
+
+    def command(self, overrides: list[str], steps: int) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "titan_exp",
+            f"hydra.run.dir={self.workdir}/run-{time.time_ns()}",
+            *SHAPE,
+            f"training.steps={steps}",
+            f"metrics.log_freq={WARMUP}",
+            f"tracking.uri=sqlite:///{self.workdir}/mlflow.db",
+            *overrides,
+        ]
+
+    def tokens_per_s(self, overrides: list[str], threads: int) -> float:
+        """Per device, over the logged intervals after the warm-up (`step X.XXXs`: seconds a step)."""
+        lines = run(self.command(overrides, self.steps), threads)
+        seconds = [
+            float(m.group(2))
+            for line in lines
+            if (m := re.search(r"step\s+(\d+)\s.*\sstep ([\d.]+)s", line)) and int(m.group(1)) > WARMUP
+        ]
+        return BATCH * SEQ / statistics.mean(seconds)
+
+    def first_step(self) -> tuple[float, dict[str, float]]:
+        """Seconds to the first step's line, and rank 0's start-up breakdown."""
+        lines = run(self.command(["parallelism=ddp", "launcher.nproc_per_node=2"], 1), 1)
+        summary = next(line for line in lines if "start-up:" in line).split("=", 1)[1]
+        phases = {name: float(value) for name, value in re.findall(r"(\w+) ([\d.]+)", summary)}
+        return first_seen(lines, "step     1 "), phases
 
 
-def plain_tps(threads: int) -> float:
-    _, lines = stream(
-        [sys.executable, "benchmarks/minimal_llama.py", f"--steps={STEPS}", f"--batch={BATCH}", f"--seq={SEQ}"],
-        env_with(threads),
-        "step 1 ",
-    )
-    times = {
-        int(m.group(1)): float(m.group(2)) for line in lines if (m := re.match(r"step (\d+) loss \S+ time (\S+)", line))
+def plain_command(steps: int, nproc: int) -> list[str]:
+    loop = ["benchmarks/minimal_llama.py", f"--steps={steps}", f"--batch={BATCH}", f"--seq={SEQ}"]
+    if nproc == 1:
+        return [sys.executable, *loop]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *loop]
+
+
+def plain_tokens_per_s(steps: int, nproc: int, threads: int) -> float:
+    lines = run(plain_command(steps, nproc), threads)
+    step_line = re.compile(r"step (\d+) loss \S+ time (\S+)")
+    stamps = {int(m.group(1)): float(m.group(2)) for line in lines if (m := step_line.search(line))}
+    return (steps - WARMUP) * BATCH * SEQ / (stamps[steps] - stamps[WARMUP])
+
+
+def plain_first_step() -> float:
+    return first_seen(run(plain_command(1, 2), 1), "step 1 ")
+
+
+def measure(repeats: int, compile_repeats: int, steps: int, workdir: Path) -> dict[str, list]:
+    cores = os.cpu_count() or 1
+    titan = Titan(workdir, steps)
+    two = ["launcher.nproc_per_node=2"]
+    cases: dict[str, Callable[[], object]] = {
+        "plain_single": lambda: plain_tokens_per_s(steps, 1, cores),
+        "titan_single": lambda: titan.tokens_per_s(["parallelism=single"], cores),
+        "plain_ddp2": lambda: plain_tokens_per_s(steps, 2, max(1, cores // 2)),
+        "titan_ddp2": lambda: titan.tokens_per_s(["parallelism=ddp", *two], 1),
+        "titan_fsdp2": lambda: titan.tokens_per_s(["parallelism=fsdp", *two], 1),
+        "titan_fsdp2_no_reshard": lambda: titan.tokens_per_s(
+            ["parallelism=fsdp", *two, "parallelism.fsdp_reshard_after_forward=never"], 1
+        ),
+        "plain_first_step_s": plain_first_step,
+        "titan_first_step": titan.first_step,
     }
-    return (STEPS - WARMUP) * BATCH * SEQ / (times[STEPS] - times[WARMUP])
+    compiled = {
+        "compiled_single": lambda: titan.tokens_per_s(["parallelism=single", "compile.enable=true"], cores),
+        "compiled_ddp2": lambda: titan.tokens_per_s(["parallelism=ddp", *two, "compile.enable=true"], 1),
+        "compiled_fsdp2": lambda: titan.tokens_per_s(["parallelism=fsdp", *two, "compile.enable=true"], 1),
+    }
+    titan.first_step()  # creates the store and warms the caches (CPU peak, inductor); not counted
+    samples: dict[str, list] = {name: [] for name in [*cases, *compiled]}
+    for repeat in range(repeats):
+        for name, case in [*cases.items(), *(compiled.items() if repeat < compile_repeats else [])]:
+            samples[name].append(case())
+            print(f"repeat {repeat + 1}/{repeats} {name}: {samples[name][-1]}", file=sys.stderr, flush=True)
+    return samples
 
 
-def titan_first_step(workdir: Path) -> float:
-    args = [
-        sys.executable,
-        "-m",
-        "titan_exp",
-        f"hydra.run.dir={workdir}/first-{time.time_ns()}",
-        "parallelism=ddp",
-        "launcher.nproc_per_node=2",
-        *SHAPE,
-        "training.steps=1",
-        f"tracking.uri=sqlite:///{workdir}/mlflow.db",
-    ]
-    return stream(args, env_with(1), "step     1 ")[0]
+def summarize(samples: dict[str, list]) -> dict:
+    timed = {name: values for name, values in samples.items() if values and name != "titan_first_step"}
+    median = {name: statistics.median(values) for name, values in timed.items()}
+    first_steps = [seconds for seconds, _ in samples["titan_first_step"]]
+    phases = [breakdown for _, breakdown in samples["titan_first_step"]]
+
+    def ratio(titan: str, plain: str) -> float:
+        return round(median[titan] / median[plain], 3)
+
+    throughput = {
+        "single": ("titan_single", "plain_single"),
+        "ddp2": ("titan_ddp2", "plain_ddp2"),
+        "fsdp2": ("titan_fsdp2", "plain_ddp2"),
+        "fsdp2_no_reshard": ("titan_fsdp2_no_reshard", "plain_ddp2"),
+    }
+    result = {
+        "tokens_per_s_per_device": {
+            layout: {
+                "titan_exp": round(median[titan]),
+                "plain": round(median[plain]),
+                "ratio": ratio(titan, plain),
+                "target": TARGETS.get(layout),
+            }
+            for layout, (titan, plain) in throughput.items()
+        },
+        "first_step_s": {
+            "titan_exp": round(statistics.median(first_steps), 2),
+            "torchrun_plain": round(median["plain_first_step_s"], 2),
+            "ratio": round(statistics.median(first_steps) / median["plain_first_step_s"], 3),
+            "target": TARGETS["first_step"],
+            "titan_exp_breakdown_s": {name: round(statistics.median(p[name] for p in phases), 2) for name in phases[0]},
+        },
+        "compile_vs_eager": {
+            layout: {"compiled": round(median[f"compiled_{layout}"]), "eager": round(median[f"titan_{layout}"])}
+            | {"ratio": ratio(f"compiled_{layout}", f"titan_{layout}")}
+            for layout in ("single", "ddp2", "fsdp2")
+            if f"compiled_{layout}" in median
+        },
+        "samples": {
+            name: [round(v, 2) if isinstance(v, float) else round(v[0], 2) for v in values]
+            for name, values in samples.items()
+        },
+    }
+    return result
 
 
-def torchrun_first_step() -> float:
-    args = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "benchmarks/minimal_llama.py",
-        "--steps=1",
-        f"--batch={BATCH}",
-        f"--seq={SEQ}",
-    ]
-    return stream(args, env_with(1), "step 1 ")[0]
+def table(result: dict) -> str:
+    def row(*cells: object) -> str:
+        return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+    rows = [row("tokens/s/device (first step: s)", "titan_exp", "plain PyTorch", "ratio", "target"), row(*["---"] * 5)]
+    for layout, r in result["tokens_per_s_per_device"].items():
+        rows.append(row(layout, f"{r['titan_exp']:,}", f"{r['plain']:,}", r["ratio"], r["target"]))
+    f = result["first_step_s"]
+    rows.append(row("s to the first step, 2 ranks", f["titan_exp"], f["torchrun_plain"], f["ratio"], f["target"]))
+    for layout, c in result["compile_vs_eager"].items():
+        rows.append(row(f"{layout} compiled", f"{c['compiled']:,}", f"{c['eager']:,} (eager)", c["ratio"], "-"))
+    breakdown = " + ".join(f"{name} {s}" for name, s in f["titan_exp_breakdown_s"].items())
+    return "\n".join(rows) + f"\n\ntitan_exp start-up (rank 0, median): {breakdown}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads of the single rank")
+    parser.add_argument("--compile-repeats", type=int, default=1, help="repeats of the compiled runs (0: none)")
+    parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        titan_first_step(workdir)  # creates the store and warms caches for both sides; not counted
-        samples: dict[str, list[float]] = {
-            "titan_tps": [],
-            "plain_tps": [],
-            "titan_first_step_s": [],
-            "torchrun_first_step_s": [],
-        }
-        for _ in range(args.repeats):
-            samples["plain_tps"].append(plain_tps(args.threads))
-            samples["titan_tps"].append(titan_tps(workdir, args.threads))
-            samples["torchrun_first_step_s"].append(torchrun_first_step())
-            samples["titan_first_step_s"].append(titan_first_step(workdir))
-    median = {key: statistics.median(values) for key, values in samples.items()}
-    print(
-        json.dumps(
-            {
-                "tokens_per_s": {
-                    "titan_exp": round(median["titan_tps"], 1),
-                    "plain_pytorch": round(median["plain_tps"], 1),
-                    "ratio": round(median["titan_tps"] / median["plain_tps"], 3),
-                    "target": ">= 0.95",
-                },
-                "first_step_s": {
-                    "titan_exp": round(median["titan_first_step_s"], 2),
-                    "torchrun_plain": round(median["torchrun_first_step_s"], 2),
-                    "ratio": round(median["titan_first_step_s"] / median["torchrun_first_step_s"], 3),
-                    "target": "<= 1.5",
-                },
-                "samples": {key: [round(v, 2) for v in values] for key, values in samples.items()},
-                "setup": {
-                    "batch": BATCH,
-                    "seq_len": SEQ,
-                    "steps": STEPS,
-                    "warmup_steps": WARMUP,
-                    "threads": args.threads,
-                    "repeats": args.repeats,
-                },
-            },
-            indent=1,
-        )
-    )
+        samples = measure(args.repeats, args.compile_repeats, args.steps, Path(tmp))
+    result = summarize(samples)
+    result["setup"] = {"batch": BATCH, "seq_len": SEQ, "steps": args.steps, "warmup_steps": WARMUP} | vars(args)
+    print(table(result))
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@ MASTER_ADDR/PORT), whoever started it: torchrun, srun, or our own launch."""
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 from submitit.slurm.slurm import SlurmJobEnvironment
+
+_RENDEZVOUS_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,22 @@ def _as_variables(env: RankEnv) -> dict[str, str]:
         "WORLD_SIZE": str(env.world_size),
         "LOCAL_WORLD_SIZE": str(env.local_world_size),
     }
+
+
+def wait_for_rendezvous(timeout_s: float) -> None:
+    """Return once rank 0's rendezvous server (torch's TCPStore at MASTER_ADDR:MASTER_PORT) accepts
+    connections, or after `timeout_s`. A rank whose store client finds no server yet backs off for
+    ~0.5 s before trying again: started beside rank 0, every rank paid that on every launch."""
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        return  # another rendezvous (init_method): nothing to wait for
+    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(address, timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(_RENDEZVOUS_POLL_S)
 
 
 def free_port() -> int:

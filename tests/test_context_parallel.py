@@ -2,13 +2,13 @@
 single-device causal attention on the whole sequence: outputs and the gradients of q, k and v."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from launchers.env import free_port
 from titan_exp.models.llama3.model import causal_attention
 from titan_exp.parallel.context import AllGatherAttention, load_balanced_positions
 
@@ -37,19 +37,13 @@ def _rank(rank: int, world: int, port: int, results: dict) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("cp", [2, 4])
 def test_allgather_attention_matches_whole_sequence_attention(cp):
     q, k, v, grad_out = (t.requires_grad_() if i < 3 else t for i, t in enumerate(_whole_sequence()))
     expected = causal_attention(q, k, v)
     expected.backward(grad_out)
     results = mp.Manager().dict()
-    mp.spawn(_rank, args=(cp, _free_port(), results), nprocs=cp)
+    mp.spawn(_rank, args=(cp, free_port(), results), nprocs=cp)
     covered = torch.cat([results[r][0] for r in range(cp)])
     assert sorted(covered.tolist()) == list(range(SEQ))  # every position on exactly one rank
     for rank in range(cp):

@@ -63,3 +63,25 @@ def test_busy_store_messages_of_retried_calls_stay_quiet(tmp_path, capfd):
     logger.error("SQLAlchemy database error. The following exception is caught.\n%s", "disk I/O error")
     logged = capfd.readouterr().err
     assert "disk I/O error" in logged and "database is locked" not in logged
+
+
+def test_a_deferred_writer_starts_when_asked_and_a_run_that_ends_first_is_still_recorded(tmp_path):
+    """Where CPU ranks take every core, the writer waits for the first step (tracking/writer.py)."""
+    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
+    ensure_store(cfg)
+    waiting = BackgroundTracker(cfg, "waits", {}, tmp_path / "waits_id", defer_start=True)
+    waiting.log_params({"queued": "before the start"})
+    with waiting.paused():  # nothing to pause yet
+        pass
+    time.sleep(1.0)
+    assert waiting._process.pid is None and not (tmp_path / "waits_id").exists()
+    waiting.start()
+    waiting.start()  # once only
+    waiting.close("FINISHED")
+    # One that never got to start() (a job that failed before its first step): close() starts it.
+    failed = BackgroundTracker(cfg, "fails", {}, tmp_path / "fails_id", defer_start=True)
+    failed.close("FAILED", "boom")
+    store = client(cfg.uri)
+    assert store.get_run((tmp_path / "waits_id").read_text()).data.params == {"queued": "before the start"}
+    failed_run = store.get_run((tmp_path / "fails_id").read_text())
+    assert failed_run.info.status == "FAILED" and failed_run.data.tags["failure_reason"] == "boom"

@@ -42,3 +42,11 @@ def test_layout_trains_and_lowers_the_loss(tmp_path, store, layout, nproc, mesh)
     assert losses[-1] < losses[0] - 0.5, losses
     # Rank 0's output is streamed to the launching terminal.
     assert "step    10" in result.stdout
+    # Where the start-up went: printed after the first step, and metrics that add up to the total.
+    assert "start-up:" in result.stdout
+    phases = {k: v for k, v in run.data.metrics.items() if k.startswith("startup/")}
+    total = phases.pop("startup/total_s")
+    named = ("python_imports", "compose", "spawn", "rank_imports", "torch_import", "model", "first_step")
+    assert set(phases) >= {f"startup/{name}_s" for name in named}
+    # Each phase is rounded to 1 ms; the rank process's creation is read from /proc in 10 ms ticks.
+    assert sum(phases.values()) == pytest.approx(total, abs=0.02) and min(phases.values()) > -0.02

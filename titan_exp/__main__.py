@@ -24,6 +24,7 @@ from titan_exp.config.schema import register_schema
 from titan_exp.job.launch import run_job
 from titan_exp.job.parity import run_parity
 from titan_exp.job.sweep import end_active_sweep, failed_points, join_sweep, point_ended
+from titan_exp.metrics import startup
 from titan_exp.plan import cli as plan_cli
 from titan_exp.tracking import sync
 
@@ -50,7 +51,9 @@ def _task(composed: DictConfig) -> bool:
             if not run_parity(cfg, list(hydra_cfg.overrides.task), job_dir):
                 raise RuntimeError(f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}")
             return True
-        run_job(resolve(cfg), job_dir)
+        resolved = resolve(cfg)
+        startup.mark("compose")
+        run_job(resolved, job_dir)
         return True
     except ConfigError as err:
         print(f"titan_exp: config error: {err}", file=sys.stderr, flush=True)
@@ -67,6 +70,7 @@ def _task(composed: DictConfig) -> bool:
 
 
 def main() -> None:
+    startup.mark("python_imports")
     if len(sys.argv) > 1 and sys.argv[1] in _SUBCOMMANDS:
         sys.exit(_SUBCOMMANDS[sys.argv[1]](sys.argv[2:]))
     register_schema()

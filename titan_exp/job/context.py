@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+from titan_exp.metrics.startup import Marks
 from titan_exp.tracking.journal import JOURNAL_FILE, RUN_ID_FILE, RUN_LOG_FILE
 
 
@@ -14,6 +15,8 @@ class RunContext:
     job_dir: str
     # local | torchrun | srun
     started_by: str
+    # The launching process's start-up so far, when it started the ranks on this machine (metrics/startup.py).
+    startup: Marks = ()
 
     @property
     def run_id_file(self) -> Path:

@@ -14,6 +14,7 @@ from titan_exp.job.context import RunContext
 from titan_exp.job.identity import run_name, run_tags
 from titan_exp.job.rank_entry import TRACKING_INCOMPLETE, run_rank
 from titan_exp.job.tracked_run import left_in_journal
+from titan_exp.metrics import startup
 from titan_exp.metrics.format import format_summary
 from titan_exp.tracking.journal import close_run_from_outside
 from titan_exp.tracking.store import ensure_store
@@ -30,11 +31,12 @@ def run_job(cfg: JobConfig, job_dir: Path) -> dict[str, float]:
     if cfg.launcher.name == "slurm":
         return _run_on_slurm(cfg, job_dir)
     started_by = external_launcher()
-    ctx = RunContext(job_dir=str(job_dir), started_by=started_by or cfg.launcher.name)
-    if started_by:
-        return _tracking_complete(run_rank((cfg, ctx)))  # this process is one rank already
+    if started_by:  # this process is one rank already
+        return _tracking_complete(run_rank((cfg, RunContext(job_dir=str(job_dir), started_by=started_by))))
     if cfg.tracking.enable:
         ensure_store(cfg.tracking)
+    startup.mark("store")
+    ctx = RunContext(job_dir=str(job_dir), started_by=cfg.launcher.name, startup=startup.carried())
     try:
         result = launch_local(
             run_rank,

@@ -4,19 +4,22 @@ import torch and train. When Slurm stops the job (time limit, preemption), it is
 from its checkpoint in the same MLflow run, or its run ends KILLED.
 
 Torch-free at import: the launching process imports this module to hand `run_rank` to the
-launcher, and rank 0 starts its writer before torch is loaded (see tracking/writer.py)."""
+launcher, and rank 0 sets up its writer before torch is loaded; the writer's process starts there
+too, or after the first step where the ranks take every core (see tracking/writer.py)."""
 
 import contextlib
 import os
 import time
 from pathlib import Path
 
+from launchers.devices import cpu_cores
 from launchers.env import RankEnv, export_slurm_environment
 from launchers.signals import StopRequested
 from launchers.slurm import requeue_this_job
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.context import RunContext
 from titan_exp.job.tracked_run import LeaveRunOpen, left_in_journal, tracked_run
+from titan_exp.metrics import startup
 
 # In rank 0's result: what the store did not take (it stays in the journal), when it did not take all.
 TRACKING_INCOMPLETE = "tracking_incomplete"
@@ -31,10 +34,16 @@ def run_rank(args: tuple[JobConfig, RunContext]) -> dict[str, object]:
     if ctx.started_by == "srun":
         export_slurm_environment()  # torch.distributed reads RANK, MASTER_ADDR, ... from here on
     env = RankEnv.from_environ()
+    startup.adopt(ctx.startup)
+    startup.mark("rank_imports")
     tracking = env.rank == 0 and cfg.tracking.enable
     try:
-        with tracked_run(cfg, ctx, _run_to_resume(ctx)) if tracking else contextlib.nullcontext() as tracker:
+        writer = tracked_run(cfg, ctx, _run_to_resume(ctx), defer_writer=_ranks_take_every_core(cfg, env))
+        with writer if tracking else contextlib.nullcontext() as tracker:
+            startup.mark("writer_start")
             from titan_exp.train.trainer import train  # torch, after the writer has started
+
+            startup.mark("torch_import")
 
             try:
                 result = train(cfg, env, tracker, Path(ctx.job_dir))
@@ -50,6 +59,12 @@ def run_rank(args: tuple[JobConfig, RunContext]) -> dict[str, object]:
         return {}
     except StoppedBySlurm as stopped:  # rank 0's run ended KILLED with the reason
         return {"stopped": str(stopped)}
+
+
+def _ranks_take_every_core(cfg: JobConfig, env: RankEnv) -> bool:
+    """CPU ranks whose threads fill this node's cores: rank 0's MLflow writer then starts after the
+    first step rather than beside the ranks' own start-up (tracking/writer.py)."""
+    return cfg.launcher.device == "cpu" and env.local_world_size * cfg.launcher.cpu_threads_per_rank >= cpu_cores()
 
 
 class Requeued(LeaveRunOpen):

@@ -1,6 +1,6 @@
 """Rank 0's side of a tracked job: its console copied into the run log, the MLflow writer, and the
-run ended the way training ended. Torch-free: the writer is started before the rank imports torch,
-so that the writer's own start-up overlaps the rank's (see tracking/writer.py)."""
+run ended the way training ended. Torch-free: the writer is set up before the rank imports torch
+(its process starts then, or after the first step: see tracking/writer.py)."""
 
 import contextlib
 import signal
@@ -26,8 +26,11 @@ class LeaveRunOpen(Exception):
 
 
 @contextlib.contextmanager
-def tracked_run(cfg: JobConfig, ctx: RunContext, resume_run_id: str | None = None) -> Iterator[BackgroundTracker]:
-    """The writer of this job's run while inside (`resume_run_id`: of that unfinished run). Leaving
+def tracked_run(
+    cfg: JobConfig, ctx: RunContext, resume_run_id: str | None = None, defer_writer: bool = False
+) -> Iterator[BackgroundTracker]:
+    """The writer of this job's run while inside (`resume_run_id`: of that unfinished run;
+    `defer_writer`: its process starts at tracker.start(), see BackgroundTracker). Leaving
     normally ends the run FINISHED; an exception ends it FAILED (KILLED for an interrupt or a
     SIGTERM) with the reason, after the traceback and the log so far are recorded, LeaveRunOpen
     leaves it running. The writer is closed on every way out: one left open would hold up the
@@ -35,7 +38,13 @@ def tracked_run(cfg: JobConfig, ctx: RunContext, resume_run_id: str | None = Non
     with run_log(ctx.run_log_file) as log_copy, _sigterm_raises():
         tags = run_tags(cfg, ctx.started_by)
         tracker = BackgroundTracker(
-            cfg.tracking, run_name(cfg), tags, ctx.run_id_file, resume_run_id, journal_file=ctx.journal_file
+            cfg.tracking,
+            run_name(cfg),
+            tags,
+            ctx.run_id_file,
+            resume_run_id,
+            journal_file=ctx.journal_file,
+            defer_start=defer_writer,
         )
         status, reason = "FINISHED", None
         try:

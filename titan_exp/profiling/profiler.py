@@ -9,16 +9,18 @@ analysis fails on FSDP2 steps in torch 2.13 ("version mismatch")."""
 
 import contextlib
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.profiler import ProfilerAction, ProfilerActivity
 
 from titan_exp.profiling.config import ProfilingConfig
-from titan_exp.profiling.report import MemoryAudit, ModuleRow, write_audit_html
+from titan_exp.profiling.report import MemoryAudit, write_audit_html
+
+if TYPE_CHECKING:
+    from titan_exp.profiling.memory_audit import TimelineTracker
 
 # Entries of the CUDA allocator's history kept for snapshots (torchtitan's choice).
 _CUDA_HISTORY_ENTRIES = 100_000
@@ -84,7 +86,12 @@ class RankProfiler:
         if not self.enabled:
             yield
             return
-        audit = _TimelineTracker(self.device, self._modules, self._optimizers) if self._audited(step) else None
+        audit = None
+        if self._audited(step):
+            # MemTracker's import (torch._dynamo, inductor: ~0.5 s) is paid by audited jobs only.
+            from titan_exp.profiling.memory_audit import TimelineTracker
+
+            audit = TimelineTracker(self.device, self._modules, self._optimizers)
         try:
             with audit if audit is not None else contextlib.nullcontext():
                 yield
@@ -116,13 +123,15 @@ class RankProfiler:
         folder.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(folder / f"rank{self.rank}_trace.json"))
 
-    def _write_audit(self, audit: "_TimelineTracker", step: int) -> None:
+    def _write_audit(self, audit: "TimelineTracker", step: int) -> None:
+        from titan_exp.profiling.memory_audit import module_rows, total_bytes
+
         folder = self.memory_dir / f"iteration_{step}"
         folder.mkdir(parents=True, exist_ok=True)
         timeline = [(t, {key.name: size for key, size in snap.items() if key != "Total"}) for t, snap in audit.timeline]
         (folder / f"rank{self.rank}_memory_timeline.json").write_text(json.dumps(timeline))
-        peak = _total(audit.get_tracker_snapshot("peak"), self.device)
-        report = MemoryAudit.from_timeline(step, self.rank, timeline, _module_rows(audit, self.device), peak)
+        peak = total_bytes(audit.get_tracker_snapshot("peak"), self.device)
+        report = MemoryAudit.from_timeline(step, self.rank, timeline, module_rows(audit, self.device), peak)
         write_audit_html(report, folder / f"rank{self.rank}_memory.html")
         if self._cuda:
             self._dump_cuda_snapshot(folder)
@@ -138,54 +147,3 @@ class RankProfiler:
         if not (self._cuda and self.cfg.enable_memory_snapshot):
             return ""
         return f"; memory snapshot: {self._dump_cuda_snapshot(self.memory_dir / 'oom')}"
-
-
-class _TimelineTracker(MemTracker):
-    """torch's MemTracker over `modules` and their optimizers that also keeps memory by category
-    after every change: (seconds, {category: bytes}) for this device."""
-
-    def __init__(self, device: torch.device, modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]):
-        super().__init__()
-        self.timeline: list[tuple[float, dict]] = []
-        self._device = device
-        self.track_external(*modules, *optimizers)
-
-    def _update_snap(self, *args, **kwargs) -> None:
-        super()._update_snap(*args, **kwargs)
-        if (snap := self._curr_mem_snap.get(self._device)) is not None:
-            self.timeline.append((time.perf_counter(), dict(snap)))
-
-    def _pre_fw_hook(self, module: torch.nn.Module, inputs) -> None:
-        # A pipeline stage runs its forward once per microbatch, which MemTracker takes for the next
-        # iteration and refuses: the stage's module statistics restart with each microbatch (the
-        # memory totals and categories, kept per device, go on).
-        if module in self.memory_tracking and not self._mod_tracker.is_bw:
-            parents = set(self._mod_tracker.parents) - {self._mod_tracker.get_known_fqn(module)}
-            if parents == {"Global"}:
-                del self.memory_tracking[module]
-        super()._pre_fw_hook(module, inputs)
-
-
-def _module_rows(tracker: MemTracker, device: torch.device, depth: int = 3) -> list[ModuleRow]:
-    """Per module (down to `depth` levels): its parameters, what its outputs hold, and the peaks
-    reached while its forward and its backward ran."""
-    rows = []
-    for stats in tracker.memory_tracking.values():
-        if stats.mod_fqn.count(".") >= depth:
-            continue
-        peaks = {state.name: max(_total(s, device) for s in snaps) for state, snaps in stats.snapshots.items() if snaps}
-        rows.append(
-            ModuleRow(
-                stats.mod_fqn,
-                getattr(stats, "parameter_mem", 0),
-                getattr(stats, "output_mem", 0),
-                peaks.get("PEAK_FW", 0),
-                peaks.get("PEAK_BW", 0),
-            )
-        )
-    return rows
-
-
-def _total(snapshot: dict, device: torch.device) -> int:
-    """Bytes of a MemTracker snapshot ({device: {category: bytes, "Total": bytes}}) on `device`."""
-    return snapshot.get(device, {}).get("Total", 0)

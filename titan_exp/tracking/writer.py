@@ -34,23 +34,25 @@ _EXIT_INCOMPLETE = 3
 
 
 class BackgroundTracker:
-    """Rank 0's writer: a separate process, started before the rank imports torch, creates the
-    run, records its id in `run_id_file` for the launching process, then writes what the training
-    loop queues, in order, the metrics of every ~2 s in one batch. A store that fails is reported
-    once and training goes on untracked.
+    """Rank 0's writer: a separate process creates the run, records its id in `run_id_file` for
+    the launching process, then writes what the training loop queues, in order, the metrics of every
+    ~2 s in one batch. A store that fails is reported once and training goes on untracked.
 
     Why a process and not a thread: MLflow's client is pure Python (SQLAlchemy, HTTP) and a thread
     running it holds the interpreter lock that the training loop needs between every two torch ops;
     measured on CPU ranks, steps ran ~8× slower while a tracker thread imported MLflow.
 
-    When it runs: its start-up (MLflow's import, opening the store, creating the run: 2-3
-    CPU-seconds) at normal priority, alongside the rank's own (importing torch, building the model),
-    so that it is done before training's first step; from the first metrics on, only on idle cores
-    (measured on 2 CPU ranks that keep both cores busy: a start-up that spilled into the steps at
-    idle priority cost 5-7% of their tokens/s). On GPU nodes, with cores to spare, neither matters.
-    Metric timestamps are taken when they are queued. It dies with rank 0 (Linux), so a killed rank
-    leaves no writer behind (our local launcher then closes the run; under torchrun or srun nothing
-    does, and a SIGKILLed rank 0 leaves it RUNNING).
+    When it runs: its start-up (MLflow's import, opening the store, creating the run: ~2.7
+    CPU-seconds) at normal priority, from the first metrics on only on idle cores (on 2 CPU ranks
+    that keep both cores busy, a start-up that spilled into the steps at idle priority cost 5-7% of
+    their tokens/s). Where the node has cores to spare (GPU nodes) it starts at once, beside the
+    rank's own start-up (importing torch, building the model). Where the ranks take every core
+    (`defer_start`), it starts when `start()` is called, after the first step: started with the rank
+    it delayed that step by ~1.2 s on 2 CPU ranks; after it, it takes a few steps' time instead, and
+    the run appears in the store a few seconds later. Everything queued meanwhile waits in the queue
+    (and the journal). Metric timestamps are taken when they are queued. It dies with rank 0 (Linux),
+    so a killed rank leaves no writer behind (our local launcher then closes the run; under torchrun
+    or srun nothing does, and a SIGKILLed rank 0 leaves it RUNNING).
     """
 
     def __init__(
@@ -61,10 +63,11 @@ class BackgroundTracker:
         run_id_file: Path | None,
         resume_run_id: str | None = None,
         journal_file: Path | None = None,
+        defer_start: bool = False,
     ):
         """`resume_run_id`: go on writing that (unfinished) run instead of creating one, e.g. after
         the job was requeued. `journal_file`: where every call is recorded before it is queued
-        (tracking/journal.py)."""
+        (tracking/journal.py). `defer_start`: the writer starts at `start()` (or `close()`)."""
         self._close_timeout_s = cfg.close_timeout_s
         self._journal = Journal(journal_file) if journal_file else None
         created = {"uri": cfg.uri, "experiment": cfg.experiment, "parent_run_id": cfg.parent_run_id}
@@ -82,7 +85,14 @@ class BackgroundTracker:
                 name="mlflow-tracker",
                 daemon=True,
             )
-            self._process.start()
+        if not defer_start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the writer process if it has not started yet."""
+        if self._process.pid is None:
+            with signals.ignored(*JOB_SIGNALS):
+                self._process.start()
 
     def log_params(self, params: dict[str, object]) -> None:
         self._send("log_params", {key: str(value) for key, value in params.items()})
@@ -112,6 +122,9 @@ class BackgroundTracker:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """The writer stopped while inside (for a measurement that needs the core to itself)."""
+        if self._process.pid is None:  # not started yet
+            yield
+            return
         os.kill(self._process.pid, signal.SIGSTOP)
         try:
             yield
@@ -122,6 +135,7 @@ class BackgroundTracker:
         """Write everything queued, end the run with `status` (None: leave it running, for a job that
         goes on later), and wait for the writer, at most tracking.close_timeout_s: a store that is
         down longer leaves the rest in the journal. Sets `incomplete` if the store did not take all."""
+        self.start()  # a job that ended before its first step still gets its run
         os.kill(self._process.pid, signal.SIGCONT)  # in case an interrupt came between pause and resume
         if status is not None:
             self._send("finish", status, reason)

@@ -11,13 +11,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launchers.env import RankEnv
+from launchers.env import RankEnv, wait_for_rendezvous
 from launchers.signals import StopRequested, stop_requested
 from titan_exp.checkpoint.layout import step_dir
 from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model
 from titan_exp.config.schema import JobConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.data.text import prepare_tokens
+from titan_exp.metrics import startup
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.metrics.format import format_line, format_summary
 from titan_exp.metrics.peak_flops import cpu_peak_flops, gpu_peak_flops
@@ -49,10 +50,13 @@ def train(
         # rank 0's MLflow writer is paused.
         with tracker.paused() if tracker else contextlib.nullcontext():
             peak_flops = _peak_flops(cfg, device)
-    with _process_group(env.world_size, device):
+    startup.mark("peak_flops")
+    with _process_group(env, device):
+        startup.mark("process_group")
         mesh = ParallelMesh(ParallelDims.from_config(cfg.parallelism), device.type)
         model = build_model_parts(cfg, mesh, device)
         _materialize(model, cfg, device)
+        startup.mark("model")
         if cfg.checkpoint.create_seed_checkpoint:
             return _write_seed_checkpoint(model, cfg, env)
         return _train_steps(cfg, env, mesh, model, device, peak_flops, tracker, job_dir)
@@ -90,13 +94,14 @@ def _peak_flops(cfg: JobConfig, device: torch.device) -> float:
 
 
 @contextlib.contextmanager
-def _process_group(world_size: int, device: torch.device) -> Iterator[None]:
+def _process_group(env: RankEnv, device: torch.device) -> Iterator[None]:
     """Joined (nccl on CUDA, gloo on CPU) while inside, for a world of more than one."""
-    if world_size > 1:
+    if env.world_size > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(
-            backend, timeout=timedelta(minutes=10), device_id=device if device.type == "cuda" else None
-        )
+        timeout = timedelta(minutes=10)
+        if env.rank != 0:
+            wait_for_rendezvous(timeout.total_seconds())
+        dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
     try:
         yield
         if dist.is_initialized():
@@ -214,6 +219,7 @@ def _train_steps(
     _log0(env, format_summary(facts))
     if tracker:
         tracker.log_params(facts)
+    startup.mark("optimizer_data")
     meter = None
     if env.rank == 0:
         # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
@@ -252,6 +258,8 @@ def _train_steps(
                 if tracker:  # queued before printed: a step on the console is a step in the run
                     tracker.log_metrics(step, last)
                 print(format_line(step, last), flush=True)
+        if env.rank == 0 and step == resumed_step + 1:
+            _report_startup(tracker, step)
         saved = checkpointer.maybe_save(step, t.steps, is_writer=env.rank == 0)
         if watch_stop and step < t.steps and _stop_agreed(device):
             if cfg.checkpoint.enable and not saved:
@@ -260,6 +268,16 @@ def _train_steps(
     profiler.close()
     _log_profiling(profiler, tracker)
     return last
+
+
+def _report_startup(tracker: BackgroundTracker | None, step: int) -> None:
+    """Rank 0, after its first step: where the start-up went (metrics/startup.py); a writer that
+    waited for the first step starts now."""
+    startup.mark("first_step")
+    print(startup.summary_line(), flush=True)
+    if tracker:
+        tracker.log_metrics(step, startup.as_metrics())
+        tracker.start()
 
 
 def _log_profiling(profiler: RankProfiler, tracker: BackgroundTracker | None) -> None:

@@ -6,9 +6,10 @@ compile compiles the wrapped blocks, FSDP shards them over the data-parallel mes
 import copy
 
 import torch
+import torch.distributed as dist
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -21,6 +22,7 @@ from torch.distributed.tensor.parallel import (
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
 from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
+from titan_exp.parallel.gloo_comms import RingAllGather, RingReduceScatter
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.quantize.config import QuantizeConfig
@@ -59,7 +61,8 @@ def parallelize_llama(
 
 
 def _apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy, reshard: str) -> None:
-    """One FSDP unit per block, one for the embeddings, one for norm+output; HSDP when dp_mesh is 2D."""
+    """One FSDP unit per block, one for the embeddings, one for norm+output; HSDP when dp_mesh is 2D.
+    On gloo the all-gathers and reduce-scatters are rings of sends (parallel/gloo_comms.py)."""
     last = len(model.layers) - 1
     for index, block in enumerate(model.layers.values()):
         # The last block's params are needed right away by backward: keeping them saves an all-gather.
@@ -70,9 +73,16 @@ def _apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisi
     if not model.cfg.tie_word_embeddings:
         if model.tok_embeddings is not None:
             fully_shard(model.tok_embeddings, mesh=dp_mesh, mp_policy=mp_policy)
+            # An embedding's backward needs only its output's gradient, not its weight: no all-gather.
+            model.tok_embeddings.set_unshard_in_backward(False)
         if model.output is not None:
             fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)
+    if dist.get_backend(dp_mesh.get_group(dp_mesh.ndim - 1)) == "gloo":
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_all_gather(RingAllGather())
+                module.set_custom_reduce_scatter(RingReduceScatter())
 
 
 def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool = False) -> None:

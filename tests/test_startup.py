@@ -90,3 +90,11 @@ def test_a_rank_imports_no_memory_tracker_before_an_audit():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_a_further_job_of_the_same_process_starts_its_own_clock(clean_marks):
+    startup.mark("python_imports")
+    time.sleep(0.2)
+    startup.restart()  # a parity run's next layout
+    startup.mark("compose")
+    assert list(startup.phases()) == ["compose", "total"] and startup.phases()["total"] < 0.1

@@ -16,6 +16,7 @@ from titan_exp.config.schema import JobConfig
 from titan_exp.job.context import RunContext
 from titan_exp.job.launch import run_job
 from titan_exp.job.sweep import close_parent
+from titan_exp.metrics import startup
 from titan_exp.tracking.parent_run import ParentRun
 from titan_exp.tracking.store import client
 
@@ -54,9 +55,11 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
 
 def _run(overrides: list[str], job_dir: Path) -> str | None:
     """One layout's job; returns its MLflow run id (None untracked)."""
+    startup.restart()
     # parity.layouts emptied: a layout's job is an ordinary training job.
     composed = compose(config_name="config", overrides=overrides + ["parity.layouts=[]"])
     cfg = resolve(to_job_config(composed))
+    startup.mark("compose")
     print(f"== {' '.join(overrides)}", flush=True)
     run_job(cfg, job_dir)
     run_id_file = RunContext(str(job_dir), cfg.launcher.name).run_id_file

@@ -38,6 +38,11 @@ def mark(phase: str, at: float | None = None) -> None:
     _marks.append((phase, time.time() if at is None else at))
 
 
+def restart() -> None:
+    """Another job of this process (a parity run's next layout): its clock starts now."""
+    _marks[:] = [(ORIGIN, time.time())]
+
+
 def carried() -> Marks:
     """This process's marks so far, to hand on to the ranks."""
     return tuple(_marks)

@@ -4,6 +4,8 @@ for complete while they are written."""
 
 from pathlib import Path
 
+import pytest
+
 from conftest import loss_curve, mlflow_runs, run_cli
 
 RUN = [
@@ -20,6 +22,7 @@ def periodic(folder: Path, steps: int) -> list[str]:
     return ["checkpoint=periodic", f"checkpoint.folder={folder}", "checkpoint.interval=5", f"training.steps={steps}"]
 
 
+@pytest.mark.slow  # three 2-rank jobs; loading weights into a job runs by default in test_parity's seed checkpoint
 def test_a_training_checkpoint_gives_its_weights_as_initial_load_path(tmp_path, store):
     uri, db = store
     trained = run_cli([*RUN, *TWO_RANKS, *periodic(tmp_path / "ckpt", 10), uri], tmp_path / "train")

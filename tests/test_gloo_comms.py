@@ -43,7 +43,7 @@ def _rank(rank: int, world: int, port: int, results: dict) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow), 4])
 def test_ring_collectives_give_gloos_results(world):
     results = mp.Manager().dict()
     mp.spawn(_rank, args=(world, free_port(), results), nprocs=world)

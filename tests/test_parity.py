@@ -92,7 +92,8 @@ CP2_PP2 = ("parallelism.pipeline_parallel_degree=2", "parallelism.context_parall
         ("tp", 2, 4, ()),
         ("fsdp_tp", 4, 2, ()),
         ("fsdp_pp", 4, 2, ()),
-        ("fsdp_tp_pp", 8, 2, ()),
+        # 8 ranks on the 2 CI cores; fsdp_tp and fsdp_pp run by default.
+        pytest.param("fsdp_tp_pp", 8, 2, (), marks=pytest.mark.slow),
         ("cp", 2, 4, ()),
         pytest.param("fsdp_cp", 4, 2, (), marks=pytest.mark.slow),  # cp and tp×cp run by default
         ("fsdp_cp", 4, 4, TP2_CP2),

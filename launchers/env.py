@@ -90,7 +90,7 @@ def _as_variables(env: RankEnv) -> dict[str, str]:
 def wait_for_rendezvous(timeout_s: float) -> None:
     """Return once rank 0's rendezvous server (torch's TCPStore at MASTER_ADDR:MASTER_PORT) accepts
     connections, or after `timeout_s`. A rank whose store client finds no server yet backs off for
-    ~0.5 s before trying again: started beside rank 0, every rank paid that on every launch."""
+    ~0.5 s before trying again: a launch paid that whenever another rank got there before rank 0."""
     if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
         return  # another rendezvous (init_method): nothing to wait for
     address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))

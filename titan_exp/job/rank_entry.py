@@ -38,8 +38,8 @@ def run_rank(args: tuple[JobConfig, RunContext]) -> dict[str, object]:
     startup.mark("rank_imports")
     tracking = env.rank == 0 and cfg.tracking.enable
     try:
-        writer = tracked_run(cfg, ctx, _run_to_resume(ctx), defer_writer=_ranks_take_every_core(cfg, env))
-        with writer if tracking else contextlib.nullcontext() as tracker:
+        defer = _ranks_take_every_core(cfg, env)
+        with tracked_run(cfg, ctx, _run_to_resume(ctx), defer) if tracking else contextlib.nullcontext() as tracker:
             startup.mark("writer_start")
             from titan_exp.train.trainer import train  # torch, after the writer has started
 

@@ -12,6 +12,7 @@ ranks adds the same two numbers; over more ranks the ring adds in another order 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllocMixin
 
 
 class _Ring:
@@ -32,12 +33,7 @@ class _Ring:
             request.wait()
 
 
-class _Allocate:
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-
-class RingAllGather(_Allocate, AllGather):
+class RingAllGather(DefaultAllocMixin, AllGather):
     """World size − 1 steps: at step s rank r passes on chunk r − s, which it has, and receives
     chunk r − s − 1. Synchronous: returns once `output_tensor` is complete."""
 
@@ -46,12 +42,13 @@ class RingAllGather(_Allocate, AllGather):
     ) -> None:
         ring = _Ring(group)
         chunks = output_tensor.view(ring.size, -1)
-        chunks[ring.rank].copy_(input_tensor.view(-1))
+        if input_tensor.data_ptr() != chunks[ring.rank].data_ptr():  # FSDP2 gathers in place: already there
+            chunks[ring.rank].copy_(input_tensor.view(-1))
         for step in range(ring.size - 1):
             ring.pass_on(chunks[(ring.rank - step) % ring.size], chunks[(ring.rank - step - 1) % ring.size])
 
 
-class RingReduceScatter(_Allocate, ReduceScatter):
+class RingReduceScatter(DefaultAllocMixin, ReduceScatter):
     """World size − 1 steps: at step s rank r passes on its partial sum of chunk r − s − 1 and adds
     its own part of chunk r − s − 2 to what it receives, ending with the whole sum of chunk r. SUM
     and AVG (FSDP2's ops for float32 and bfloat16 gradients); any other op is gloo's own."""

@@ -22,7 +22,7 @@ from torch.distributed.tensor.parallel import (
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
 from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
-from titan_exp.parallel.gloo_comms import RingAllGather, RingReduceScatter
+from titan_exp.parallel.gloo_comms import PeerAllGather, PeerReduceScatter
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.quantize.config import QuantizeConfig
@@ -62,7 +62,7 @@ def parallelize_llama(
 
 def _apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy, reshard: str) -> None:
     """One FSDP unit per block, one for the embeddings, one for norm+output; HSDP when dp_mesh is 2D.
-    On gloo the all-gathers and reduce-scatters are rings of sends (parallel/gloo_comms.py)."""
+    On gloo the all-gathers and reduce-scatters are sends that need not be waited for (see below)."""
     last = len(model.layers) - 1
     for index, block in enumerate(model.layers.values()):
         # The last block's params are needed right away by backward: keeping them saves an all-gather.
@@ -79,10 +79,25 @@ def _apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisi
             fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)
     if dist.get_backend(dp_mesh.get_group(dp_mesh.ndim - 1)) == "gloo":
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_custom_all_gather(RingAllGather())
-                module.set_custom_reduce_scatter(RingReduceScatter())
+        _overlap_gloo_collectives(model, hsdp=dp_mesh.ndim == 2, mp_policy=mp_policy)
+
+
+def _overlap_gloo_collectives(model: Transformer, hsdp: bool, mp_policy: MixedPrecisionPolicy) -> None:
+    """CPU ranks: FSDP2's collectives as point-to-point sends (parallel/gloo_comms.py), the next
+    unit's all-gather posted before this unit computes (CUDA gets that overlap from streams), and
+    the reduce-scatters finished one block later where FSDP2 only views their output."""
+    units = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    param_dtype = next(model.parameters()).dtype
+    reduce_dtype = mp_policy.reduce_dtype or mp_policy.param_dtype or param_dtype  # FSDP2's rule
+    reduce_scatter = PeerReduceScatter(defer_in_backward=not hsdp and reduce_dtype == param_dtype)
+    for unit in units:
+        unit.set_custom_all_gather(PeerAllGather())
+        unit.set_custom_reduce_scatter(reduce_scatter)  # one for all: it keeps one in flight
+        unit._set_unshard_async_op(True)  # no public setter yet (torch 2.13)
+    forward_order = [model.tok_embeddings, *model.layers.values(), model.norm]
+    forward_order = [unit for unit in forward_order if isinstance(unit, FSDPModule)]
+    for unit, following in zip(forward_order, forward_order[1:]):
+        unit.set_modules_to_forward_prefetch([following])
 
 
 def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool = False) -> None:

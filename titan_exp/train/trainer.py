@@ -2,6 +2,7 @@
 parts, materialize and initialize (or load) them, and train, logging on rank 0."""
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,13 +54,26 @@ def train(
     startup.mark("peak_flops")
     with _process_group(env, device):
         startup.mark("process_group")
-        mesh = ParallelMesh(ParallelDims.from_config(cfg.parallelism), device.type)
-        model = build_model_parts(cfg, mesh, device)
-        _materialize(model, cfg, device)
-        startup.mark("model")
-        if cfg.checkpoint.create_seed_checkpoint:
-            return _write_seed_checkpoint(model, cfg, env)
-        return _train_steps(cfg, env, mesh, model, device, peak_flops, tracker, job_dir)
+        return _build_and_train(cfg, env, device, peak_flops, tracker, job_dir)
+
+
+def _build_and_train(
+    cfg: JobConfig,
+    env: RankEnv,
+    device: torch.device,
+    peak_flops: float,
+    tracker: BackgroundTracker | None,
+    job_dir: Path,
+) -> dict[str, float]:
+    """Inside the process group: build the model, then train (or write a seed checkpoint). Its own
+    function so that the model and mesh, which hold the process groups, are gone when it returns."""
+    mesh = ParallelMesh(ParallelDims.from_config(cfg.parallelism), device.type)
+    model = build_model_parts(cfg, mesh, device)
+    _materialize(model, cfg, device)
+    startup.mark("model")
+    if cfg.checkpoint.create_seed_checkpoint:
+        return _write_seed_checkpoint(model, cfg, env)
+    return _train_steps(cfg, env, mesh, model, device, peak_flops, tracker, job_dir)
 
 
 def select_device(device: str, local_rank: int) -> torch.device:
@@ -110,6 +124,10 @@ def _process_group(env: RankEnv, device: torch.device) -> Iterator[None]:
             dist.barrier()
     finally:
         if dist.is_initialized():
+            # FSDP2's modules hold the groups in reference cycles: freed now, the groups are destroyed
+            # below and not during interpreter shutdown, where a gloo group can abort the process
+            # (the same message; pytorch/pytorch#179291).
+            gc.collect()
             dist.destroy_process_group()
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 from bench_vs_plain import env_with, stream
 from mlflow import MlflowClient
 
-from titan_exp.estimate.memory import GIB, gathered_kv, rank_memory
+from titan_exp.estimate.memory import gathered_kv, rank_memory
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
+from titan_exp.units import GIB
 
 SEQ_LEN = 4096
 JOB = [

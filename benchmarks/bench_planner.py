@@ -24,8 +24,8 @@ from pathlib import Path
 from bench_vs_plain import REPO, env_with, stream
 
 from titan_exp.config.schema import register_schema
-from titan_exp.estimate.memory import GIB
 from titan_exp.plan.cli import compose_point, plan_one
+from titan_exp.units import GIB
 
 COMMON = [
     "training.seq_len=256",

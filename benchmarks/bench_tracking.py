@@ -46,9 +46,9 @@ def run(workdir: Path, steps: int, tracking: bool) -> tuple[float, float]:
     store = [f"tracking.uri=sqlite:///{workdir}/mlflow.db"] if tracking else ["tracking=none"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         composed = compose(config_name="config", overrides=[*JOB, f"training.steps={steps}", *store])
-    cfg = resolve(OmegaConf.to_object(composed))
+    job = resolve(OmegaConf.to_object(composed))
     start = time.perf_counter()
-    last = run_job(cfg, workdir / f"job-{time.time_ns()}")
+    last = run_job(job, workdir / f"job-{time.time_ns()}")
     return last["throughput/tps_per_device_mean"], time.perf_counter() - start
 
 

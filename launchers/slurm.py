@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import submitit
 from submitit.core.utils import JobPaths
@@ -45,48 +45,71 @@ FINAL_STATES = frozenset(
 STOPPED_STATES = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"})
 
 
+@dataclass
+class SlurmOptions:
+    """What a Slurm job asks for beyond its size, in sbatch's words, and how titan_exp follows it:
+    the `launcher` config section's keys that launcher=slurm alone reads (declared here once; the
+    section extends this class). None and empty leave Slurm's default."""
+
+    # -1: one GPU per rank with device=cuda, none with device=cpu (filled in when the job is resolved).
+    gpus_per_node: int = -1
+    cpus_per_task: Optional[int] = None
+    mem_gb: Optional[float] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    # Slurm sends SIGUSR2 this long before the time limit: the ranks stop together at the next step,
+    # save a checkpoint and requeue the job, which resumes in the same MLflow run.
+    signal_delay_s: int = 120
+    # How many times a job that reached its time limit is requeued.
+    max_num_timeout: int = 3
+    # Shell lines run in the batch script before the ranks start (module load, conda activate, ...).
+    setup: list[str] = field(default_factory=list)
+    # Extra arguments of the srun that starts the ranks, and any other sbatch option (name: value).
+    srun_args: list[str] = field(default_factory=list)
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    # false: print the batch script that would be submitted, submit nothing.
+    submit: bool = True
+    # false: return once the job is submitted (its log paths are printed).
+    wait: bool = True
+    # Sweep points submitted at once (queued or running), at most.
+    array_parallelism: int = 256
+
+
 @dataclass(frozen=True)
 class SlurmJobSpec:
-    """What the job asks Slurm for, in sbatch's words; None and empty leave Slurm's default."""
+    """One job: its name and size, its ranks' threads, and the options (gpus_per_node resolved)."""
 
     job_name: str
     nodes: int
     tasks_per_node: int
     timeout_min: int
-    gpus_per_node: int = 0
-    cpus_per_task: int | None = None
-    mem_gb: float | None = None
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    signal_delay_s: int = 120
-    setup: tuple[str, ...] = ()
-    srun_args: tuple[str, ...] = ()
-    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    options: SlurmOptions = field(default_factory=SlurmOptions)
     # OMP_NUM_THREADS of every rank.
     threads_per_task: int = 1
 
     def sbatch_parameters(self) -> dict[str, Any]:
         """The parameters of submitit's SlurmExecutor (and of the batch script it writes)."""
+        o = self.options
         chosen = {
-            "gpus_per_node": self.gpus_per_node or None,
-            "cpus_per_task": self.cpus_per_task,
-            "mem": _memory(self.mem_gb),
-            "partition": self.partition,
-            "account": self.account,
-            "qos": self.qos,
-            "constraint": self.constraint,
-            "setup": list(self.setup) or None,
-            "srun_args": list(self.srun_args) or None,
-            "additional_parameters": dict(self.additional_parameters) or None,
+            "gpus_per_node": max(o.gpus_per_node, 0) or None,
+            "cpus_per_task": o.cpus_per_task,
+            "mem": _memory(o.mem_gb),
+            "partition": o.partition,
+            "account": o.account,
+            "qos": o.qos,
+            "constraint": o.constraint,
+            "setup": list(o.setup) or None,
+            "srun_args": list(o.srun_args) or None,
+            "additional_parameters": dict(o.additional_parameters) or None,
         }
         return {
             "job_name": self.job_name,
             "nodes": self.nodes,
             "ntasks_per_node": self.tasks_per_node,
             "time": self.timeout_min,
-            "signal_delay_s": self.signal_delay_s,
+            "signal_delay_s": o.signal_delay_s,
             "stderr_to_stdout": True,
             **{key: value for key, value in chosen.items() if value is not None},
         }

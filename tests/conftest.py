@@ -44,9 +44,27 @@ def run_cli(
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> tuple[str, Path]:
-    """A fresh SQLite MLflow store (the tracking.uri override and the database path)."""
+def new_store(tmp_path: Path) -> tuple[str, Path]:
+    """Where a new SQLite MLflow store goes (the tracking.uri override and the database path): the
+    job under test creates it, or, refused, must leave none."""
     db = tmp_path / "mlflow.db"
+    return f"tracking.uri=sqlite:///{db}", db
+
+
+@pytest.fixture(scope="session")
+def _migrated_store(tmp_path_factory) -> Path:
+    """An empty SQLite store with MLflow's tables, made once per session (its migrations take seconds)."""
+    db = tmp_path_factory.mktemp("migrated") / "mlflow.db"
+    mlflow_client(db).search_experiments()  # MLflow creates the tables (and only its Default experiment)
+    return db
+
+
+@pytest.fixture
+def store(tmp_path: Path, _migrated_store: Path) -> tuple[str, Path]:
+    """A SQLite MLflow store of the test's own, its tables made (a copy of the session's empty one),
+    for tests whose subject is not the creation of a store: the tracking.uri override and the path."""
+    db = tmp_path / "mlflow.db"
+    shutil.copy(_migrated_store, db)
     return f"tracking.uri=sqlite:///{db}", db
 
 

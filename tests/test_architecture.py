@@ -1,6 +1,7 @@
-"""The layering rules of DESIGN.md, checked on the code as it is: imports point one way (no package
-imports one that imports it back), launchers/ knows nothing of titan_exp, and the launching process
-never loads torch (start-up time: only the ranks and the dry runs do)."""
+"""The layering rules (README, "Layout"), checked on the code as it is: imports point one way (no
+package imports one that imports it back), launchers/ knows nothing of titan_exp, the launching side
+never imports the rank side, and the launching process never loads torch (start-up time: only the
+ranks and the dry runs do); and the size limits every module, function and signature keeps."""
 
 import ast
 import subprocess
@@ -50,7 +51,14 @@ def _unit_graph() -> dict[str, set[str]]:
 
 def test_imports_point_one_way():
     graph = _unit_graph()
-    assert {"titan_exp.config", "titan_exp.job", "titan_exp.train", "titan_exp.tracking", "launchers"} <= set(graph)
+    assert {
+        "titan_exp.config",
+        "titan_exp.job",
+        "titan_exp.rank",
+        "titan_exp.train",
+        "titan_exp.tracking",
+        "launchers",
+    } <= set(graph)
     both_ways = sorted((a, b) for a, targets in graph.items() for b in targets if a < b and a in graph.get(b, set()))
     assert both_ways == [], f"these import each other: {both_ways}"
     # No longer loops either (a → b → c → a): walk the graph depth-first.
@@ -79,6 +87,19 @@ def test_launchers_import_nothing_from_titan_exp():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# The launching side (job placement, sweeps, the command line) and the rank side (what each rank runs).
+LAUNCHING_SIDE = ("titan_exp.job", "titan_exp.__main__", "hydra_plugins")
+RANK_SIDE = ("titan_exp.rank", "titan_exp.train")
+
+
+def test_the_launching_side_names_the_rank_side_but_never_imports_it():
+    for package in ("titan_exp/job", "titan_exp/__main__.py", "hydra_plugins"):
+        for path in (REPO / package).rglob("*.py") if (REPO / package).is_dir() else [REPO / package]:
+            imported = {name for name in _imports(path) if name.startswith(RANK_SIDE)}
+            assert not imported, f"{path.relative_to(REPO)} imports the rank side: {sorted(imported)}"
+    assert (REPO / "titan_exp/rank/entry.py").exists() and (REPO / "titan_exp/job/launch.py").exists()
 
 
 def test_tracking_does_not_know_jobs_or_comparisons():
@@ -111,8 +132,8 @@ def test_printing_the_config_loads_no_torch(tmp_path):
     assert _loaded_by_launching_process(result.stderr) == "LOADED []"
 
 
-def test_the_launching_side_of_a_tracked_run_loads_no_torch(tmp_path, store):
-    uri, db = store
+def test_the_launching_side_of_a_tracked_run_loads_no_torch(tmp_path, new_store):
+    uri, db = new_store
     args = [
         "experiment=smoke",
         "tracking=mlflow",
@@ -127,3 +148,32 @@ def test_the_launching_side_of_a_tracked_run_loads_no_torch(tmp_path, store):
     # A new store is created by the launching process (MLflow); torch stays out.
     assert _loaded_by_launching_process(result.stderr) == "LOADED ['mlflow']"
     assert db.exists()
+
+
+# Outside the tests: no module over 400 lines, no function over 60, no signature over 7 parameters
+# (self and cls not counted).
+MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_PARAMETERS = 400, 60, 7
+
+
+def _source_files() -> list[Path]:
+    return [p for package in (*PACKAGES, "hydra_plugins", "benchmarks") for p in (REPO / package).rglob("*.py")]
+
+
+def test_modules_functions_and_signatures_stay_small():
+    too_big = []
+    for path in _source_files():
+        source = path.read_text()
+        name = path.relative_to(REPO)
+        if (lines := len(source.splitlines())) > MAX_MODULE_LINES:
+            too_big.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if (length := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
+                too_big.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+            args = node.args
+            named = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+            count = len(named) + bool(args.vararg) + bool(args.kwarg) - (named[:1] in (["self"], ["cls"]))
+            if count > MAX_PARAMETERS:
+                too_big.append(f"{name}:{node.lineno} {node.name}: {count} parameters")
+    assert too_big == []

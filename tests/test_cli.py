@@ -7,8 +7,8 @@ import pytest
 from conftest import mlflow_runs, run_cli
 
 
-def test_cfg_job_prints_the_composed_config_without_training(tmp_path, store):
-    uri, db = store
+def test_cfg_job_prints_the_composed_config_without_training(tmp_path, new_store):
+    uri, db = new_store
     result = run_cli(["model=llama3_8b", "parallelism=fsdp", uri], tmp_path, flags=("--cfg", "job"))
     assert result.returncode == 0, result.stderr
     assert "flavor: 8b" in result.stdout and "data_parallel_shard_degree: -1" in result.stdout
@@ -35,8 +35,8 @@ def test_cfg_job_prints_the_composed_config_without_training(tmp_path, store):
         ),
     ],
 )
-def test_semantic_errors_exit_2_with_one_line_and_nothing_tracked(tmp_path, store, overrides, expected):
-    uri, db = store
+def test_semantic_errors_exit_2_with_one_line_and_nothing_tracked(tmp_path, new_store, overrides, expected):
+    uri, db = new_store
     result = run_cli([*overrides, uri, "launcher.device=cpu"], tmp_path)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -50,8 +50,8 @@ def test_semantic_errors_exit_2_with_one_line_and_nothing_tracked(tmp_path, stor
     "override,expected",
     [("model=llama3_7b", "Could not find 'model/llama3_7b'"), ("training.foo=1", "Key 'foo' not in 'TrainingConfig'")],
 )
-def test_hydra_composition_errors_exit_2(tmp_path, store, override, expected):
-    uri, db = store
+def test_hydra_composition_errors_exit_2(tmp_path, new_store, override, expected):
+    uri, db = new_store
     result = run_cli([override, uri], tmp_path)
     assert result.returncode == 2
     assert expected in result.stderr
@@ -59,8 +59,8 @@ def test_hydra_composition_errors_exit_2(tmp_path, store, override, expected):
     assert not db.exists()
 
 
-def test_sweep_with_a_bad_point_is_refused_before_any_point_starts(tmp_path, store):
-    uri, db = store
+def test_sweep_with_a_bad_point_is_refused_before_any_point_starts(tmp_path, new_store):
+    uri, db = new_store
     result = run_cli(
         ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", "training.steps=3,0"],
         tmp_path,
@@ -73,8 +73,8 @@ def test_sweep_with_a_bad_point_is_refused_before_any_point_starts(tmp_path, sto
     assert not db.exists() and not [p for p in (tmp_path / "multirun").glob("*") if p.is_dir()]
 
 
-def test_sweep_goes_on_past_a_point_that_fails_at_run_time(tmp_path, store):
-    uri, db = store
+def test_sweep_goes_on_past_a_point_that_fails_at_run_time(tmp_path, new_store):
+    uri, db = new_store
     corrupt = tmp_path / "corrupt" / "step-0"  # passes the config check, fails when loaded
     corrupt.mkdir(parents=True)
     (corrupt / ".metadata").write_bytes(b"not a checkpoint")

@@ -73,8 +73,9 @@ def test_config_key_selects_the_dry_run_and_fsdp_halves_the_params(tmp_path):
 def test_context_parallel_dry_run_holds_a_slice_of_the_activations_and_the_gathered_kv(tmp_path):
     """Debug model at seq 2048 on 4 ranks: cp=2 keeps half the activations of its fsdp4 twin, plus
     the other rank's K and V each attention layer gathered (estimate/memory.py's count of them)."""
-    from titan_exp.estimate.memory import GIB, gathered_kv
+    from titan_exp.estimate.memory import gathered_kv
     from titan_exp.models.llama3.args import Llama3Config
+    from titan_exp.units import GIB
 
     activations = {}
     for cp in (1, 2):

@@ -34,8 +34,14 @@ def test_labels_and_sizes(layout, label, describe, non_data_parallel):
 
 def test_degrees_come_from_the_config_keys_in_mesh_order():
     cfg = ParallelismConfig(data_parallel_shard_degree=4, tensor_parallel_degree=2, pipeline_parallel_degree=2)
-    assert ParallelDims.from_config(cfg) == dims(pp=2, dp_shard=4, tp=2)
-    assert list(ParallelDims.from_config(cfg).mesh_shape()) == ["pp", "dp_shard", "tp"]
+    assert ParallelDims.resolve(cfg, 16) == dims(pp=2, dp_shard=4, tp=2)
+    assert list(ParallelDims.resolve(cfg, 16).mesh_shape()) == ["pp", "dp_shard", "tp"]
+    assert ParallelDims.resolve(ParallelismConfig(tensor_parallel_degree=2), 8) == dims(dp_shard=4, tp=2)  # -1 fills
+
+
+def test_dims_refuse_unresolved_degrees():
+    with pytest.raises(ValueError, match="degrees are >= 1"):
+        dims(dp_shard=-1)
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 
 from launchers.env import RankEnv
 from titan_exp.config.resolve import resolve
-from titan_exp.parallel.stages import SCHEDULES
-from titan_exp.train.trainer import train
+from titan_exp.parallel.config import SCHEDULES
+from titan_exp.train.trainer import Trainer
 
 from conftest import compose_config, loss_curve, mlflow_runs, run_cli
 
@@ -152,13 +152,13 @@ def in_process():
     """Run the trainer in this process as a world of one (no tracking), restoring global torch state."""
 
     def run(overrides: list[str]) -> float:
-        cfg = resolve(
+        job = resolve(
             OmegaConf.to_object(
                 compose_config(["parallelism=single", "tracking=none", *PARITY_RUN, "training.steps=3", *overrides])
             )
         )
-        assert cfg.launcher.world_size == 1
-        return train(cfg, RankEnv(rank=0, local_rank=0, world_size=1, local_world_size=1))["loss/global_avg"]
+        assert job.dims.world_size == 1
+        return Trainer.run(job, RankEnv(rank=0, local_rank=0, world_size=1, local_world_size=1))["loss/global_avg"]
 
     yield run
     torch.use_deterministic_algorithms(False)

@@ -61,8 +61,8 @@ def test_a_grid_is_ranked_fitting_first_then_by_tps(tmp_path):
 
 
 def test_published_h100_layouts_are_predicted_plausibly(tmp_path):
-    """TorchTitan's published runs on 96 GB H100s at seq 8192 (seed 003): Llama 3 8B, FSDP 8, local
-    batch 2, selective AC: 5,762 TPS/GPU in 82 GiB; 405B, FSDP 8 × TP 8 × PP 8 on 512 GPUs, full AC:
+    """TorchTitan's published runs on 96 GB H100s at seq 8192 (its strategy-selection guide): Llama 3
+    8B, FSDP 8, local batch 2, selective AC: 5,762 TPS/GPU in 82 GiB; 405B, FSDP 8 × TP 8 × PP 8 on 512 GPUs, full AC:
     fits under 1F1B and Interleaved1F1B."""
     args = ["model=llama3_8b", *H100_96GB, *SEQ_8K, "parallelism=fsdp", "launcher.nproc_per_node=8"]
     args += ["training.local_batch_size=2", "activation_checkpoint.mode=selective", "tracking=none"]
@@ -124,7 +124,11 @@ def test_prune_skips_points_predicted_not_to_fit_and_records_them(tmp_path, stor
 @pytest.mark.parametrize(
     "overrides,said",
     [
-        (["hardware=tpu"], "Could not find 'hardware/tpu' (options: a100, b200, cpu, h100, h200)"),
+        (
+            ["hardware=tpu"],
+            "Could not find 'hardware/tpu' (options: a100, a10g, b200, cpu, gb200, h100, h100_nvl, h100_pcie, h20, "
+            "h200, l4, l40s, mi300x, mi325x)",
+        ),
         (["parallelism=tp", "parallelism.tensor_parallel_degree=3"], "parallelism.tensor_parallel_degree=3"),
         (["hardware.peak_tflops_bf16=3"], "Could not override 'hardware.peak_tflops_bf16'"),
     ],

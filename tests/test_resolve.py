@@ -6,18 +6,19 @@ import pytest
 from omegaconf import OmegaConf
 
 from launchers.devices import cpu_cores
-from titan_exp.config.check import SLURM_KEYS
 from titan_exp.config.resolve import resolve
+from titan_exp.config.sections import slurm_defaults
 
 from conftest import compose_config
 
 
 def resolved(overrides: list[str]):
-    return resolve(OmegaConf.to_object(compose_config(overrides)))
+    """The resolved job's config (the record of what was resolved)."""
+    return resolve(OmegaConf.to_object(compose_config(overrides))).config
 
 
 # Keys a local job's ranks never read: a sweep's (max_parallel) and launcher=slurm's.
-NOT_READ_BY_LOCAL_RANKS = {"max_parallel", *SLURM_KEYS}
+NOT_READ_BY_LOCAL_RANKS = {"max_parallel", *slurm_defaults()}
 
 
 def _left_open(section) -> list[str]:
@@ -47,7 +48,11 @@ def test_local_launch_writes_back_counts_device_and_threads(placement_env, overr
 def test_torchrun_world_comes_from_its_environment(placement_env):
     placement_env(RANK=5, LOCAL_RANK=1, WORLD_SIZE=8, LOCAL_WORLD_SIZE=4, TORCHELASTIC_RUN_ID="x", OMP_NUM_THREADS=3)
     cfg = resolved(["parallelism=fsdp_tp", "parallelism.tensor_parallel_degree=2"])
-    assert (cfg.launcher.nproc_per_node, cfg.launcher.nodes, cfg.launcher.world_size) == (4, 2, 8)
+    assert (cfg.launcher.nproc_per_node, cfg.launcher.nodes, cfg.launcher.nproc_per_node * cfg.launcher.nodes) == (
+        4,
+        2,
+        8,
+    )
     assert (cfg.parallelism.data_parallel_shard_degree, cfg.parallelism.tensor_parallel_degree) == (4, 2)
     assert cfg.launcher.cpu_threads_per_rank == 3  # torchrun's OMP_NUM_THREADS, not a share of the cores
 
@@ -74,7 +79,7 @@ def test_dry_run_takes_the_world_as_spelled_out(placement_env):
         ]
     )
     assert cfg.debug.comm_mode == "fake_backend" and cfg.launcher.device == "cpu"
-    assert cfg.launcher.world_size == 512 and cfg.parallelism.data_parallel_shard_degree == 128
+    assert cfg.launcher.nproc_per_node * cfg.launcher.nodes == 512 and cfg.parallelism.data_parallel_shard_degree == 128
 
 
 def test_paths_become_absolute(placement_env, tmp_path):
@@ -97,7 +102,6 @@ def test_slurm_counts_come_from_the_config_not_this_machine(placement_env, overr
     assert (launcher.nproc_per_node, launcher.gpus_per_node, launcher.device) == (nproc, gpus, device)
     assert launcher.cpu_threads_per_rank == threads
     assert cfg.parallelism.degrees() and -1 not in cfg.parallelism.degrees().values()
-    assert launcher.world_size == nproc * launcher.nodes
 
 
 def test_folders_are_tried_for_writing_and_nothing_is_left_behind(placement_env, tmp_path):

@@ -6,10 +6,12 @@ import pytest
 from test_config import PUBLISHED_PARAMS
 
 from launchers.devices import available_memory, cpu_cores
-from titan_exp.config.check import ConfigError, check_memory_fit
 from titan_exp.config.compose import to_job_config
-from titan_exp.config.resolve import _rank_memory, resolve
-from titan_exp.estimate.memory import GIB, model_parameters
+from titan_exp.config.resolve import resolve
+from titan_exp.estimate.memory import model_parameters
+from titan_exp.job.preflight import check_memory_fit, estimated_memory
+from titan_exp.rules import ConfigError
+from titan_exp.units import GIB
 
 from conftest import compose_config, mlflow_runs, run_cli
 
@@ -23,8 +25,8 @@ def refusal(result, db) -> str:
     return lines[0]
 
 
-def test_a_model_too_big_for_this_machine_is_refused_with_its_estimate_and_fixes(tmp_path, store):
-    uri, db = store
+def test_a_model_too_big_for_this_machine_is_refused_with_its_estimate_and_fixes(tmp_path, new_store):
+    uri, db = new_store
     result = run_cli(["model=llama3_8b", "parallelism=fsdp", "launcher.nproc_per_node=2", uri], tmp_path)
     line = refusal(result, db)
     assert line.startswith("titan_exp: config error: model=llama3_8b: one rank needs about "), line
@@ -40,8 +42,8 @@ def test_a_model_too_big_for_this_machine_is_refused_with_its_estimate_and_fixes
     assert line.endswith("try more ranks to shard over")  # one layer alone does not fit either
 
 
-def test_more_cpu_ranks_than_cores_are_refused_unless_asked_for(tmp_path, store):
-    uri, db = store
+def test_more_cpu_ranks_than_cores_are_refused_unless_asked_for(tmp_path, new_store):
+    uri, db = new_store
     too_many = cpu_cores() + 1
     line = refusal(run_cli([f"launcher.nproc_per_node={too_many}", "launcher.device=cpu", uri], tmp_path), db)
     assert f"launcher.nproc_per_node={too_many}: more CPU ranks than the {cpu_cores()} core(s)" in line
@@ -49,7 +51,7 @@ def test_more_cpu_ranks_than_cores_are_refused_unless_asked_for(tmp_path, store)
     asked = resolve(
         to_job_config(compose_config([f"launcher.nproc_per_node={too_many}", "launcher.oversubscribe=true"]))
     )
-    assert asked.launcher.world_size == too_many
+    assert asked.placement.world_size == too_many
 
 
 def resolved(overrides: list[str]):
@@ -66,25 +68,25 @@ def resolved(overrides: list[str]):
 )
 def test_every_fix_a_refusal_names_fits_by_the_same_estimate(overrides):
     cfg = resolved(overrides)
-    budget = int(_rank_memory(cfg).total * 0.8)
+    budget = int(estimated_memory(cfg).total * 0.8)
     with pytest.raises(ConfigError) as refused:
-        check_memory_fit(cfg, _rank_memory, budget, "a test's budget")
+        check_memory_fit(cfg, budget, "a test's budget")
     fixes = re.findall(r"([\w.]+)=(\w+)", refused.value.fix.split("; try ")[1])
     assert fixes, refused.value.fix
     for key, value in fixes:
         fixed = resolved([*overrides, f"{key}={value}"])
-        assert _rank_memory(fixed).total <= budget, (key, value)
-        check_memory_fit(fixed, _rank_memory, budget, "a test's budget")  # passes
+        assert estimated_memory(fixed).total <= budget, (key, value)
+        check_memory_fit(fixed, budget, "a test's budget")  # passes
 
 
 def test_activations_scale_with_tokens_and_pipeline_schedules_keep_microbatches_in_flight():
     short, long = resolved(["training.seq_len=512"]), resolved(["training.seq_len=1024"])
-    assert _rank_memory(long).activations == pytest.approx(2 * _rank_memory(short).activations, rel=1e-6)
+    assert estimated_memory(long).activations == pytest.approx(2 * estimated_memory(short).activations, rel=1e-6)
     pp = ["parallelism=pp", "launcher.nproc_per_node=2", "training.local_batch_size=8"]
     gpipe = resolved([*pp, "parallelism.pipeline_parallel_schedule=GPipe"])
     one_f_one_b = resolved([*pp, "parallelism.pipeline_parallel_schedule=1F1B"])
     # 8 microbatches of 1: GPipe holds all 8, 1F1B at most one per stage (2).
-    assert _rank_memory(gpipe).activations == pytest.approx(4 * _rank_memory(one_f_one_b).activations, rel=1e-6)
+    assert estimated_memory(gpipe).activations == pytest.approx(4 * estimated_memory(one_f_one_b).activations, rel=1e-6)
 
 
 def test_the_estimate_bounds_a_measured_run_from_above_but_not_by_much(tmp_path, store):
@@ -94,7 +96,7 @@ def test_the_estimate_bounds_a_measured_run_from_above_but_not_by_much(tmp_path,
     assert result.returncode == 0, result.stderr[-3000:]
     [run] = mlflow_runs(db)
     measured = run.data.metrics["memory/cpu_rss_peak_gib"]
-    estimate = _rank_memory(resolved(shape)).total / GIB
+    estimate = estimated_memory(resolved(shape)).total / GIB
     assert measured <= estimate <= 1.4 * measured, (measured, estimate)
 
 

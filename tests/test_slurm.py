@@ -74,7 +74,10 @@ def _start(args: list[str], tmp_path, env: dict) -> subprocess.Popen:
     """`python -m titan_exp ARGS` in the background, its output in tmp_path/out.txt."""
     command = [sys.executable, "-m", "titan_exp", f"hydra.run.dir={tmp_path}/run", *args]
     out = open(tmp_path / "out.txt", "w")
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's job has it
+    )  # fmt: skip
 
 
 def _wait_for(tmp_path, pattern: str, timeout: float = 120.0) -> re.Match:

@@ -17,8 +17,8 @@ TWO_NODES_OF_8_GPUS = [
 ]  # fmt: skip
 
 
-def test_two_nodes_of_eight_gpus_render_the_golden_script_and_submit_nothing(tmp_path, store):
-    uri, db = store
+def test_two_nodes_of_eight_gpus_render_the_golden_script_and_submit_nothing(tmp_path, new_store):
+    uri, db = new_store
     result = run_cli([*TWO_NODES_OF_8_GPUS, uri], tmp_path, env={"SLURM_CONF": "/nonexistent"})
     assert result.returncode == 0, result.stderr[-3000:]
     script = result.stdout.replace(str(tmp_path / "run"), "<job_dir>").replace(sys.executable, "<python>")

@@ -2,6 +2,7 @@
 machine, the console's line per point, and a real local sweep whose points overlap in time, each
 confined to a core of its own."""
 
+import fcntl
 import io
 import os
 import re
@@ -10,8 +11,10 @@ import subprocess
 import sys
 import time
 
+from titan_exp.config.job import Placement, ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.sweep_points import StatusBoard, SweepPoint, _Room, label_points
+from titan_exp.parallel.dims import ParallelDims
 
 from conftest import mlflow_runs, run_cli, start_as_in_a_terminal, stopped_for_good
 
@@ -21,7 +24,8 @@ def point(
 ) -> SweepPoint:
     cfg = JobConfig()
     cfg.launcher.name, cfg.launcher.nproc_per_node, cfg.launcher.device = launcher, nproc, device
-    return SweepPoint(number, overrides, job_dir=None, cfg=cfg)
+    job = ResolvedJob(cfg, ParallelDims(1, 1, nproc, 1, 1), Placement(None, device, nproc, 1, 1), None)
+    return SweepPoint(number, overrides, job_dir=None, job=job)
 
 
 def test_points_are_named_by_what_varies():
@@ -107,7 +111,15 @@ def test_ctrl_c_stops_every_point_and_ends_the_sweep_killed(tmp_path, store):
 
 
 def _runs_so_far(db) -> list:
-    """The training runs of a store that may not be complete yet (being created)."""
+    """The training runs of a store that may not be complete yet: none until the sweep has created it
+    (under its lock: a second client creating the same new store races in MLflow's migrations)."""
+    lock = db.with_name(db.name + ".lock")
+    if not lock.exists():
+        return []
+    with open(lock) as held:
+        fcntl.flock(held, fcntl.LOCK_SH)
+        if not db.exists():
+            return []
     try:
         return mlflow_runs(db)
     except Exception:

@@ -236,8 +236,8 @@ def test_local_sweep_compares_its_points_into_the_parent_run(tmp_path, store):
 JOBS_SHARING_A_STORE = 4
 
 
-def test_four_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, store):
-    uri, db = store
+def test_four_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, new_store):
+    uri, db = new_store
     jobs = []
     for i in range(JOBS_SHARING_A_STORE):
         command = [

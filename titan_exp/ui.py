@@ -17,22 +17,22 @@ import time
 import webbrowser
 
 from titan_exp.compare.ui_view import CHARTS_VIEW, comparison_link
-from titan_exp.tracking.config import TrackingConfig
-from titan_exp.tracking.store import absolute_uri, client, server_answers, sqlite_path
+from titan_exp.tracking.config import Store, TrackingConfig
+from titan_exp.tracking.store import client, server_answers
 
 
 def server_command(backend_uri: str, host: str, port: int) -> list[str]:
     """`mlflow server` over a store, one worker (a UI for one person, not a fleet's tracking
     server) whose page opens on MLflow's model-training view (compare/ui_app.py); for a SQLite
     store, uploaded artifacts land beside the database."""
-    backend_uri = absolute_uri(backend_uri)
+    store = Store.parse(backend_uri)
     command = [
         sys.executable,
         "-m",
         "mlflow",
         "server",
         "--backend-store-uri",
-        backend_uri,
+        store.uri,
         "--host",
         host,
         "--port",
@@ -42,10 +42,9 @@ def server_command(backend_uri: str, host: str, port: int) -> list[str]:
         "--app-name",
         "titan_exp",
     ]
-    db = sqlite_path(backend_uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-        command += ["--artifacts-destination", str(db.parent / "mlartifacts")]
+    if store.db is not None:
+        store.db.parent.mkdir(parents=True, exist_ok=True)
+        command += ["--artifacts-destination", str(store.db.parent / "mlartifacts")]
     return command
 
 
@@ -61,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print-link", action="store_true", help="print the link and exit (start no server)")
     parser.add_argument("--open", action="store_true", help="open the link in a browser once the server is up")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        Store.parse(args.uri)
+    except ValueError as err:
+        print(f"titan_exp ui: --uri={args.uri}: {err}", file=sys.stderr)
+        return 2
     base_url = f"http://{args.host}:{args.port}"
     if args.print_link:
         if link := _link(args.uri, base_url, args.experiment):
@@ -84,11 +88,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _link(uri: str, base_url: str, experiment: str) -> str | None:
     """The comparison link, where the store exists already (a new one has nothing to compare)."""
-    uri = absolute_uri(uri)
-    db = sqlite_path(uri)
-    if db is not None and not db.exists():
+    store = Store.parse(uri)
+    if store.db is not None and not store.db.exists():
         return None
-    return comparison_link(client(uri), base_url, experiment)
+    return comparison_link(client(store.uri), base_url, experiment)
 
 
 def _open_once_up(base_url: str, link: str) -> None:

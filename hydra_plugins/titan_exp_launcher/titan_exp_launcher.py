@@ -1,5 +1,6 @@
 """The Hydra side of titan_exp's sweeps: compose each point, hand the points to
-titan_exp.job.sweep_points, report each point's end to Hydra's callbacks (the sweep's parent run)."""
+titan_exp.job.sweep_points (each resolved and checked once, here), report each point's end to
+Hydra's callbacks (the sweep's parent run: titan_exp.job.sweep)."""
 
 import copy
 import sys
@@ -11,14 +12,13 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from titan_exp.config.check import ConfigError
 from titan_exp.config.compose import to_job_config
-from titan_exp.job.sweep import open_parent_run, point_ended
+from titan_exp.job.sweep import active_sweep
 from titan_exp.job.sweep_points import SweepPoint, check_every_point, prepare_point, run_points
 from titan_exp.plan.prune import prune, record_pruned
-from titan_exp.tracking.parent_run import parent_run_id_in
+from titan_exp.rules import ConfigError
 
 
 @dataclass
@@ -40,6 +40,7 @@ class TitanExpLauncher(Launcher):
         points, pruned = [], {}
         for overrides, config in zip(job_overrides, configs):
             job_dir = sweep_dir / str(config.hydra.sweep.subdir)
+            _save_hydra_files(config, job_dir)
             task = _task(config)
             point = SweepPoint(config.hydra.job.num, list(overrides), job_dir)
             if found := prune(task):  # plan.prune=true: predicted not to fit, not started
@@ -54,14 +55,13 @@ class TitanExpLauncher(Launcher):
             print(f"titan_exp: config error: {err}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        open_parent_run()
-        parent = parent_run_id_in(sweep_dir)
-        extra = [f"tracking.parent_run_id={parent}"] if parent else []
+        sweep = active_sweep()
+        parent = sweep.open() if sweep else None
         launcher = self.config.launcher
         for found in pruned.values():
             record_pruned(found, parent)
         if to_run := [point for point in points if point.number not in pruned]:
-            run_points(to_run, extra, launcher.max_parallel, launcher.array_parallelism)
+            run_points(to_run, parent, launcher.max_parallel, launcher.array_parallelism)
         return [self._report(point, config) for point, config in zip(points, configs)]
 
     def _point_config(self, overrides: Sequence[str], number: int) -> DictConfig:
@@ -83,9 +83,20 @@ class TitanExpLauncher(Launcher):
             task_name=config.hydra.job.name, status=JobStatus.COMPLETED,
         )  # fmt: skip
         result.return_value = ok
-        point_ended(ok)
         self.hydra_context.callbacks.on_job_end(config=config, job_return=result)
         return result
+
+
+def _save_hydra_files(config: DictConfig, job_dir: Path) -> None:
+    """What Hydra writes in a job's .hydra folder (the run logs them as config/hydra/*.yaml)."""
+    folder = job_dir / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    OmegaConf.save(task, folder / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": config.hydra}), folder / "hydra.yaml")
+    OmegaConf.save(config.hydra.overrides.task, folder / "overrides.yaml")
 
 
 def _task(config: DictConfig):

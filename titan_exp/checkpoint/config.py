@@ -3,9 +3,11 @@
 from dataclasses import dataclass
 from typing import Optional
 
+from titan_exp.rules import ConfigError, Section, check_at_least, check_positive
+
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(Section):
     # Save every `interval` steps and at the last step; resume from the newest step in `folder`.
     enable: bool = False
     folder: str = "outputs/checkpoints"
@@ -16,3 +18,9 @@ class CheckpointConfig:
     create_seed_checkpoint: bool = False
     # Model weights to start from (a step folder, e.g. a seed checkpoint), resharded to this layout.
     initial_load_path: Optional[str] = None
+
+    def check(self, key: str) -> None:
+        if (self.enable or self.create_seed_checkpoint) and not self.folder:
+            raise ConfigError(f"{key}.folder", "''", "must name a folder")
+        check_positive(f"{key}.interval", self.interval)
+        check_at_least(f"{key}.keep_latest_k", self.keep_latest_k, 0)

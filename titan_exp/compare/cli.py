@@ -12,8 +12,8 @@ from pathlib import Path
 
 from titan_exp.compare.report import compare_sweep, write_report
 from titan_exp.compare.runs import experiment_training_runs, latest_sweep, summarize
-from titan_exp.tracking.config import TrackingConfig
-from titan_exp.tracking.store import absolute_uri, client, sqlite_path
+from titan_exp.tracking.config import Store, TrackingConfig
+from titan_exp.tracking.store import client
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -35,9 +35,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
 
-    uri = absolute_uri(args.uri)
-    db = sqlite_path(uri)
-    if db is not None and not db.exists():
+    try:
+        store = Store.parse(args.uri)
+    except ValueError as err:
+        return _fail(f"--uri={args.uri}: {err}")
+    uri = store.uri
+    if store.db is not None and not store.db.exists():
         return _fail(f"--uri={args.uri}: no MLflow store there; train something first or point --uri at your store")
     mlflow_client = client(uri)
     experiment = mlflow_client.get_experiment_by_name(args.experiment)

@@ -161,6 +161,12 @@ def write_plots(summaries: list[RunSummary], out_dir: Path) -> list[Path]:
         axis.set(xlabel=label, title=label.split(" (")[0] + " per strategy")
         save(figure, name)
 
+    save(_scaling_plot(plt, summaries), "scaling.png")
+    return paths
+
+
+def _scaling_plot(plt, summaries: list[RunSummary]):
+    """TPS/device against world size, one line per family of runs that differ in scale only."""
     figure, axis = plt.subplots(figsize=(8, 5))
     families: dict[tuple, list[RunSummary]] = {}
     for s in summaries:
@@ -182,8 +188,7 @@ def write_plots(summaries: list[RunSummary], out_dir: Path) -> list[Path]:
     )
     if families:
         axis.legend(fontsize=7)
-    save(figure, "scaling.png")
-    return paths
+    return figure
 
 
 @dataclass

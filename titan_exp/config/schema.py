@@ -1,8 +1,10 @@
-"""The typed run config: one dataclass per section, each defined next to the code that reads it,
-assembled here and registered in Hydra's ConfigStore as the schema `conf/config.yaml` builds on.
+"""The typed run config: one dataclass per section, each defined next to the code that reads it
+(with its own rules), assembled here and registered in Hydra's ConfigStore as the schema
+`conf/config.yaml` builds on.
 
 Torch-free, like everything the launching process imports (a test guards it)."""
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
@@ -13,20 +15,22 @@ from titan_exp.config.sections import (
     LauncherConfig,
     MetricsConfig,
     ParityConfig,
+    PlanConfig,
     TrainingConfig,
 )
 from titan_exp.data.config import DataConfig
-from titan_exp.estimate.config import HardwareConfig, PlanConfig
+from titan_exp.estimate.config import HardwareConfig
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.optim.config import LRSchedulerConfig, OptimizerConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
 from titan_exp.profiling.config import ProfilingConfig
 from titan_exp.quantize.config import QuantizeConfig
+from titan_exp.rules import Section
 from titan_exp.tracking.config import TrackingConfig
 
 
 @dataclass
-class JobConfig:
+class JobConfig(Section):
     model: Llama3Config = field(default_factory=Llama3Config)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -45,6 +49,11 @@ class JobConfig:
     parity: ParityConfig = field(default_factory=ParityConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+
+    def check(self, key: str = "") -> None:
+        """Every section's own rules (rules across sections: config/check.py)."""
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).check(f.name)
 
 
 def register_schema() -> None:

@@ -1,14 +1,29 @@
 """Config sections that belong to the job as a whole rather than to one component: the training
-loop's (training, metrics, debug), placement's (launcher) and the parity run mode's.
+loop's (training, metrics, debug), placement's (launcher) and the run modes' (parity, plan).
 Components' own sections sit next to their code (models/llama3/args.py, parallel/config.py,
 optim/config.py, data/, quantize/, checkpoint/, tracking/). Key names are torchtitan's and torchrun's."""
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
+
+from launchers.slurm import SlurmOptions
+from titan_exp.rules import (
+    ConfigError,
+    Section,
+    check_at_least,
+    check_count_or_auto,
+    check_in_range,
+    check_positive,
+    one_of,
+)
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
-class TrainingConfig:
+class TrainingConfig(Section):
     steps: int = 50
     local_batch_size: int = 4
     # -1: local_batch_size × data-parallel degree (no gradient accumulation). A multiple of that
@@ -18,38 +33,45 @@ class TrainingConfig:
     # Gradient clipping by total norm over all (possibly sharded) parameters; <= 0 turns it off.
     max_norm: float = 1.0
     # FSDP's MixedPrecisionPolicy; on a single device or DDP the param dtype becomes an autocast dtype.
-    mixed_precision_param: str = "float32"
-    mixed_precision_reduce: str = "float32"
+    mixed_precision_param: str = one_of(*DTYPES)
+    mixed_precision_reduce: str = one_of(*DTYPES)
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        for name in ("steps", "seq_len", "local_batch_size"):
+            check_positive(f"{key}.{name}", getattr(self, name))
+        if math.isnan(self.max_norm) or math.isinf(self.max_norm):
+            raise ConfigError(f"{key}.max_norm", self.max_norm, "must be a finite number (<= 0 turns clipping off)")
 
 
 @dataclass
-class MetricsConfig:
+class MetricsConfig(Section):
     log_freq: int = 5
 
+    def check(self, key: str) -> None:
+        check_positive(f"{key}.log_freq", self.log_freq)
+
 
 @dataclass
-class DebugConfig:
+class DebugConfig(Section):
     seed: int = 0
     deterministic: bool = False
     # real | fake_backend (one process stands in for rank 0 of the whole world) | local_tensor (every
     # TP rank's numbers in one process): see train/dry_run.py. COMM_MODE, when set, takes precedence.
-    comm_mode: str = "real"
+    comm_mode: str = one_of("real", "fake_backend", "local_tensor")
 
 
 @dataclass
-class LauncherConfig:
-    """Where the rank processes run: this machine (`local`, or inside torchrun/srun) or a Slurm job
-    that titan_exp submits (`slurm`; Slurm's own words for its keys). The resolved config
-    (config/resolve.py) holds the real counts: no -1 and no `auto` is left for the ranks to work out."""
+class _PlacementKeys(Section):
+    """The launcher's keys every launcher reads (LauncherConfig's first keys)."""
 
-    # local | slurm
-    name: str = "local"
+    name: str = one_of("local", "slurm")
     # -1: the product of the parallel degrees when none of them is -1; otherwise every visible GPU,
     # or 2 CPU ranks on a machine without one (slurm: launcher.gpus_per_node).
     nproc_per_node: int = -1
     nodes: int = 1
-    # auto | cpu | cuda (slurm: auto means cuda unless launcher.gpus_per_node=0)
-    device: str = "auto"
+    # slurm: auto means cuda unless launcher.gpus_per_node=0.
+    device: str = one_of("auto", "cpu", "cuda")
     # Wall-clock limit of the job (slurm: its --time); the ranks are killed past it.
     timeout_min: int = 24 * 60
     # Per-rank intra-op threads on CPU; -1: the host's cores shared evenly among the local ranks
@@ -61,39 +83,57 @@ class LauncherConfig:
     # fine for parity checks, meaningless for speed).
     oversubscribe: bool = False
 
-    # launcher=slurm only.
-    # -1: one GPU per rank with device=cuda, none with device=cpu.
-    gpus_per_node: int = -1
-    cpus_per_task: Optional[int] = None
-    mem_gb: Optional[float] = None
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    constraint: Optional[str] = None
-    # Slurm sends SIGUSR2 this long before the time limit: the ranks stop together at the next step,
-    # save a checkpoint and requeue the job, which resumes in the same MLflow run.
-    signal_delay_s: int = 120
-    # How many times a job that reached its time limit is requeued.
-    max_num_timeout: int = 3
-    # Shell lines run in the batch script before the ranks start (module load, conda activate, ...).
-    setup: list[str] = field(default_factory=list)
-    # Extra arguments of the srun that starts the ranks, and any other sbatch option (name: value).
-    srun_args: list[str] = field(default_factory=list)
-    additional_parameters: dict[str, Any] = field(default_factory=dict)
-    # false: print the batch script that would be submitted, submit nothing.
-    submit: bool = True
-    # false: return once the job is submitted (its log paths are printed).
-    wait: bool = True
-    # Sweep points submitted at once (queued or running), at most.
-    array_parallelism: int = 256
 
-    @property
-    def world_size(self) -> int:
-        return self.nproc_per_node * self.nodes
+@dataclass
+class LauncherConfig(SlurmOptions, _PlacementKeys):
+    """Where the rank processes run: this machine (`local`, or inside torchrun/srun) or a Slurm job
+    that titan_exp submits (`slurm`; Slurm's own words for its keys, declared in SlurmOptions). The
+    resolved job holds the real counts (config/resolve.py): no -1 and no `auto` is left for the
+    ranks to work out."""
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        check_count_or_auto(f"{key}.nproc_per_node", self.nproc_per_node, "auto")
+        check_positive(f"{key}.timeout_min", self.timeout_min)
+        check_count_or_auto(f"{key}.max_parallel", self.max_parallel, "as many as fit")
+        if self.name == "slurm":
+            self._check_slurm(key)
+            return
+        for name, default in slurm_defaults().items():
+            if getattr(self, name) != default:
+                raise ConfigError(
+                    f"{key}.{name}", getattr(self, name), "is read by launcher=slurm only; add launcher=slurm"
+                )
+
+    def _check_slurm(self, key: str) -> None:
+        check_positive(f"{key}.nodes", self.nodes)
+        if not 0 <= self.signal_delay_s < 60 * self.timeout_min:
+            raise ConfigError(
+                f"{key}.signal_delay_s",
+                self.signal_delay_s,
+                f"must lie in [0, launcher.timeout_min × 60 = {60 * self.timeout_min}) seconds: "
+                "the warning comes that long before the time limit",
+            )
+        check_at_least(f"{key}.max_num_timeout", self.max_num_timeout, 0)
+        check_positive(f"{key}.array_parallelism", self.array_parallelism)
+        if self.gpus_per_node < -1:
+            raise ConfigError(f"{key}.gpus_per_node", self.gpus_per_node, "must be >= 0 or -1 (one per rank)")
+        for name in ("cpus_per_task", "mem_gb"):
+            if getattr(self, name) is not None:
+                check_positive(f"{key}.{name}", getattr(self, name))
+
+    def slurm_options(self) -> SlurmOptions:
+        return SlurmOptions(**{name: getattr(self, name) for name in slurm_defaults()})
+
+
+def slurm_defaults() -> dict[str, object]:
+    """The keys only launcher=slurm reads, with their defaults."""
+    defaults = SlurmOptions()
+    return {f.name: getattr(defaults, f.name) for f in dataclasses.fields(SlurmOptions)}
 
 
 @dataclass
-class ParityConfig:
+class ParityConfig(Section):
     """experiment=loss_parity: a loss-parity comparison instead of one training job (job/parity.py)."""
 
     # Each entry: the overrides of one layout, e.g. "parallelism=fsdp launcher.nproc_per_node=2".
@@ -101,3 +141,21 @@ class ParityConfig:
     layouts: list[str] = field(default_factory=list)
     # Largest relative deviation of a layout's loss from the reference's, at any step, that passes.
     rtol: float = 1e-4
+
+    def check(self, key: str) -> None:
+        check_in_range(f"{key}.rtol", self.rtol, 0.0, math.inf)
+
+
+@dataclass
+class PlanConfig(Section):
+    """What `python -m titan_exp plan` and a sweep's pruning (plan/) do with the predictions."""
+
+    # GiB a rank may use; None: the device's memory less `memory_margin`.
+    memory_budget_gib: Optional[float] = None
+    # Kept free of the device's memory for the allocator's fragmentation, the CUDA context, NCCL.
+    memory_margin: float = 0.1
+    # A training sweep (-m) skips the points predicted not to fit and records each as pruned.
+    prune: bool = False
+    # Measure rank 0's memory with the dry run's pass (fake process group, fake tensors: any size,
+    # a few seconds) rather than model it; false: model everything (instant).
+    measure: bool = True

@@ -3,11 +3,16 @@
 from dataclasses import dataclass
 from typing import Optional
 
+from titan_exp.rules import ConfigError, Section, one_of
+
+# A byte-level BPE needs the 256 bytes and 2 special tokens.
+MIN_BPE_VOCAB = 258
+
 
 @dataclass
-class DataConfig:
+class DataConfig(Section):
     # text: a real corpus through a BPE tokenizer; synthetic: a seeded, learnable token stream.
-    source: str = "text"
+    source: str = one_of("text", "synthetic")
     # A UTF-8 text file, documents separated by blank lines. None: the Python documentation that ships
     # with every CPython (pydoc_data), so nothing is downloaded.
     corpus_path: Optional[str] = None
@@ -19,3 +24,21 @@ class DataConfig:
     # `synthetic_branching` possible successors, so the best reachable loss is ln(branching).
     synthetic_vocab_size: int = 1024
     synthetic_branching: int = 4
+
+    @property
+    def vocab_key(self) -> str:
+        """The key that sets how many token ids the data uses."""
+        return "tokenizer_vocab_size" if self.source == "text" else "synthetic_vocab_size"
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if not self.cache_dir:
+            raise ConfigError(f"{key}.cache_dir", "''", "must name a folder")
+        vocab = getattr(self, self.vocab_key)
+        if self.source == "text" and vocab < MIN_BPE_VOCAB:
+            fix = f"a byte-level BPE needs at least {MIN_BPE_VOCAB} ids (256 bytes + 2 special tokens)"
+            raise ConfigError(f"{key}.{self.vocab_key}", vocab, fix)
+        if self.source == "synthetic" and not 0 < self.synthetic_branching <= self.synthetic_vocab_size:
+            raise ConfigError(
+                f"{key}.synthetic_branching", self.synthetic_branching, "must lie in [1, data.synthetic_vocab_size]"
+            )

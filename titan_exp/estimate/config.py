@@ -1,16 +1,20 @@
-"""The `hardware` group (a device profile the planner predicts for) and the `plan` section (what
-`python -m titan_exp plan` and a sweep's pruning do with the predictions). Torch-free."""
+"""The `hardware` group: a device profile the planner predicts for. Torch-free."""
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+
+from titan_exp.rules import Section
 
 
 @dataclass
-class HardwareConfig:
+class HardwareConfig(Section):
     """One device and its links. Figures are dense (no sparsity), per device; a value of -1 is
     measured on this machine (the `cpu` profile: plan/measure.py, cached under outputs/cache)."""
 
     name: str = "cpu"
+    # The GPUs this profile stands for: substrings of torch.cuda.get_device_name(), the longest one
+    # contained in the name wins ('H100 PCIe' over 'H100'); the trainer's MFU takes the peak from it
+    # (estimate/hardware_profiles.py).
+    device_names: list[str] = field(default_factory=list)
     # Peak FLOP/s by the dtype the matmuls run in (float8: torchao's scaled matmuls).
     peak_tflops_float32: float = -1.0
     peak_tflops_bfloat16: float = -1.0
@@ -36,16 +40,3 @@ class HardwareConfig:
         return {"float32": self.peak_tflops_float32, "bfloat16": self.peak_tflops_bfloat16}.get(
             dtype, self.peak_tflops_float8
         ) * 1e12
-
-
-@dataclass
-class PlanConfig:
-    # GiB a rank may use; None: the device's memory less `memory_margin`.
-    memory_budget_gib: Optional[float] = None
-    # Kept free of the device's memory for the allocator's fragmentation, the CUDA context, NCCL.
-    memory_margin: float = 0.1
-    # A training sweep (-m) skips the points predicted not to fit and records each as pruned.
-    prune: bool = False
-    # Measure rank 0's memory with the dry run's pass (fake process group, fake tensors: any size,
-    # a few seconds) rather than model it; false: model everything (instant).
-    measure: bool = True

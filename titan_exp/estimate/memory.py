@@ -2,18 +2,22 @@
 alone (no torch, so the launching process can make it): parameters, gradients and optimizer state
 as sharded by the layout, activations as kept by the schedule and activation checkpointing, the
 float32 logits of the loss, and what a process holds before any tensor. The pre-flight check holds
-it against the memory the ranks can have (config/check.py). A first model of the planner's
-(issue 13 refines it and measures its accuracy); it errs on the high side."""
+it against the memory the ranks can have (config/check.py). The planner measures rank 0's
+memory instead where it can (plan/measure.py); this estimate errs on the high side."""
 
 import dataclasses
 import math
 from dataclasses import dataclass
 
 from titan_exp.models.llama3.args import Llama3Config
-from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
-from titan_exp.parallel.stages import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES
+from titan_exp.parallel.config import (
+    SINGLE_STAGE_SCHEDULES,
+    V_SHAPED_SCHEDULES,
+    ActivationCheckpointConfig,
+    ParallelismConfig,
+)
+from titan_exp.units import GIB
 
-GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # fp32 master weights (4), their gradients (4), AdamW's two moments (8).
 _PARAM_BYTES, _GRAD_BYTES, _ADAM_BYTES = 4, 4, 8

@@ -47,6 +47,18 @@ class ComputeTimes:
 
 
 @dataclass(frozen=True)
+class StepBatch:
+    """What one rank's step processes: its local batch of sequences, the microsteps whose gradients
+    accumulate, and the bytes per element of the parameters and of the activations it sends."""
+
+    local_batch_size: int
+    seq_len: int
+    accumulation: int
+    param_bytes: int
+    activation_bytes: int
+
+
+@dataclass(frozen=True)
 class StepTime:
     """Seconds of one step on the busiest rank."""
 
@@ -64,18 +76,14 @@ class StepTime:
 
 
 def modelled_compute(
-    m: Llama3Config,
-    hw: HardwareConfig,
-    tokens: float,
-    seq_len: int,
-    tp: int,
-    matmul_dtype: str,
-    ac_mode: str,
+    m: Llama3Config, hw: HardwareConfig, microbatch: tuple[float, int], tp: int, matmul_dtype: str, ac_mode: str,
     local_params: float,
-) -> ComputeTimes:
+) -> ComputeTimes:  # fmt: skip
     """From FLOPs at the device's peak × efficiency: 2 FLOPs per multiply-add in forward, twice that
     in backward; attention's score and value matmuls over the causal sequence (counted in full, as
-    MFU counts them). The optimizer step moves ~32 bytes per local parameter at the memory bandwidth."""
+    MFU counts them); `microbatch`: (tokens, sequence length). The optimizer step moves ~32 bytes
+    per local parameter at the memory bandwidth."""
+    tokens, seq_len = microbatch
     rate = hw.peak_flops(matmul_dtype) * hw.compute_efficiency
     attention_rate = hw.peak_flops("bfloat16" if matmul_dtype == "float8" else matmul_dtype) * hw.compute_efficiency
     linear = 2 * tokens * layer_parameters(m) / tp / rate
@@ -103,14 +111,12 @@ def step_time(
     p: ParallelismConfig,
     hw: HardwareConfig,
     compute: ComputeTimes,
-    local_batch_size: int,
-    seq_len: int,
-    accumulation: int,
-    param_bytes: int,
-    activation_bytes: int,
+    batch: StepBatch,
     oversubscription: float = 1.0,
 ) -> StepTime:
     """The busiest rank's step (degrees resolved): `compute` is per microbatch of this layout."""
+    local_batch_size, seq_len, accumulation = batch.local_batch_size, batch.seq_len, batch.accumulation
+    param_bytes, activation_bytes = batch.param_bytes, batch.activation_bytes
     pp, tp, cp = p.pipeline_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree
     shard, replicate = p.data_parallel_shard_degree * cp, p.data_parallel_replicate_degree
     plan = StagePlan.from_config(p, m.n_layers)

@@ -1,4 +1,4 @@
-"""The job's context a rank receives beside its config: where the job lives, who started it."""
+"""The job's context a rank receives beside the resolved job: where the job lives, who started it."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,11 +9,11 @@ from titan_exp.tracking.journal import JOURNAL_FILE, RUN_ID_FILE, RUN_LOG_FILE
 
 @dataclass(frozen=True)
 class RunContext:
-    """What the launching process tells the ranks besides the (resolved) config."""
+    """What the launching process tells the ranks besides the resolved job."""
 
     # The Hydra run directory: composed config, overrides, rank logs.
     job_dir: str
-    # local | torchrun | srun
+    # local | torchrun | srun | slurm
     started_by: str
     # The launching process's start-up so far, when it started the ranks on this machine (metrics/startup.py).
     startup: Marks = ()
@@ -32,3 +32,9 @@ class RunContext:
     def run_log_file(self) -> Path:
         """Rank 0's console output, logged with its MLflow run."""
         return Path(self.job_dir) / RUN_LOG_FILE
+
+    def left_in_journal(self, why: str) -> str:
+        return (
+            f"the MLflow store did not take all of this run's records ({why}); they are kept in "
+            f"{self.journal_file}: python -m titan_exp sync {self.job_dir} writes them in once the store is back"
+        )

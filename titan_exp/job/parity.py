@@ -1,8 +1,10 @@
 """experiment=loss_parity: train the same model from one seed checkpoint, deterministically, under
 several layouts, and compare their loss curves with the first layout's (table + overlay plot).
 
-Each layout is composed from the command's own overrides plus the layout's, and run as an ordinary
-job (its own ranks, its own MLflow run); the curves are read back from MLflow.
+A sweep over layouts (job/sweep.py, job/sweep_points.py): each layout is composed from the
+command's own overrides plus the layout's, resolved and checked before any layout starts, and run
+as an ordinary job (its own ranks, its own MLflow run, a child of the sweep's parent run); the
+curves are read back from MLflow.
 """
 
 from pathlib import Path
@@ -15,9 +17,9 @@ from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.context import RunContext
 from titan_exp.job.launch import run_job
-from titan_exp.job.sweep import close_parent
-from titan_exp.metrics import startup
-from titan_exp.tracking.parent_run import ParentRun
+from titan_exp.job.preflight import preflight
+from titan_exp.job.sweep import Sweep
+from titan_exp.job.sweep_points import SweepPoint, check_every_point, prepare_point, run_points
 from titan_exp.tracking.store import client
 
 
@@ -25,45 +27,54 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
     """Returns True when every layout stays within cfg.parity.rtol of the reference. With tracking
     on, the layouts' runs are children of one parent run that gets the comparison and the report."""
     seed_folder = job_dir / "seed_checkpoint"
-    base = [o for o in task_overrides if not o.startswith("experiment=")] + ["experiment=loss_parity"]
+    # parity.layouts emptied: a layout's job is an ordinary training job.
+    base = [o for o in task_overrides if not o.startswith("experiment=")] + [
+        "experiment=loss_parity",
+        "parity.layouts=[]",
+    ]
     seed_job = ["parallelism=single", "checkpoint.create_seed_checkpoint=true", f"checkpoint.folder={seed_folder}"]
-    _run([*base, *seed_job, "tracking=none"], job_dir / "seed")
-    parent = None
-    if cfg.tracking.enable:
-        parent = ParentRun(cfg.tracking, "loss_parity", job_dir, {"parity.layouts": " | ".join(cfg.parity.layouts)})
-        base.append(f"tracking.parent_run_id={parent.run_id}")
-    curves: dict[str, list[float]] = {}
+    seed = resolve(_composed([*base, *seed_job, "tracking=none"]))
+    preflight(seed)
+    run_job(seed, job_dir / "seed")
+    load = f"checkpoint.initial_load_path={seed_folder}/step-0"
+    points = [
+        prepare_point(n, layout.split(), job_dir / _folder(layout), _composed([*base, *layout.split(), load]))
+        for n, layout in enumerate(cfg.parity.layouts)
+    ]
+    check_every_point(points)
+    sweep = Sweep(cfg.tracking, "loss_parity", job_dir, {"parity.layouts": " | ".join(cfg.parity.layouts)})
     try:
-        for layout in cfg.parity.layouts:
-            overrides = base + layout.split() + [f"checkpoint.initial_load_path={seed_folder}/step-0"]
-            run_id = _run(overrides, job_dir / layout.replace(" ", "_").replace("=", "-"))
-            curves[layout] = [loss for _, loss in loss_curve(client(cfg.tracking.uri), run_id)]
+        run_points(points, sweep.open(), cfg.launcher.max_parallel, cfg.launcher.array_parallelism)
+        for point in points:
+            sweep.point_ended(point.state == "done")
+        if failed := [p for p in points if p.state != "done"]:
+            raise RuntimeError(f"layout {' '.join(failed[0].overrides)} failed: {failed[0].detail}")
+        curves = {" ".join(p.overrides): _curve(p) for p in points}
         passed = _report(curves, cfg.parity.rtol, job_dir)
-        if parent:
+        if sweep.parent:
             for name in ("loss_parity.md", "loss_parity.png"):
-                parent.run.log_artifact(job_dir / name, "parity")
+                sweep.parent.run.log_artifact(job_dir / name, "parity")
     except BaseException as err:
-        if parent:
-            close_parent(parent, failed_jobs=1, interrupted=isinstance(err, KeyboardInterrupt))
+        sweep.finish(interrupted=isinstance(err, KeyboardInterrupt))
         raise
-    if parent:
-        close_parent(
-            parent, failure=None if passed else f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}"
-        )
+    sweep.finish(failure=None if passed else f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}")
     return passed
 
 
-def _run(overrides: list[str], job_dir: Path) -> str | None:
-    """One layout's job; returns its MLflow run id (None untracked)."""
-    startup.restart()
-    # parity.layouts emptied: a layout's job is an ordinary training job.
-    composed = compose(config_name="config", overrides=overrides + ["parity.layouts=[]"])
-    cfg = resolve(to_job_config(composed))
-    startup.mark("compose")
-    print(f"== {' '.join(overrides)}", flush=True)
-    run_job(cfg, job_dir)
-    run_id_file = RunContext(str(job_dir), cfg.launcher.name).run_id_file
-    return run_id_file.read_text().strip() if run_id_file.exists() else None
+def _composed(overrides: list[str]) -> JobConfig:
+    return to_job_config(compose(config_name="config", overrides=overrides))
+
+
+def _folder(layout: str) -> str:
+    return layout.replace(" ", "_").replace("=", "-")
+
+
+def _curve(point: SweepPoint) -> list[float]:
+    """The point's loss curve, from its MLflow run (the point's process left the run's id in its folder)."""
+    run_id_file = RunContext(str(point.job_dir), "local").run_id_file
+    if point.job.store is None or not run_id_file.exists():
+        raise RuntimeError("experiment=loss_parity reads the curves from MLflow: it needs tracking=mlflow")
+    return [loss for _, loss in loss_curve(client(point.job.store.uri), run_id_file.read_text().strip())]
 
 
 def _report(curves: dict[str, list[float]], rtol: float, job_dir: Path) -> bool:

@@ -1,6 +1,6 @@
-"""The points of a sweep run side by side, each a job of its own: `python -m titan_exp <its
-overrides>` in a process of its own (its console in <point dir>/console.log), started as soon as
-the machine has room for it, in order.
+"""The points of a sweep run side by side, each a job of its own: its resolved job, as the sweep
+resolved and checked it, run by a process of its own (job/point.py; its console in <point
+dir>/console.log), started as soon as the machine has room for it, in order.
 
 Room: on this machine, GPUs (a point takes one per rank, as CUDA_VISIBLE_DEVICES) or CPU cores (a
 point takes an equal share of them, by affinity: as many points at a time as leave each rank a core,
@@ -13,6 +13,7 @@ place on a terminal and printed as it changes elsewhere.
 import contextlib
 import ctypes
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -24,10 +25,14 @@ from pathlib import Path
 from typing import TextIO
 
 from launchers.devices import visible_gpu_ids
-from titan_exp.config.check import ConfigError
+from titan_exp.config.job import ResolvedJob
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
+from titan_exp.job.preflight import preflight
+from titan_exp.rules import ConfigError
 
+# In a point's folder: its resolved job, as the sweep hands it to the point's process (job/point.py).
+JOB_FILE = "job.pkl"
 POLL_SECONDS = 0.5
 # After a Ctrl-C, how long running points get to stop their own ranks (or cancel their Slurm jobs).
 STOP_GRACE_SECONDS = 60.0
@@ -40,8 +45,8 @@ class SweepPoint:
     number: int
     overrides: list[str]
     job_dir: Path
-    # The point's resolved config, or why it was refused (then the sweep is: check_every_point).
-    cfg: JobConfig | None = None
+    # The point's resolved job, or why it was refused (then the sweep is: check_every_point).
+    job: ResolvedJob | None = None
     refused: ConfigError | None = None
     state: str = "queued"  # queued | running | done | failed | pruned (plan.prune: predicted not to fit)
     detail: str = ""
@@ -50,6 +55,8 @@ class SweepPoint:
     gpus: tuple[str, ...] = ()
     # What sets the point apart from the others (see label_points).
     label: str = ""
+    # Its CPU ranks' threads are the cores it is given, shared out (launcher.cpu_threads_per_rank=-1).
+    threads_follow_cores: bool = False
 
     @property
     def console(self) -> Path:
@@ -57,18 +64,19 @@ class SweepPoint:
 
     @property
     def on_slurm(self) -> bool:
-        return self.cfg is not None and self.cfg.launcher.name == "slurm"
+        return self.job is not None and self.job.on_slurm
 
     @property
     def ranks_here(self) -> int:
-        return 0 if self.cfg is None or self.on_slurm else self.cfg.launcher.nproc_per_node
+        return 0 if self.job is None or self.on_slurm else self.job.placement.nproc_per_node
 
 
 def prepare_point(number: int, overrides: list[str], job_dir: Path, cfg: JobConfig) -> SweepPoint:
-    """A point, its config resolved here (as its own process will) to know what room it needs."""
-    point = SweepPoint(number, list(overrides), job_dir)
+    """A point, its job resolved and checked here, before any point starts, to know what room it needs."""
+    point = SweepPoint(number, list(overrides), job_dir, threads_follow_cores=cfg.launcher.cpu_threads_per_rank == -1)
     try:
-        point.cfg = resolve(cfg)
+        point.job = resolve(cfg)
+        preflight(point.job)
     except ConfigError as err:
         point.refused = err
     return point
@@ -105,10 +113,10 @@ class _Room:
     @classmethod
     def of_this_machine(cls, points: list[SweepPoint], max_parallel: int, max_on_slurm: int) -> "_Room":
         cores = sorted(os.sched_getaffinity(0))
-        on_cpu = [p for p in points if p.cfg and p.cfg.launcher.device == "cpu" and p.ranks_here]
+        on_cpu = [p for p in points if p.job and p.job.placement.device == "cpu" and p.ranks_here]
         fit = max(1, len(cores) // max((p.ranks_here for p in on_cpu), default=1))  # a core per rank
         # max_parallel caps the points side by side; beyond what fits only if every point oversubscribes.
-        oversubscribing = bool(on_cpu) and all(p.cfg.launcher.oversubscribe for p in on_cpu)
+        oversubscribing = bool(on_cpu) and all(p.job.config.launcher.oversubscribe for p in on_cpu)
         side_by_side = fit if max_parallel <= 0 else max_parallel if oversubscribing else min(max_parallel, fit)
         return cls(visible_gpu_ids(), cores, max(1, len(cores) // side_by_side), max_parallel, max_on_slurm)
 
@@ -127,7 +135,7 @@ class _Room:
 
     def _allocate(self, point: SweepPoint) -> bool:
         """A GPU per rank for a CUDA point, a share of the cores for a CPU one."""
-        if point.cfg.launcher.device == "cuda":
+        if point.job.placement.device == "cuda":
             if len(self.gpus) < point.ranks_here:
                 return False
             point.gpus, self.gpus = tuple(self.gpus[: point.ranks_here]), self.gpus[point.ranks_here :]
@@ -143,8 +151,8 @@ class _Room:
         self.cores = sorted(self.cores + list(point.cores))
 
 
-def run_points(points: list[SweepPoint], extra_overrides: list[str], max_parallel: int, max_on_slurm: int) -> None:
-    """Run every point to its end (state done or failed); `extra_overrides` go to every point.
+def run_points(points: list[SweepPoint], parent_run_id: str | None, max_parallel: int, max_on_slurm: int) -> None:
+    """Run every point to its end (state done or failed), its MLflow run a child of `parent_run_id`.
     Ctrl-C stops the running points (each stops its own ranks or cancels its Slurm job) and raises."""
     label_points(points)
     room = _Room.of_this_machine(points, max_parallel, max_on_slurm)
@@ -153,7 +161,7 @@ def run_points(points: list[SweepPoint], extra_overrides: list[str], max_paralle
     try:
         while waiting or room.running:
             while waiting and room.take(waiting[0]):
-                _start(waiting.popleft(), extra_overrides)
+                _start(waiting.popleft(), parent_run_id)
             for point in list(room.running):
                 if _poll(point):
                     room.give_back(point)
@@ -168,12 +176,18 @@ def run_points(points: list[SweepPoint], extra_overrides: list[str], max_paralle
         raise
 
 
-def _start(point: SweepPoint, extra_overrides: list[str]) -> None:
-    command = [sys.executable, "-m", "titan_exp", *point.overrides, f"hydra.run.dir={point.job_dir}", *extra_overrides]
+def _start(point: SweepPoint, parent_run_id: str | None) -> None:
+    """The point's process, handed its job (with the room it was given) in its folder."""
+    job = point.job.with_parent_run(parent_run_id) if parent_run_id else point.job
+    if point.cores and point.threads_follow_cores:
+        job = job.on_cores(len(point.cores))
+    point.job_dir.mkdir(parents=True, exist_ok=True)
+    with open(point.job_dir / JOB_FILE, "wb") as f:
+        pickle.dump(job, f)
+    command = [sys.executable, "-m", "titan_exp.job.point", str(point.job_dir)]
     env = dict(os.environ)
     if point.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(point.gpus)
-    point.job_dir.mkdir(parents=True, exist_ok=True)
     with open(point.console, "w") as console:
         point.process = subprocess.Popen(
             command, env=env, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-GIB = 1024**3
+from titan_exp.units import GIB
 
 
 class MemoryMonitor:

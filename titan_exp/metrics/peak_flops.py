@@ -1,4 +1,5 @@
-"""Peak FLOP/s of the device a rank runs on: a table for known GPUs, a measured matmul peak on CPU."""
+"""Peak FLOP/s of the device a rank runs on: a GPU's from its conf/hardware profile, a measured matmul
+peak on CPU."""
 
 import json
 import os
@@ -11,30 +12,17 @@ from typing import TypeVar
 
 import torch
 
-# Dense bf16 tensor-core peaks from the vendors' data sheets (no sparsity).
-GPU_PEAK_BF16_FLOPS = {
-    "H200": 989e12,
-    "H100 NVL": 835e12,
-    "H100 PCIe": 756e12,
-    "H100": 989e12,  # SXM
-    "H20": 148e12,
-    "B200": 2.25e15,
-    "GB200": 2.5e15,
-    "A100": 312e12,
-    "A10G": 125e12,
-    "L40S": 362e12,
-    "L4": 121e12,
-    "MI300X": 1307e12,
-    "MI325X": 1307e12,
-}
+from titan_exp.estimate.hardware_profiles import profile_for_device
 
 
 def gpu_peak_flops(device_name: str) -> float:
-    """Longest table key contained in the CUDA device name (so 'H100 PCIe' wins over 'H100')."""
-    matches = [key for key in GPU_PEAK_BF16_FLOPS if key in device_name]
-    if not matches:
-        raise KeyError(f"no peak FLOP/s known for GPU '{device_name}'")
-    return GPU_PEAK_BF16_FLOPS[max(matches, key=len)]
+    """The dense bf16 peak of the conf/hardware profile this CUDA device name stands for (the
+    longest `device_names` entry contained in it, so 'H100 PCIe' wins over 'H100')."""
+    try:
+        profile = profile_for_device(device_name)
+    except KeyError as unknown:
+        raise KeyError(f"no peak FLOP/s known for GPU '{device_name}'") from unknown
+    return profile.peak_flops("bfloat16")
 
 
 def cpu_name() -> str:

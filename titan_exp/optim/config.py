@@ -1,26 +1,41 @@
 """The `optimizer` and `lr_scheduler` sections (torchtitan's key names)."""
 
+import math
 from dataclasses import dataclass
+
+from titan_exp.rules import Section, check_at_least, check_in_range, check_positive, one_of
 
 
 @dataclass
-class OptimizerConfig:
-    name: str = "AdamW"
+class OptimizerConfig(Section):
+    name: str = one_of("AdamW")
     lr: float = 3e-3
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
     weight_decay: float = 0.1
-    # foreach | fused | for-loop
-    implementation: str = "foreach"
+    implementation: str = one_of("foreach", "fused", "for-loop")
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        check_positive(f"{key}.lr", self.lr)
+        check_positive(f"{key}.eps", self.eps)
+        for name in ("beta1", "beta2"):
+            check_in_range(f"{key}.{name}", getattr(self, name), 0.0, 1.0)
+        check_in_range(f"{key}.weight_decay", self.weight_decay, 0.0, math.inf)
 
 
 @dataclass
-class LRSchedulerConfig:
+class LRSchedulerConfig(Section):
     warmup_steps: int = 10
     # Fraction of the steps after warmup spent decaying; the rest stays flat at the peak (WSD).
     decay_ratio: float = 1.0
-    # linear | sqrt | cosine
-    decay_type: str = "cosine"
+    decay_type: str = one_of("linear", "sqrt", "cosine", default="cosine")
     # The LR decays to lr × min_lr_factor.
     min_lr_factor: float = 0.1
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        check_at_least(f"{key}.warmup_steps", self.warmup_steps, 0)
+        for name in ("decay_ratio", "min_lr_factor"):
+            check_in_range(f"{key}.{name}", getattr(self, name), 0.0, 1.0)

@@ -1,25 +1,41 @@
 """The sections that decide how the model is spread over ranks and wrapped on each: `parallelism`
-(key names are torchtitan's, so its flags paste as overrides), `activation_checkpoint`, `compile`."""
+(key names are torchtitan's, so its flags paste as overrides), `activation_checkpoint`, `compile`.
+Degrees are checked and resolved by ParallelDims (parallel/dims.py)."""
 
 from dataclasses import dataclass
 from typing import Optional
 
+from titan_exp.rules import ConfigError, Section, one_of
+
+SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
+# Rank r holds stages r and 2P-1-r, so the first and the last stage sit on the same rank.
+V_SHAPED_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+# Several "virtual" stages per rank.
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", *V_SHAPED_SCHEDULES)
+SCHEDULES = SINGLE_STAGE_SCHEDULES + MULTI_STAGE_SCHEDULES
+# Mesh dimension name for each degree key, outermost first (torchtitan's order).
+MESH_DIMS = {
+    "pipeline_parallel_degree": "pp",
+    "data_parallel_replicate_degree": "dp_replicate",
+    "data_parallel_shard_degree": "dp_shard",
+    "context_parallel_degree": "cp",
+    "tensor_parallel_degree": "tp",
+}
+
 
 @dataclass
-class ParallelismConfig:
+class ParallelismConfig(Section):
     # Short name of the layout, used in run names and tables (the option file sets it).
     name: str = "fsdp"
     # -1: whatever is left of the world size once the other degrees are taken (at most one may be -1).
     data_parallel_replicate_degree: int = 1
     data_parallel_shard_degree: int = -1
     # default: reshard after forward except for the last block, whose params backward needs at once.
-    fsdp_reshard_after_forward: str = "default"
+    fsdp_reshard_after_forward: str = one_of("default", "always", "never")
     tensor_parallel_degree: int = 1
     enable_async_tensor_parallel: bool = False
     pipeline_parallel_degree: int = 1
-    # GPipe | 1F1B (one stage per rank) | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble |
-    # ZBVZeroBubble | DualPipeV (several "virtual" stages per rank)
-    pipeline_parallel_schedule: str = "1F1B"
+    pipeline_parallel_schedule: str = one_of(*SCHEDULES, default="1F1B")
     # Samples per pipeline microbatch: local_batch_size / this = microbatches per step.
     pipeline_parallel_microbatch_size: int = 1
     # Layers per stage; None: 1 stage per rank (2 for multi-stage schedules), layers split evenly.
@@ -27,20 +43,11 @@ class ParallelismConfig:
     context_parallel_degree: int = 1
     # Context-parallel attention: torch (torch's ring attention; CUDA only, no pipelining) |
     # allgather (K/V all-gathered over the cp ranks; any device, any backend) | auto (torch on CUDA).
-    context_parallel_impl: str = "auto"
+    context_parallel_impl: str = one_of("auto", "torch", "allgather")
 
     def degrees(self) -> dict[str, int]:
         """Every degree keyed by its config key, in mesh order (outermost first)."""
-        return {
-            "pipeline_parallel_degree": self.pipeline_parallel_degree,
-            "data_parallel_replicate_degree": self.data_parallel_replicate_degree,
-            "data_parallel_shard_degree": self.data_parallel_shard_degree,
-            "context_parallel_degree": self.context_parallel_degree,
-            "tensor_parallel_degree": self.tensor_parallel_degree,
-        }
-
-
-CONTEXT_PARALLEL_IMPLS = ("auto", "torch", "allgather")
+        return {key: getattr(self, key) for key in MESH_DIMS}
 
 
 def resolved_context_parallel_impl(name: str, device: str) -> str:
@@ -51,15 +58,22 @@ def resolved_context_parallel_impl(name: str, device: str) -> str:
 
 
 @dataclass
-class ActivationCheckpointConfig:
-    # none | full | selective
-    mode: str = "none"
+class ActivationCheckpointConfig(Section):
+    mode: str = one_of("none", "full", "selective")
     # With mode=selective: "op" saves chosen op outputs in every block; an integer N checkpoints
     # every N-th block.
     selective_ac_option: str = "op"
 
+    def check(self, key: str) -> None:
+        super().check(key)
+        option = self.selective_ac_option
+        if self.mode == "selective" and option != "op" and (not option.isdigit() or int(option) < 1):
+            raise ConfigError(
+                f"{key}.selective_ac_option", option, "use 'op' or a positive integer N (every N-th block)"
+            )
+
 
 @dataclass
-class CompileConfig:
+class CompileConfig(Section):
     enable: bool = False
     backend: str = "inductor"

@@ -1,19 +1,13 @@
-"""Resolved parallel degrees: sizes and the names people and tables use for a layout. Torch-free,
-so that checking a config, naming a run and placing a job stay fast; the device mesh built from
-these degrees is in parallel/mesh.py."""
+"""Resolved parallel degrees: sizes and the names people and tables use for a layout. Built once per
+job, from the `parallelism` section and the world size, and checked as it is built (as torchtitan's
+ParallelDims is). Torch-free, so that checking a config, naming a run and placing a job stay fast;
+the device mesh built from these degrees is in parallel/mesh.py."""
 
+import math
 from dataclasses import dataclass
 
-from titan_exp.parallel.config import ParallelismConfig
-
-# Mesh dimension name for each degree key, outermost first (torchtitan's order).
-MESH_DIMS = {
-    "pipeline_parallel_degree": "pp",
-    "data_parallel_replicate_degree": "dp_replicate",
-    "data_parallel_shard_degree": "dp_shard",
-    "context_parallel_degree": "cp",
-    "tensor_parallel_degree": "tp",
-}
+from titan_exp.parallel.config import MESH_DIMS, ParallelismConfig
+from titan_exp.rules import ConfigError
 
 
 @dataclass(frozen=True)
@@ -24,10 +18,44 @@ class ParallelDims:
     cp: int
     tp: int
 
+    def __post_init__(self) -> None:
+        for name in MESH_DIMS.values():
+            if getattr(self, name) < 1:
+                raise ValueError(f"ParallelDims.{name}={getattr(self, name)}: degrees are >= 1 once resolved")
+
     @classmethod
-    def from_config(cls, cfg: ParallelismConfig) -> "ParallelDims":
-        """Build from degrees that have already been resolved (no -1 left; see config/resolve.py)."""
-        return cls(**{MESH_DIMS[key]: degree for key, degree in cfg.degrees().items()})
+    def resolve(cls, parallelism: ParallelismConfig, world_size: int) -> "ParallelDims":
+        """The degrees of `parallelism` for `world_size` ranks: each positive or -1 (at most one),
+        the -1 taking what the others leave, their product the world size. Raises ConfigError."""
+        degrees = parallelism.degrees()
+        for key, degree in degrees.items():
+            if degree == 0 or degree < -1:
+                raise ConfigError(
+                    f"parallelism.{key}", degree, "must be a positive degree or -1 (the rest of the world)"
+                )
+        inferred = [key for key, degree in degrees.items() if degree == -1]
+        if len(inferred) > 1:
+            raise ConfigError(f"parallelism.{inferred[1]}", -1, f"only one degree may be -1 ({inferred[0]} already is)")
+        fixed = math.prod(d for d in degrees.values() if d != -1)
+        if inferred and world_size % fixed:
+            raise ConfigError(
+                f"parallelism.{inferred[0]}",
+                -1,
+                f"the other degrees multiply to {fixed}, which does not divide the world size {world_size}",
+            )
+        if not inferred and fixed != world_size:
+            layout = " × ".join(f"{MESH_DIMS[k]}={d}" for k, d in degrees.items() if d > 1) or "1"
+            raise ConfigError(
+                "parallelism",
+                layout,
+                f"the degrees multiply to {fixed} but the world size is {world_size} "
+                f"(launcher.nproc_per_node × launcher.nodes); make them equal or set one degree to -1",
+            )
+        return cls(**{MESH_DIMS[key]: world_size // fixed if d == -1 else d for key, d in degrees.items()})
+
+    def degrees(self) -> dict[str, int]:
+        """Every degree keyed by its config key (parallelism.*), outermost first."""
+        return {key: getattr(self, name) for key, name in MESH_DIMS.items()}
 
     @property
     def world_size(self) -> int:

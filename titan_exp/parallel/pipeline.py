@@ -6,6 +6,7 @@ Importing torch.distributed.pipelining takes about 0.5 s, so the trainer imports
 for jobs with pp > 1."""
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -13,8 +14,16 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 from torch.distributed.tensor import DTensor
 
-from titan_exp.parallel.config import ParallelismConfig
-from titan_exp.parallel.stages import SINGLE_STAGE_SCHEDULES, StagePlan
+from titan_exp.parallel.config import SINGLE_STAGE_SCHEDULES, ParallelismConfig
+from titan_exp.parallel.stages import StagePlan
+
+
+class RankStages(Protocol):
+    """This rank's stages (train/model_parts.py's ModelParts): the modules, their places in the plan."""
+
+    parts: list[nn.Module]
+    stage_ids: list[int]
+    stage_plan: StagePlan
 
 
 class Pipeline:
@@ -22,9 +31,7 @@ class Pipeline:
 
     def __init__(
         self,
-        parts: list[nn.Module],
-        stage_ids: list[int],
-        plan: StagePlan,
+        model: "RankStages",
         cfg: ParallelismConfig,
         pp_group,
         device: torch.device,
@@ -32,8 +39,10 @@ class Pipeline:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     ):
         """`loss_fn(outputs, labels)`: the mean loss of one microbatch, run on the last stage."""
+        plan, stage_ids = model.stage_plan, model.stage_ids
         stages = [
-            PipelineStage(part, stage, plan.num_stages, device, group=pp_group) for part, stage in zip(parts, stage_ids)
+            PipelineStage(part, stage, plan.num_stages, device, group=pp_group)
+            for part, stage in zip(model.parts, stage_ids)
         ]
         schedule_class = get_schedule_class(cfg.pipeline_parallel_schedule)
         # The loss is a mean per microbatch; the schedule scales gradients by 1/n_microbatches, so the

@@ -3,13 +3,7 @@ launching process checks configs with it)."""
 
 from dataclasses import dataclass
 
-from titan_exp.parallel.config import ParallelismConfig
-
-SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
-# Rank r holds stages r and 2P-1-r, so the first and the last stage sit on the same rank.
-V_SHAPED_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
-MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", *V_SHAPED_SCHEDULES)
-SCHEDULES = SINGLE_STAGE_SCHEDULES + MULTI_STAGE_SCHEDULES
+from titan_exp.parallel.config import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, ParallelismConfig
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ elsewhere they are modelled from the profile.
 """
 
 import argparse
-import copy
 import csv
 import datetime
 import itertools
@@ -22,15 +21,13 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 
 from launchers.devices import cpu_cores
 from titan_exp.compare.report import to_html, to_markdown
-from titan_exp.config.check import ConfigError
 from titan_exp.config.compose import to_job_config
-from titan_exp.config.schema import JobConfig, register_schema
-from titan_exp.estimate.memory import GIB
-from titan_exp.job.identity import flatten, run_name, run_tags
+from titan_exp.config.job import ResolvedJob
+from titan_exp.config.schema import register_schema
+from titan_exp.job.preflight import preflight
 from titan_exp.plan.predict import (
     MEASURED,
     Prediction,
@@ -39,8 +36,10 @@ from titan_exp.plan.predict import (
     predict,
     resolve_for_plan,
 )
+from titan_exp.rules import ConfigError
 from titan_exp.tracking.run import ROLE_TAG, MlflowRun
 from titan_exp.tracking.store import ensure_store
+from titan_exp.units import GIB
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 COLUMNS = [
@@ -71,8 +70,8 @@ def grid(overrides: list[str]) -> list[list[str]]:
     return [list(point) for point in itertools.product(*choices)]
 
 
-def compose_point(point: list[str]) -> JobConfig:
-    """The point's config, resolved for planning (predict.resolve_for_plan)."""
+def compose_point(point: list[str]) -> ResolvedJob:
+    """The point's job, resolved for planning (predict.resolve_for_plan)."""
     # Hydra's own keys place a run's outputs: nothing to place here.
     point = [override for override in point if not override.startswith("hydra.")]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -80,31 +79,30 @@ def compose_point(point: list[str]) -> JobConfig:
     return resolve_for_plan(to_job_config(composed))
 
 
-def _cpu_ranks(cfg: JobConfig) -> tuple[int, float]:
+def _cpu_ranks(job: ResolvedJob) -> tuple[int, float]:
     """(threads per rank, how much the ranks' time stretches as they share this machine's cores)."""
-    cores, ranks = cpu_cores(), cfg.launcher.nproc_per_node
-    threads = cfg.launcher.cpu_threads_per_rank
+    cores, ranks = cpu_cores(), job.placement.nproc_per_node
+    threads = job.config.launcher.cpu_threads_per_rank
     threads = threads if threads > 0 else max(1, cores // ranks)
     return threads, max(1.0, ranks * threads / cores)
 
 
-def plan_one(cfg: JobConfig) -> Prediction:
+def plan_one(job: ResolvedJob) -> Prediction:
     """Measure what torch can here (plan.measure): rank 0's memory by the dry run's fake pass; on the
     `cpu` profile the device's figures and a rank's compute. Model the rest."""
+    cfg = job.config
     hw = cfg.hardware
     if not cfg.plan.measure and hw.name != "cpu":
-        return predict(cfg, hw, cfg.plan, compute=None)  # all modelled: no torch to load
+        return predict(job, hw, cfg.plan, compute=None)  # all modelled: no torch to load
     from titan_exp.plan import measure  # torch: measuring is this command's job
 
-    memory = measure.measured_memory(cfg) if cfg.plan.measure else None
+    memory = measure.measured_memory(job) if cfg.plan.measure else None
     compute, oversubscription = None, 1.0
     if hw.name == "cpu":
-        threads, oversubscription = _cpu_ranks(cfg)
+        threads, oversubscription = _cpu_ranks(job)
         hw = measure.resolve_hardware(hw, threads, cfg.data.cache_dir)  # beside the measured peak FLOP/s
-        compute = measure.measured_compute(
-            cfg, microbatch_tokens(cfg), cfg.parallelism.tensor_parallel_degree, local_parameters(cfg), threads
-        )
-    return predict(cfg, hw, cfg.plan, compute, oversubscription, memory)
+        compute = measure.measured_compute(cfg, microbatch_tokens(cfg), job.dims.tp, local_parameters(cfg), threads)
+    return predict(job, hw, cfg.plan, compute, oversubscription, memory)
 
 
 def _row(rank: int, prediction: Prediction, point: list[str]) -> list[str]:
@@ -141,30 +139,35 @@ def describe(prediction: Prediction) -> str:
 
 
 def _record(
-    cfgs: list[JobConfig], predictions: list[Prediction], points: list[list[str]], out: Path, title: str
+    jobs: list[ResolvedJob], predictions: list[Prediction], points: list[list[str]], out: Path, title: str
 ) -> None:
     """Each prediction as an MLflow run tagged as one (a grid's under a parent run holding the table)."""
-    if not cfgs[0].tracking.enable:
+    tracking = jobs[0].config.tracking
+    if not tracking.enable:
         return
-    ensure_store(cfgs[0].tracking)
+    ensure_store(tracking)
     parent = None
-    if len(cfgs) > 1:
-        parent = MlflowRun.create(cfgs[0].tracking, title[:250], {ROLE_TAG: "plan"})
+    if len(jobs) > 1:
+        parent = MlflowRun.create(tracking, title[:250], {ROLE_TAG: "plan"})
         parent.log_artifacts(out, "plan")
         parent.finish("FINISHED")
     now_ms = int(datetime.datetime.now().timestamp() * 1000)
-    for cfg, prediction, point in zip(cfgs, predictions, points):
-        tracking = copy.deepcopy(cfg.tracking)
-        tracking.parent_run_id = parent.run_id if parent else None
-        tags = run_tags(cfg, "plan") | {ROLE_TAG: "prediction", "hardware": cfg.hardware.name, "status": "predicted"}
+    for job, prediction, point in zip(jobs, predictions, points):
+        if parent:
+            job = job.with_parent_run(parent.run_id)
+        tags = job.run_tags("plan") | {
+            ROLE_TAG: "prediction",
+            "hardware": job.config.hardware.name,
+            "status": "predicted",
+        }
         tags["prediction_sources"] = ", ".join(f"{k}: {v}" for k, v in prediction.sources.items())
-        run = MlflowRun.create(tracking, f"prediction: {run_name(cfg)}", tags)
-        params = flatten(OmegaConf.to_container(OmegaConf.structured(cfg))) | {"plan.overrides": " ".join(point)}
+        run = MlflowRun.create(job.config.tracking, f"prediction: {job.run_name()}", tags)
+        params = job.params() | {"plan.overrides": " ".join(point)}
         run.log_params(params)
         run.log_metrics([(0, prediction.metrics(), now_ms)])
         run.finish("FINISHED")
     where = f"parent run {parent.run_id}" if parent else "1 run"
-    print(f"recorded in MLflow ({cfgs[0].tracking.uri}, experiment {cfgs[0].tracking.experiment}): {where}")
+    print(f"recorded in MLflow ({tracking.uri}, experiment {tracking.experiment}): {where}")
 
 
 def _one_line(err: Exception) -> str:
@@ -185,11 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     register_schema()
     try:
         points = grid(args.overrides)
-        cfgs = [compose_point(point) for point in points]
+        jobs = [compose_point(point) for point in points]
+        if jobs[0].store is not None:
+            preflight(jobs[0], memory=False)  # the predictions' store
     except (ConfigError, HydraException) as err:
         print(f"titan_exp plan: config error: {_one_line(err)}", file=sys.stderr)
         return 2
-    predictions = [plan_one(cfg) for cfg in cfgs]
+    predictions = [plan_one(job) for job in jobs]
     if len(points) == 1:
         print(describe(predictions[0]))
     ranked = sorted(range(len(points)), key=lambda i: (not predictions[i].fits, -predictions[i].tps_per_device))
@@ -207,5 +212,5 @@ def main(argv: list[str] | None = None) -> int:
     print(to_markdown(rows, COLUMNS), end="")
     print(f"table: {out}/plan.md (.csv, .html); figures measured on this machine: "
           f"{sorted({k for p in predictions for k, v in p.sources.items() if v == MEASURED}) or 'none'}")  # fmt: skip
-    _record(cfgs, predictions, points, out, title)
+    _record(jobs, predictions, points, out, title)
     return 0

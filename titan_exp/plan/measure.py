@@ -9,7 +9,6 @@ pre-flight check does not):
 """
 
 import contextlib
-import copy
 import dataclasses
 import os
 import socket
@@ -24,9 +23,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import loss_parallel
 
 from launchers.devices import available_memory
+from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import DTYPE_BYTES, GIB, pipeline_chunks_in_flight
+from titan_exp.estimate.memory import DTYPE_BYTES, pipeline_chunks_in_flight
 from titan_exp.estimate.step_time import ComputeTimes
 from titan_exp.metrics.peak_flops import cached, cpu_name, cpu_peak_flops
 from titan_exp.models.llama3.model import Transformer
@@ -36,6 +36,7 @@ from titan_exp.parallel.activation_checkpoint import apply_activation_checkpoint
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.quantize.float8 import convert_linears
 from titan_exp.train.loss import cross_entropy_loss
+from titan_exp.units import GIB
 
 _GLOO_SIZES = (1024, 2 * 1024**2, 8 * 1024**2, 32 * 1024**2)
 
@@ -212,35 +213,33 @@ _CATEGORIES = {
 }
 
 
-def measured_memory(cfg: JobConfig) -> dict[str, float]:
+def measured_memory(job: ResolvedJob) -> dict[str, float]:
     """Rank 0's peak by category in bytes, measured by the dry run's pass (MemTracker over one
     forward and backward under the fake process group and FakeTensorMode, train/dry_run.py) on the
     layout with one and with two layers per pipeline stage, extrapolated to the model's layers
     (each category grows linearly with the layers a rank holds). Under pipelining the pass runs one
     stage at a time: the activations are those of a stage-microbatch, times those the schedule keeps
     in flight (modelled, estimate/memory.py)."""
-    from titan_exp.train.dry_run import GIB as DRY_GIB
     from titan_exp.train.dry_run import fake_backend_dry_run
 
+    cfg = job.config
     p = cfg.parallelism
     plan = StagePlan.from_config(p, cfg.model.n_layers)
     layers_here = len(plan.layers(0, cfg.model.n_layers))
     reports = []
     for per_stage in (1, 2):
-        small = copy.deepcopy(cfg)
-        small.model.n_layers = per_stage * plan.num_stages
-        if p.pipeline_parallel_layers_per_stage:
-            small.parallelism.pipeline_parallel_layers_per_stage = per_stage
-        reports.append(fake_backend_dry_run(small, cfg.launcher.world_size))
+        stages = {"pipeline_parallel_layers_per_stage": per_stage} if p.pipeline_parallel_layers_per_stage else {}
+        small = job.replaced(model={"n_layers": per_stage * plan.num_stages}, parallelism=stages)
+        reports.append(fake_backend_dry_run(small))
 
     def category(report: dict, names: tuple[str, ...]) -> float:
-        return sum(report.get(f"rank0_step_peak_{name}_gib", 0.0) for name in names) * DRY_GIB
+        return sum(report.get(f"rank0_step_peak_{name}_gib", 0.0) for name in names) * GIB
 
     found = {}
     for name, names in _CATEGORIES.items():
         one, two = category(reports[0], names), category(reports[1], names)
         found[name] = max(0.0, one + (layers_here - 1) * (two - one))
-    one, two = (r["rank0_optimizer_state_gib"] * DRY_GIB for r in reports)
+    one, two = (r["rank0_optimizer_state_gib"] * GIB for r in reports)
     found["optimizer_state"] = one + (layers_here - 1) * (two - one)
     if p.pipeline_parallel_degree > 1:
         microbatches = cfg.training.local_batch_size // p.pipeline_parallel_microbatch_size

@@ -8,13 +8,15 @@ import math
 from dataclasses import dataclass
 
 from launchers.devices import available_memory
+from titan_exp.config.job import ResolvedJob
 from titan_exp.config.resolve import DEFAULT_CPU_RANKS, resolve
 from titan_exp.config.schema import JobConfig
-from titan_exp.estimate.config import HardwareConfig, PlanConfig
-from titan_exp.estimate.memory import DTYPE_BYTES, GIB, RankMemory, model_parameters, part_parameters, rank_memory
-from titan_exp.estimate.step_time import ComputeTimes, StepTime, modelled_compute, step_time
+from titan_exp.config.sections import PlanConfig
+from titan_exp.estimate.config import HardwareConfig
+from titan_exp.estimate.memory import DTYPE_BYTES, RankMemory, model_parameters, part_parameters, rank_memory
+from titan_exp.estimate.step_time import ComputeTimes, StepBatch, StepTime, modelled_compute, step_time
 from titan_exp.metrics.flops import flops_per_token
-from titan_exp.parallel.dims import ParallelDims
+from titan_exp.units import GIB
 
 MEASURED, MODELLED = "measured", "modelled"
 
@@ -74,7 +76,7 @@ def microbatch_tokens(cfg: JobConfig) -> tuple[int, int]:
     return samples, t.seq_len // p.context_parallel_degree
 
 
-def resolve_for_plan(cfg: JobConfig) -> JobConfig:
+def resolve_for_plan(cfg: JobConfig) -> ResolvedJob:
     """`cfg` resolved as for a dry run: the world as the launcher spells it out, or as the degrees do
     (on the `cpu` profile, the local default of 2 ranks where neither does), checked, nothing placed."""
     cfg = copy.deepcopy(cfg)
@@ -83,10 +85,7 @@ def resolve_for_plan(cfg: JobConfig) -> JobConfig:
         cfg.launcher.nproc_per_node = math.prod(degrees) // cfg.launcher.nodes
     elif cfg.launcher.nproc_per_node == -1 and cfg.hardware.name == "cpu":
         cfg.launcher.nproc_per_node = DEFAULT_CPU_RANKS
-    cfg.debug.comm_mode = "fake_backend"
-    resolved = resolve(cfg)
-    resolved.debug.comm_mode = "real"
-    return resolved
+    return resolve(cfg, place=False)
 
 
 def memory_budget_gib(cfg: JobConfig, hw: HardwareConfig, plan: PlanConfig) -> float:
@@ -111,7 +110,7 @@ def predicted_memory(cfg: JobConfig) -> RankMemory:
 
 
 def predict(
-    cfg: JobConfig,
+    job: ResolvedJob,
     hw: HardwareConfig,
     plan: PlanConfig,
     compute: ComputeTimes | None,
@@ -121,8 +120,8 @@ def predict(
     """`cfg` resolved (degrees filled in); `hw` with nothing left to measure; `compute`: times measured
     on this machine (CPU ranks), or None to model them from FLOPs; `measured_memory`: rank 0's peak
     by category (bytes, RankMemory's names) from the dry run's pass, or None to model it."""
+    cfg, dims = job.config, job.dims
     t, p, m = cfg.training, cfg.parallelism, cfg.model
-    dims = ParallelDims.from_config(p)
     sources = {"memory": MODELLED, "communication": MODELLED, "bubble": MODELLED}
     if measured_memory is None:
         memory = predicted_memory(cfg)
@@ -132,17 +131,15 @@ def predict(
     samples, tokens = microbatch_tokens(cfg)
     if compute is None:
         dtype = matmul_dtype(cfg)
-        compute = modelled_compute(
-            m, hw, samples * tokens, t.seq_len, dims.tp, dtype, cfg.activation_checkpoint.mode, local_parameters(cfg)
-        )
+        ac_mode = cfg.activation_checkpoint.mode
+        compute = modelled_compute(m, hw, (samples * tokens, t.seq_len), dims.tp, dtype, ac_mode, local_parameters(cfg))
         sources["compute"] = MODELLED
     else:
         sources["compute"] = MEASURED
-    accumulation = t.global_batch_size // (t.local_batch_size * dims.dp)
+    accumulation = job.accumulation
     param_bytes = DTYPE_BYTES[t.mixed_precision_param]
-    step = step_time(
-        m, p, hw, compute, t.local_batch_size, t.seq_len, accumulation, param_bytes, param_bytes, oversubscription
-    )
+    batch = StepBatch(t.local_batch_size, t.seq_len, accumulation, param_bytes, param_bytes)
+    step = step_time(m, p, hw, compute, batch, oversubscription)
     tokens_per_step = t.local_batch_size * accumulation * t.seq_len
     tps = tokens_per_step / step.total / dims.non_data_parallel_size
     per_token = flops_per_token(m, model_parameters(m), m.vocab_size * m.dim, t.seq_len)

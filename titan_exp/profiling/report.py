@@ -7,7 +7,8 @@ import html
 import io
 from dataclasses import dataclass
 
-GIB, MIB = 1024**3, 1024**2
+from titan_exp.units import GIB, MIB
+
 # torch's MemTracker categories (_MemRefType), in the order they are stacked, and their colors.
 CATEGORIES = {
     "PARAM": ("parameters", "darkgreen"),

@@ -1,11 +1,49 @@
-"""The `tracking` config group (MLflow)."""
+"""The `tracking` config group (MLflow), and the store its URI names."""
 
 from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
 from typing import Optional
+
+from titan_exp.rules import ConfigError, Section, check_positive
+
+SQLITE_PREFIX = "sqlite:///"
+STORE_FORMS = "sqlite:///path/to/mlflow.db or http(s)://host:port of an MLflow server (or tracking=none)"
+
+
+@dataclass(frozen=True)
+class Store:
+    """An MLflow tracking URI, parsed once (the only parser of them): a SQLite file, made absolute so
+    that ranks started elsewhere find the same file, or a tracking server."""
+
+    uri: str
+    # The SQLite database file; None for a server.
+    db: Path | None
+
+    @classmethod
+    def parse(cls, uri: str) -> "Store":
+        """Raises ValueError for a form titan_exp does not write to. sqlite:///rel.db is relative,
+        sqlite:////abs.db absolute (not urlparse: it keeps '//abs.db', and file URIs made from it
+        lose their first directory)."""
+        if uri.startswith(SQLITE_PREFIX) and len(uri) > len(SQLITE_PREFIX):
+            db = Path(uri[len(SQLITE_PREFIX) :]).resolve()
+            return cls(SQLITE_PREFIX + str(db), db)
+        if uri.startswith(("http://", "https://")):
+            return cls(uri, None)
+        raise ValueError(f"unsupported store; use {STORE_FORMS}")
+
+    @property
+    def is_server(self) -> bool:
+        return self.db is None
+
+    def artifact_location(self, experiment: str) -> str | None:
+        """Where a new experiment's artifacts go: beside a SQLite database (MLflow would use ./mlruns
+        of the working directory); a server decides for itself."""
+        return (self.db.parent / "mlartifacts" / experiment).as_uri() if self.db else None
 
 
 @dataclass
-class TrackingConfig:
+class TrackingConfig(Section):
     enable: bool = True
     # An MLflow tracking URI: sqlite:///relative/or/absolute.db, or http(s):// for a server.
     uri: str = "sqlite:///outputs/mlflow.db"
@@ -22,3 +60,20 @@ class TrackingConfig:
     # How long the end of a job waits for the store to take what is still queued; past it the rest
     # stays in the job's journal (tracking_journal.jsonl) for `python -m titan_exp sync DIR`.
     close_timeout_s: float = 300.0
+
+    @cached_property
+    def store(self) -> Store:
+        return Store.parse(self.uri)
+
+    def check(self, key: str) -> None:
+        if not self.enable:
+            return
+        if not self.experiment:
+            raise ConfigError(f"{key}.experiment", "''", "must name an MLflow experiment, e.g. titan_exp")
+        check_positive(f"{key}.close_timeout_s", self.close_timeout_s)
+        if not self.uri:
+            raise ConfigError(f"{key}.uri", "''", f"must name a store: {STORE_FORMS}")
+        try:
+            Store.parse(self.uri)
+        except ValueError as err:
+            raise ConfigError(f"{key}.uri", self.uri, str(err)) from None

@@ -125,7 +125,7 @@ def close_run_from_outside(
     into its run (a new run if rank 0 never got to create one), which ends with the status and
     reason `err` implies; a note on `err` says which run ended how. Raises if the store is down."""
     status, reason = outcome(err)
-    if cfg.uri.startswith(("http://", "https://")) and (down := server_answers(cfg.uri)):
+    if cfg.store.is_server and (down := server_answers(cfg.uri)):
         raise ConnectionError(down)  # rather than MLflow's minutes of retries
     journal, run_id_file, run_log = (job_dir / name for name in (JOURNAL_FILE, RUN_ID_FILE, RUN_LOG_FILE))
     if journal.exists():

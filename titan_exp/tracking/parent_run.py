@@ -8,7 +8,7 @@ from pathlib import Path
 
 from titan_exp.tracking.config import TrackingConfig
 from titan_exp.tracking.run import ROLE_TAG, MlflowRun
-from titan_exp.tracking.store import absolute_uri, ensure_store
+from titan_exp.tracking.store import ensure_store
 
 PARENT_RUN_FILE = "mlflow_parent_run_id"
 _MAX_RUN_NAME = 250
@@ -16,7 +16,7 @@ _MAX_RUN_NAME = 250
 
 class ParentRun:
     def __init__(self, tracking: TrackingConfig, name: str, folder: Path, params: dict[str, object]):
-        self.uri = absolute_uri(tracking.uri)
+        self.uri = tracking.store.uri
         self.folder = folder
         tracking = dataclasses.replace(tracking, uri=self.uri)
         ensure_store(tracking)

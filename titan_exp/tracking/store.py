@@ -6,7 +6,6 @@ import logging
 import time
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import TypeVar
 
 from titan_exp.tracking.config import TrackingConfig
@@ -16,21 +15,6 @@ from titan_exp.tracking.config import TrackingConfig
 _RETRY_SECONDS = 600.0
 
 T = TypeVar("T")
-
-
-def absolute_uri(uri: str) -> str:
-    """sqlite:///relative.db → sqlite:////abs/relative.db, so ranks started elsewhere find the same file."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix) :]).resolve())
-    return uri
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """sqlite:///rel.db → rel.db, sqlite:////abs.db → /abs.db (not urlparse: it keeps '//abs.db',
-    which pathlib keeps too, and file URIs made from it lose their first directory)."""
-    prefix = "sqlite:///"
-    return Path(uri[len(prefix) :]) if uri.startswith(prefix) else None
 
 
 def client(uri: str):
@@ -61,7 +45,7 @@ def ensure_store(cfg: TrackingConfig) -> None:
     processes start at the same moment: they take turns on a lock file, and a store that exists was
     completed under that lock. An existing store is left alone without importing MLflow (seconds of
     start-up); rank 0 creates the experiment if it is new. A server's store exists already."""
-    db = sqlite_path(cfg.uri)
+    db = cfg.store.db
     if db is None:
         return
     db.parent.mkdir(parents=True, exist_ok=True)
@@ -86,9 +70,7 @@ def experiment_id(mlflow_client, cfg: TrackingConfig) -> str:
                 lambda: mlflow_client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
             )
         return experiment.experiment_id
-    db = sqlite_path(cfg.uri)
-    # For a SQLite store artifacts go beside the database (MLflow would use ./mlruns of the cwd).
-    location = (db.resolve().parent / "mlartifacts" / cfg.experiment).as_uri() if db else None
+    location = cfg.store.artifact_location(cfg.experiment)
     try:
         kind = {EXPERIMENT_KIND_TAG: MODEL_TRAINING}
         return mlflow_client.create_experiment(cfg.experiment, artifact_location=location, tags=kind)

@@ -28,19 +28,20 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
+from titan_exp.metrics.format import format_summary
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.optim.grad_clip import clip_grad_norm_
 from titan_exp.optim.lr_schedule import build_lr_scheduler
 from titan_exp.optim.optimizer import build_optimizer
 from titan_exp.parallel.context import AllGatherContextParallel
-from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.train.loss import cross_entropy_loss
 from titan_exp.train.model_parts import ModelParts, build_model_parts
+from titan_exp.units import GIB
 
-GIB = 1024**3
 CPU = torch.device("cpu")
 
 
@@ -58,9 +59,9 @@ def _fake_world(world_size: int):
         dist.destroy_process_group()
 
 
-def fake_backend_dry_run(cfg: JobConfig, world_size: int) -> dict[str, float]:
+def fake_backend_dry_run(job: ResolvedJob) -> dict[str, float]:
     start = time.perf_counter()
-    dims = ParallelDims.from_config(cfg.parallelism)
+    cfg, dims, world_size = job.config, job.dims, job.dims.world_size
     with _fake_world(world_size):
         mesh = ParallelMesh(dims, "cpu")  # outside the fake mode: DeviceMesh needs real tensors
         model = build_model_parts(cfg, mesh, CPU)
@@ -129,11 +130,11 @@ def _tracked_forward_backward(cfg: JobConfig, mesh: ParallelMesh, model: ModelPa
     return device_peak
 
 
-def local_tensor_run(cfg: JobConfig, world_size: int) -> list[list[float]]:
+def local_tensor_run(job: ResolvedJob) -> list[list[float]]:
     """COMM_MODE=local_tensor, for the layouts it supports (tensor parallelism; config/check.py
     refuses the rest): trains training.steps steps and returns, per step, each rank's loss (they
     must agree: the loss is replicated)."""
-    dims = ParallelDims.from_config(cfg.parallelism)
+    cfg, dims, world_size = job.config, job.dims, job.dims.world_size
     t = cfg.training
     # Weights drawn in full outside the mode (seeded init is data-dependent, which LocalTensorMode
     # cannot trace), then sliced per rank inside it, exactly as init_weights does on real ranks.
@@ -167,6 +168,19 @@ def local_tensor_run(cfg: JobConfig, world_size: int) -> list[list[float]]:
             print(f"step {step:5d}  loss per rank " + "  ".join(f"{v:.6f}" for v in values), flush=True)
             losses.append(values)
     return losses
+
+
+def run(job: ResolvedJob) -> dict[str, object]:
+    """The dry run COMM_MODE names, in this process; what it found (rank 0's memory, or the last loss)."""
+    world_size = job.dims.world_size
+    if job.config.debug.comm_mode == "fake_backend":
+        report = fake_backend_dry_run(job)
+        print(f"dry run (fake_backend), rank 0 of {world_size}: {format_summary(report)}", flush=True)
+        return report
+    losses = local_tensor_run(job)
+    if any(max(step) - min(step) > 1e-6 * abs(step[0]) for step in losses):
+        raise RuntimeError("ranks disagree on the loss under local_tensor: the layout is not replicating it")
+    return {"loss/global_avg": losses[-1][0]}
 
 
 def _per_rank(loss: torch.Tensor, world_size: int) -> list[float]:

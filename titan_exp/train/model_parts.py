@@ -33,14 +33,6 @@ class ModelParts:
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
 
-    @property
-    def has_first_stage(self) -> bool:
-        return 0 in self.stage_ids
-
-    @property
-    def has_last_stage(self) -> bool:
-        return self.stage_plan.num_stages - 1 in self.stage_ids
-
 
 def build_model_parts(cfg: JobConfig, mesh: ParallelMesh, device: torch.device) -> ModelParts:
     """This rank's parts, parallelized for `mesh`, on meta. `device` is where they will live

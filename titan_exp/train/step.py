@@ -9,6 +9,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from titan_exp.config.job import ResolvedJob
 from titan_exp.data.loader import BatchLoader
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.parallel.context import build_context_parallel
@@ -26,24 +27,19 @@ class ForwardBackward:
 
     def __init__(
         self,
+        job: ResolvedJob,
         parts: list[Transformer],
         pipeline: "Pipeline | None",
         mesh: ParallelMesh,
         loader: BatchLoader,
-        accumulation: int,
         device: torch.device,
-        param_dtype: torch.dtype,
-        context_parallel_impl: str,
     ):
         """`parts`: this rank's model parts (its stages under pipelining, else the one model)."""
-        dims = mesh.dims
-        self.model, self.pipeline, self.loader, self.accumulation, self.device = (
-            parts[0],
-            pipeline,
-            loader,
-            accumulation,
-            device,
-        )
+        dims = job.dims
+        self.model, self.pipeline, self.loader, self.device = parts[0], pipeline, loader, device
+        self.accumulation = job.accumulation
+        param_dtype = getattr(torch, job.config.training.mixed_precision_param)
+        context_parallel_impl = job.config.parallelism.context_parallel_impl
         self.sync_gradients_last_only = dims.fsdp_enabled or dims.ddp_enabled
         seq_len = loader.plan.seq_len
         self.sequence_context = (

@@ -1,5 +1,9 @@
-"""What one rank process does: join the process group, build the mesh, build this rank's model
-parts, materialize and initialize (or load) them, and train, logging on rank 0."""
+"""One rank's training, in torchtitan's shape: `Trainer.run` joins the process group and builds
+everything once (mesh, this rank's model parts, optimizers, checkpointer, data, the step's forward
+and backward, the meter and the profiler), then `train` runs `train_step` for each step, logging,
+checkpointing and watching for a stop request between steps. Rank 0 leads: it measures, prints and
+tracks; every rank takes part in the collectives. A validation pass belongs beside `train_step`,
+run from `train` every so many steps."""
 
 import contextlib
 import gc
@@ -16,7 +20,7 @@ from launchers.env import RankEnv, wait_for_rendezvous
 from launchers.signals import StopRequested, stop_requested
 from titan_exp.checkpoint.layout import step_dir
 from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model
-from titan_exp.config.schema import JobConfig
+from titan_exp.config.job import ResolvedJob
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.data.text import prepare_tokens
 from titan_exp.metrics import startup
@@ -27,7 +31,6 @@ from titan_exp.metrics.throughput import ThroughputMeter
 from titan_exp.optim.grad_clip import clip_grad_norm_
 from titan_exp.optim.lr_schedule import build_lr_scheduler
 from titan_exp.optim.optimizer import build_optimizer
-from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.profiling.profiler import RankProfiler
 from titan_exp.quantize.float8 import after_optimizer_step
@@ -37,48 +40,250 @@ from titan_exp.train.model_parts import ModelParts, build_model_parts
 from titan_exp.train.step import ForwardBackward, global_loss
 
 
-def train(
-    cfg: JobConfig, env: RankEnv, tracker: BackgroundTracker | None = None, job_dir: Path = Path(".")
-) -> dict[str, float]:
-    """Run the job as rank `env.rank`; returns rank 0's last logged metrics (empty elsewhere).
-    `tracker`: rank 0's MLflow writer, started by the caller (job/rank_entry.py); `job_dir`: where
-    profiling writes."""
-    device = select_device(cfg.launcher.device, env.local_rank)
-    set_determinism(cfg.debug.seed, cfg.debug.deterministic)
-    peak_flops = 0.0
-    if env.rank == 0:
-        # On CPU, measured while nothing else runs: the other ranks wait in the rendezvous and
-        # rank 0's MLflow writer is paused.
-        with tracker.paused() if tracker else contextlib.nullcontext():
-            peak_flops = _peak_flops(cfg, device)
-    startup.mark("peak_flops")
-    with _process_group(env, device):
-        startup.mark("process_group")
-        return _build_and_train(cfg, env, device, peak_flops, tracker, job_dir)
+@dataclass
+class _Optimizers:
+    """One optimizer (and schedule) per model part, so checkpoints address state by parameter name."""
+
+    optimizers: list[torch.optim.Optimizer]
+    schedulers: list
+
+    @classmethod
+    def build(cls, model: ModelParts, job: ResolvedJob) -> "_Optimizers":
+        cfg = job.config
+        optimizers = [build_optimizer(part.parameters(), cfg.optimizer) for part in model.parts]
+        schedulers = [build_lr_scheduler(o, cfg.training.steps, cfg.lr_scheduler) for o in optimizers]
+        return cls(optimizers, schedulers)
+
+    @property
+    def lr(self) -> float:
+        return self.schedulers[0].get_last_lr()[0]
+
+    def step(self) -> None:
+        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
 
 
-def _build_and_train(
-    cfg: JobConfig,
-    env: RankEnv,
-    device: torch.device,
-    peak_flops: float,
-    tracker: BackgroundTracker | None,
-    job_dir: Path,
-) -> dict[str, float]:
-    """Inside the process group: build the model, then train (or write a seed checkpoint). Its own
-    function so that the model and mesh, which hold the process groups, are gone when it returns."""
-    mesh = ParallelMesh(ParallelDims.from_config(cfg.parallelism), device.type)
-    model = build_model_parts(cfg, mesh, device)
-    _materialize(model, cfg, device)
-    startup.mark("model")
-    if cfg.checkpoint.create_seed_checkpoint:
-        return _write_seed_checkpoint(model, cfg, env)
-    return _train_steps(cfg, env, mesh, model, device, peak_flops, tracker, job_dir)
+class Trainer:
+    def __init__(
+        self,
+        job: ResolvedJob,
+        env: RankEnv,
+        device: torch.device,
+        model: ModelParts,
+        mesh: ParallelMesh,
+        job_dir: Path,
+        leader: "Leader | None",
+    ):
+        """Everything a step needs, built once; `job_dir`: where profiling writes; `leader`: rank 0's
+        measuring, printing and tracking."""
+        cfg = job.config
+        self.job, self.env, self.device, self.model, self.mesh, self.leader = job, env, device, model, mesh, leader
+        self.optimizers = _Optimizers.build(model, job)
+        self.checkpointer = TrainCheckpointer(
+            cfg.checkpoint, model.parts, self.optimizers.optimizers, self.optimizers.schedulers
+        )
+        self.resumed_step = self.checkpointer.resume()
+        if self.resumed_step and leader:
+            print(f"resumed from {step_dir(cfg.checkpoint.folder, self.resumed_step)}", flush=True)
+        pipeline = self._pipeline() if job.dims.pp > 1 else None
+        self.forward_backward = ForwardBackward(job, model.parts, pipeline, mesh, self._batch_loader(), device)
+        self.parameters = model.parameters
+        self.profiler = RankProfiler(
+            cfg.profiling, job_dir, env.rank, device, model.parts,
+            self.optimizers.optimizers, self.resumed_step + 1,
+        )  # fmt: skip
+        # Slurm warns a job ahead of its time limit (or preemption) with a signal: see _stop_agreed.
+        self.watch_stop = job.on_slurm
+
+    @classmethod
+    def run(
+        cls, job: ResolvedJob, env: RankEnv, tracker: BackgroundTracker | None = None, job_dir: Path = Path(".")
+    ) -> dict[str, object]:
+        """The rank's whole life: returns rank 0's last logged metrics (empty elsewhere).
+        `tracker`: rank 0's MLflow writer, started by the caller (rank/entry.py); `job_dir`: where
+        profiling writes."""
+        device = select_device(job.placement.device, env.local_rank)
+        set_determinism(job.config.debug.seed, job.config.debug.deterministic)
+        leader = None
+        if env.rank == 0:
+            # On CPU, measured while nothing else runs: the other ranks wait in the rendezvous and
+            # rank 0's MLflow writer is paused.
+            with tracker.paused() if tracker else contextlib.nullcontext():
+                leader = Leader(tracker, _peak_flops(job, device))
+        startup.mark("peak_flops")
+        with _process_group(env, device):
+            startup.mark("process_group")
+            return cls._build_and_train(job, env, device, job_dir, leader)
+
+    @classmethod
+    def _build_and_train(
+        cls, job: ResolvedJob, env: RankEnv, device: torch.device, job_dir: Path, leader: "Leader | None"
+    ) -> dict[str, object]:
+        """Inside the process group: build the model, then train (or write a seed checkpoint). Its own
+        function so that the model and mesh, which hold the process groups, are gone when it returns."""
+        mesh = ParallelMesh(job.dims, device.type)
+        model = build_model_parts(job.config, mesh, device)
+        _materialize(model, job, device)
+        startup.mark("model")
+        if job.config.checkpoint.create_seed_checkpoint:
+            path = save_model(model.parts[0], job.config.checkpoint.folder)  # one rank, one part (config/check.py)
+            if leader:
+                print(f"seed checkpoint written to {path}; load it with checkpoint.initial_load_path={path}")
+            return {}
+        return cls(job, env, device, model, mesh, job_dir, leader).train()
+
+    def train(self) -> dict[str, object]:
+        """Train from the step after the resumed one to training.steps."""
+        steps = self.job.config.training.steps
+        if self.leader:
+            self.leader.start(self)
+        startup.mark("optimizer_data")
+        for step in range(self.resumed_step + 1, steps + 1):
+            with self.profiler.step(step):
+                outcome = self.train_step(step)
+            if self.leader:
+                self.leader.after_step(self, step, outcome)
+            self._log(step, outcome)
+            saved = self.checkpointer.maybe_save(step, steps, is_writer=self.leader is not None)
+            if self.watch_stop and step < steps and self._stop_agreed():
+                if self.job.config.checkpoint.enable and not saved:
+                    self.checkpointer.save(step, is_writer=self.leader is not None)
+                raise StopRequested(step, stop_requested() or "a peer's signal")
+        self.profiler.close()
+        self._log_profiling()
+        return self.leader.last if self.leader else {}
+
+    def train_step(self, step: int) -> "StepOutcome":
+        """Forward and backward over the step's microbatches, clip, update."""
+        loss, data_seconds = self.forward_backward(step)
+        grad_norm = clip_grad_norm_(self.parameters, self.job.config.training.max_norm, self.mesh.pp_group)
+        lr = self.optimizers.lr
+        self.optimizers.step()
+        for part in self.model.parts:
+            after_optimizer_step(part, self.job.config.quantize)
+        return StepOutcome(loss, grad_norm, lr, data_seconds)
+
+    def _log(self, step: int, outcome: "StepOutcome") -> None:
+        """Every log_freq steps (and the first and last): the global loss, which takes every rank."""
+        steps = self.job.config.training.steps
+        if step == 1 or step % self.job.config.metrics.log_freq == 0 or step == steps:
+            loss_avg, loss_max = global_loss(outcome.loss, self.mesh)  # collectives: every rank takes part
+            if self.leader:
+                self.leader.log(step, outcome, loss_avg, loss_max)
+
+    def _stop_agreed(self) -> bool:
+        """Whether any rank has been asked to stop (launchers/signals.py), agreed by every rank at the
+        same step boundary (one tiny all-reduce), so that they save and stop together."""
+        flag = torch.tensor(1 if stop_requested() else 0, device=self.device)
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _pipeline(self):
+        """The schedule over this rank's stages, local_batch_size / microbatch_size microbatches a step."""
+        from titan_exp.parallel.pipeline import Pipeline  # ~0.5 s of import: only pipelined jobs pay it
+
+        cfg, model = self.job.config, self.model
+        n_microbatches = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
+        return Pipeline(model, cfg.parallelism, self.mesh.pp_group, self.device, n_microbatches, cross_entropy_loss)
+
+    def _batch_loader(self) -> BatchLoader:
+        cfg = self.job.config
+        if self.env.local_rank == 0 and cfg.data.source == "text":
+            prepare_tokens(cfg.data)  # once per node; the others wait below and read the cache
+        if dist.is_initialized():
+            dist.barrier()
+        t = cfg.training
+        plan = BatchPlan(t.local_batch_size, t.seq_len, self.job.dims.dp, self.mesh.dp_rank, self.job.accumulation)
+        return BatchLoader(build_source(cfg.data, t.seq_len, cfg.debug.seed), plan)
+
+    def _log_profiling(self) -> None:
+        """Every rank's profiling files into rank 0's run, once all ranks have written theirs."""
+        profiler = self.profiler
+        if not profiler.enabled:
+            return
+        if dist.is_initialized():
+            dist.barrier()
+        tracker = self.leader.tracker if self.leader else None
+        for folder, artifact_dir in (
+            (profiler.trace_dir, "profiling/traces"),
+            (profiler.memory_dir, "profiling/memory"),
+        ):
+            if tracker and folder.is_dir():
+                tracker.log_artifacts(folder, artifact_dir)
+
+
+@dataclass
+class StepOutcome:
+    loss: torch.Tensor  # this rank's (the last stage's under pipelining), not yet reduced
+    grad_norm: torch.Tensor
+    lr: float
+    data_seconds: float
+
+
+class Leader:
+    """Rank 0's part: the job's facts, throughput and MFU, the console, the MLflow run."""
+
+    def __init__(self, tracker: BackgroundTracker | None, peak_flops: float):
+        self.tracker, self.peak_flops = tracker, peak_flops
+        self.meter: ThroughputMeter | None = None
+        self.last: dict[str, object] = {}
+        self.tokens_per_step = 0
+
+    def start(self, trainer: Trainer) -> None:
+        """The job's facts, printed and tracked; the meter started."""
+        job, model = trainer.job, trainer.model
+        t, dims = job.config.training, job.dims
+        per_token = flops_per_token(job.config.model, model.num_params, model.num_embedding_params, t.seq_len)
+        facts = {
+            "derived/num_params": model.num_params,
+            "derived/flops_per_token": per_token,
+            "derived/mesh": dims.describe(),
+            "derived/world_size": dims.world_size,
+            "derived/peak_flops_per_device": self.peak_flops,
+            "derived/global_batch_tokens": t.global_batch_size * t.seq_len,
+            "derived/gradient_accumulation_steps": job.accumulation,
+            "derived/device": trainer.device.type,
+            **_placement_facts(trainer.device),
+        }
+        print(format_summary(facts), flush=True)
+        if self.tracker:
+            self.tracker.log_params(facts)
+        # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
+        mfu_peak = None if job.config.quantize.low_precision else self.peak_flops
+        self.meter = ThroughputMeter(per_token, mfu_peak, dims.non_data_parallel_size, trainer.device)
+        self.tokens_per_step = t.local_batch_size * t.seq_len * job.accumulation
+
+    def after_step(self, trainer: Trainer, step: int, outcome: StepOutcome) -> None:
+        if self.tracker and trainer.profiler.audit_metrics:
+            self.tracker.log_metrics(step, trainer.profiler.take_audit_metrics())
+        self.meter.add_step(self.tokens_per_step, outcome.data_seconds)
+        if step == trainer.resumed_step + 1:
+            # Where the start-up went (metrics/startup.py); a writer that waited for the first step starts now.
+            startup.mark("first_step")
+            print(startup.summary_line(), flush=True)
+            if self.tracker:
+                self.tracker.log_metrics(step, startup.as_metrics())
+                self.tracker.start()
+
+    def log(self, step: int, outcome: StepOutcome, loss_avg: float, loss_max: float) -> None:
+        self.last = {
+            "loss/global_avg": loss_avg,
+            "loss/global_max": loss_max,
+            "grad_norm": outcome.grad_norm.item(),
+            "lr": outcome.lr,
+            **self.meter.collect(),
+        }
+        if self.tracker:  # queued before printed: a step on the console is a step in the run
+            self.tracker.log_metrics(step, self.last)
+        print(format_line(step, self.last), flush=True)
 
 
 def select_device(device: str, local_rank: int) -> torch.device:
-    """`device`: cuda or cpu (resolved by config/resolve.py); one GPU per local rank (the GPU of
-    the local rank's index among those visible, or the only one visible)."""
+    """`device`: cuda or cpu (resolved); one GPU per local rank (the GPU of the local rank's index
+    among those visible, or the only one visible)."""
     if device != "cuda":
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -101,10 +306,10 @@ def set_determinism(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def _peak_flops(cfg: JobConfig, device: torch.device) -> float:
+def _peak_flops(job: ResolvedJob, device: torch.device) -> float:
     if device.type == "cuda":
         return gpu_peak_flops(torch.cuda.get_device_name(device))
-    return cpu_peak_flops(getattr(torch, cfg.training.mixed_precision_param), cfg.data.cache_dir)
+    return cpu_peak_flops(getattr(torch, job.config.training.mixed_precision_param), job.config.data.cache_dir)
 
 
 @contextlib.contextmanager
@@ -131,182 +336,15 @@ def _process_group(env: RankEnv, device: torch.device) -> Iterator[None]:
             dist.destroy_process_group()
 
 
-def _materialize(model: ModelParts, cfg: JobConfig, device: torch.device) -> None:
+def _materialize(model: ModelParts, job: ResolvedJob, device: torch.device) -> None:
     """Real tensors on `device`, initialized from the seed (layout-independent) or loaded."""
+    cfg = job.config
     for part in model.parts:
         part.to_empty(device=device)
         part.init_weights(cfg.debug.seed)
         if cfg.checkpoint.initial_load_path:
             load_model(part, cfg.checkpoint.initial_load_path)
         part.train()
-
-
-def _write_seed_checkpoint(model: ModelParts, cfg: JobConfig, env: RankEnv) -> dict[str, float]:
-    path = save_model(model.parts[0], cfg.checkpoint.folder)  # one rank, one part (config/check.py)
-    _log0(env, f"seed checkpoint written to {path}; load it with checkpoint.initial_load_path={path}")
-    return {}
-
-
-@dataclass
-class _Optimizers:
-    """One optimizer (and schedule) per model part, so checkpoints address state by parameter name."""
-
-    optimizers: list[torch.optim.Optimizer]
-    schedulers: list
-
-    @classmethod
-    def build(cls, model: ModelParts, cfg: JobConfig) -> "_Optimizers":
-        optimizers = [build_optimizer(part.parameters(), cfg.optimizer) for part in model.parts]
-        schedulers = [build_lr_scheduler(o, cfg.training.steps, cfg.lr_scheduler) for o in optimizers]
-        return cls(optimizers, schedulers)
-
-    @property
-    def lr(self) -> float:
-        return self.schedulers[0].get_last_lr()[0]
-
-    def step(self) -> None:
-        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-
-
-def _pipeline(cfg: JobConfig, mesh: ParallelMesh, model: ModelParts, device: torch.device):
-    """The schedule over this rank's stages, local_batch_size / microbatch_size microbatches a step."""
-    from titan_exp.parallel.pipeline import Pipeline  # ~0.5 s of import: only pipelined jobs pay it
-
-    n_microbatches = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
-    return Pipeline(
-        model.parts,
-        model.stage_ids,
-        model.stage_plan,
-        cfg.parallelism,
-        mesh.pp_group,
-        device,
-        n_microbatches,
-        cross_entropy_loss,
-    )
-
-
-def _batch_loader(cfg: JobConfig, env: RankEnv, mesh: ParallelMesh, accumulation: int) -> BatchLoader:
-    if env.local_rank == 0 and cfg.data.source == "text":
-        prepare_tokens(cfg.data)  # once per node; the others wait below and read the cache
-    if dist.is_initialized():
-        dist.barrier()
-    t = cfg.training
-    plan = BatchPlan(t.local_batch_size, t.seq_len, mesh.dims.dp, mesh.dp_rank, accumulation)
-    return BatchLoader(build_source(cfg.data, t.seq_len, cfg.debug.seed), plan)
-
-
-def _train_steps(
-    cfg: JobConfig,
-    env: RankEnv,
-    mesh: ParallelMesh,
-    model: ModelParts,
-    device: torch.device,
-    peak_flops: float,
-    tracker: BackgroundTracker | None,
-    job_dir: Path,
-) -> dict[str, float]:
-    """Resume if there is a checkpoint, then train cfg.training.steps steps, logging on rank 0."""
-    t, dims = cfg.training, mesh.dims
-    pipeline = _pipeline(cfg, mesh, model, device) if dims.pp > 1 else None
-    optimizers = _Optimizers.build(model, cfg)
-    checkpointer = TrainCheckpointer(cfg.checkpoint, model.parts, optimizers.optimizers, optimizers.schedulers)
-    resumed_step = checkpointer.resume()
-    if resumed_step:
-        _log0(env, f"resumed from {step_dir(cfg.checkpoint.folder, resumed_step)}")
-    accumulation = t.global_batch_size // (t.local_batch_size * dims.dp)
-    loader = _batch_loader(cfg, env, mesh, accumulation)
-    param_dtype = getattr(torch, t.mixed_precision_param)
-    forward_backward = ForwardBackward(
-        model.parts, pipeline, mesh, loader, accumulation, device, param_dtype, cfg.parallelism.context_parallel_impl
-    )
-
-    facts = {
-        "derived/num_params": model.num_params,
-        "derived/flops_per_token": flops_per_token(cfg.model, model.num_params, model.num_embedding_params, t.seq_len),
-        "derived/mesh": dims.describe(),
-        "derived/world_size": env.world_size,
-        "derived/peak_flops_per_device": peak_flops,
-        "derived/global_batch_tokens": t.global_batch_size * t.seq_len,
-        "derived/gradient_accumulation_steps": accumulation,
-        "derived/device": device.type,
-        **_placement_facts(device),
-    }
-    _log0(env, format_summary(facts))
-    if tracker:
-        tracker.log_params(facts)
-    startup.mark("optimizer_data")
-    meter = None
-    if env.rank == 0:
-        # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
-        mfu_peak = None if cfg.quantize.low_precision else peak_flops
-        meter = ThroughputMeter(facts["derived/flops_per_token"], mfu_peak, dims.non_data_parallel_size, device)
-
-    params = model.parameters
-    # Slurm warns a job ahead of its time limit (or preemption) with a signal: see _stop_agreed.
-    watch_stop = cfg.launcher.name == "slurm"
-    last: dict[str, float] = {}
-    profiler = RankProfiler(
-        cfg.profiling, job_dir, env.rank, device, model.parts, optimizers.optimizers, resumed_step + 1
-    )
-    for step in range(resumed_step + 1, t.steps + 1):
-        with profiler.step(step):
-            step_loss, data_seconds = forward_backward(step)
-            grad_norm = clip_grad_norm_(params, t.max_norm, mesh.pp_group)
-            lr = optimizers.lr
-            optimizers.step()
-            for part in model.parts:
-                after_optimizer_step(part, cfg.quantize)
-        if tracker and profiler.audit_metrics:
-            tracker.log_metrics(step, profiler.take_audit_metrics())
-        if meter:
-            meter.add_step(t.local_batch_size * t.seq_len * accumulation, data_seconds)
-        if step == 1 or step % cfg.metrics.log_freq == 0 or step == t.steps:
-            loss_avg, loss_max = global_loss(step_loss, mesh)  # collectives: every rank takes part
-            if meter:
-                last = {
-                    "loss/global_avg": loss_avg,
-                    "loss/global_max": loss_max,
-                    "grad_norm": grad_norm.item(),
-                    "lr": lr,
-                }
-                last.update(meter.collect())
-                if tracker:  # queued before printed: a step on the console is a step in the run
-                    tracker.log_metrics(step, last)
-                print(format_line(step, last), flush=True)
-        if env.rank == 0 and step == resumed_step + 1:
-            _report_startup(tracker, step)
-        saved = checkpointer.maybe_save(step, t.steps, is_writer=env.rank == 0)
-        if watch_stop and step < t.steps and _stop_agreed(device):
-            if cfg.checkpoint.enable and not saved:
-                checkpointer.save(step, is_writer=env.rank == 0)
-            raise StopRequested(step, stop_requested() or "a peer's signal")
-    profiler.close()
-    _log_profiling(profiler, tracker)
-    return last
-
-
-def _report_startup(tracker: BackgroundTracker | None, step: int) -> None:
-    """Rank 0, after its first step: where the start-up went (metrics/startup.py); a writer that
-    waited for the first step starts now."""
-    startup.mark("first_step")
-    print(startup.summary_line(), flush=True)
-    if tracker:
-        tracker.log_metrics(step, startup.as_metrics())
-        tracker.start()
-
-
-def _log_profiling(profiler: RankProfiler, tracker: BackgroundTracker | None) -> None:
-    """Every rank's profiling files into rank 0's run, once all ranks have written theirs."""
-    if not profiler.enabled:
-        return
-    if dist.is_initialized():
-        dist.barrier()
-    for folder, artifact_dir in ((profiler.trace_dir, "profiling/traces"), (profiler.memory_dir, "profiling/memory")):
-        if tracker and folder.is_dir():
-            tracker.log_artifacts(folder, artifact_dir)
 
 
 def _placement_facts(device: torch.device) -> dict[str, str]:
@@ -326,17 +364,3 @@ def _ranges(numbers: list[int]) -> str:
         else:
             runs.append([n])
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
-
-
-def _stop_agreed(device: torch.device) -> bool:
-    """Whether any rank has been asked to stop (launchers/signals.py), agreed by every rank at the
-    same step boundary (one tiny all-reduce), so that they save and stop together."""
-    flag = torch.tensor(1 if stop_requested() else 0, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
-def _log0(env: RankEnv, message: str) -> None:
-    if env.rank == 0:
-        print(message, flush=True)

@@ -3,9 +3,11 @@
 from dataclasses import dataclass
 from typing import Optional
 
+from titan_exp.rules import Section
+
 
 @dataclass
-class Llama3Config:
+class Llama3Config(Section):
     name: str = "llama3"
     flavor: str = "debug"
     dim: int = 256

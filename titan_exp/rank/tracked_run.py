@@ -12,9 +12,8 @@ from omegaconf import OmegaConf
 
 from launchers import signals
 from launchers.local import launcher_gone
-from titan_exp.config.schema import JobConfig
+from titan_exp.config.job import ResolvedJob
 from titan_exp.job.context import RunContext
-from titan_exp.job.identity import flatten, run_name, run_tags
 from titan_exp.tracking.run import outcome
 from titan_exp.tracking.run_log import run_log
 from titan_exp.tracking.writer import BackgroundTracker, interrupts_ignored
@@ -27,7 +26,7 @@ class LeaveRunOpen(Exception):
 
 @contextlib.contextmanager
 def tracked_run(
-    cfg: JobConfig, ctx: RunContext, resume_run_id: str | None = None, defer_writer: bool = False
+    job: ResolvedJob, ctx: RunContext, resume_run_id: str | None = None, defer_writer: bool = False
 ) -> Iterator[BackgroundTracker]:
     """The writer of this job's run while inside (`resume_run_id`: of that unfinished run;
     `defer_writer`: its process starts at tracker.start(), see BackgroundTracker). Leaving
@@ -36,10 +35,10 @@ def tracked_run(
     leaves it running. The writer is closed on every way out: one left open would hold up the
     interpreter's exit."""
     with run_log(ctx.run_log_file) as log_copy, _sigterm_raises():
-        tags = run_tags(cfg, ctx.started_by)
+        tags = job.run_tags(ctx.started_by)
         tracker = BackgroundTracker(
-            cfg.tracking,
-            run_name(cfg),
+            job.config.tracking,
+            job.run_name(),
             tags,
             ctx.run_id_file,
             resume_run_id,
@@ -49,7 +48,7 @@ def tracked_run(
         status, reason = "FINISHED", None
         try:
             if resume_run_id is None:  # a resumed run has its config already
-                _queue_config(tracker, cfg, ctx)
+                _queue_config(tracker, job, ctx)
             yield tracker
         except LeaveRunOpen:
             status = None
@@ -65,14 +64,7 @@ def tracked_run(
                 tracker.log_artifact(ctx.run_log_file, "logs")
                 tracker.close(status, reason)
             if tracker.incomplete:
-                print(f"titan_exp: {left_in_journal(ctx, tracker.incomplete)}", flush=True)
-
-
-def left_in_journal(ctx: RunContext, why: str) -> str:
-    return (
-        f"the MLflow store did not take all of this run's records ({why}); they are kept in "
-        f"{ctx.journal_file}: python -m titan_exp sync {ctx.job_dir} writes them in once the store is back"
-    )
+                print(f"titan_exp: {ctx.left_in_journal(tracker.incomplete)}", flush=True)
 
 
 class Terminated(KeyboardInterrupt):
@@ -92,10 +84,9 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated("SIGTERM: the job was stopped by its launcher or by Slurm")
 
 
-def _queue_config(tracker: BackgroundTracker, cfg: JobConfig, ctx: RunContext) -> None:
+def _queue_config(tracker: BackgroundTracker, job: ResolvedJob, ctx: RunContext) -> None:
     """The resolved config and the Hydra files, as the run's first records."""
-    resolved = OmegaConf.structured(cfg)
-    tracker.log_params(flatten(OmegaConf.to_container(resolved)))
-    tracker.log_text(OmegaConf.to_yaml(resolved), "config/resolved.yaml")
+    tracker.log_params(job.params())
+    tracker.log_text(OmegaConf.to_yaml(OmegaConf.structured(job.config)), "config/resolved.yaml")
     for hydra_file in sorted(Path(ctx.job_dir, ".hydra").glob("*.yaml")):
         tracker.log_text(hydra_file.read_text(), f"config/hydra/{hydra_file.name}")

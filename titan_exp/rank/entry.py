@@ -3,9 +3,8 @@ torchrun, srun): take its place in the job from the environment, start rank 0's 
 import torch and train. When Slurm stops the job (time limit, preemption), it is requeued to resume
 from its checkpoint in the same MLflow run, or its run ends KILLED.
 
-Torch-free at import: the launching process imports this module to hand `run_rank` to the
-launcher, and rank 0 sets up its writer before torch is loaded; the writer's process starts there
-too, or after the first step where the ranks take every core (see tracking/writer.py)."""
+Torch-free at import: rank 0 sets up its writer before torch is loaded; the writer's process starts
+there too, or after the first step where the ranks take every core (see tracking/writer.py)."""
 
 import contextlib
 import os
@@ -16,78 +15,74 @@ from launchers.devices import cpu_cores
 from launchers.env import RankEnv, export_slurm_environment
 from launchers.signals import StopRequested
 from launchers.slurm import requeue_this_job
-from titan_exp.config.schema import JobConfig
+from titan_exp.config.job import ResolvedJob
 from titan_exp.job.context import RunContext
-from titan_exp.job.tracked_run import LeaveRunOpen, left_in_journal, tracked_run
+from titan_exp.job.result import RankResult, StoppedBySlurm
 from titan_exp.metrics import startup
+from titan_exp.rank.tracked_run import LeaveRunOpen, tracked_run
 
-# In rank 0's result: what the store did not take (it stays in the journal), when it did not take all.
-TRACKING_INCOMPLETE = "tracking_incomplete"
+# The rank's entry point, as the launching process names it (launchers/entrypoint.py).
+RUN_RANK = "titan_exp.rank.entry:run_rank"
 
 
-def run_rank(args: tuple[JobConfig, RunContext]) -> dict[str, object]:
-    """A rank's body; returns its last logged metrics (rank 0's are the job's, with
-    TRACKING_INCOMPLETE when the store did not take all of them), or {"stopped": reason} when
-    Slurm stopped the job for good (see _after_stop)."""
-    cfg, ctx = args
+def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
+    """A rank's body: its last logged metrics (rank 0's are the job's), or why Slurm stopped the
+    job for good (see _after_stop)."""
+    job, ctx = args
     started = time.monotonic()
     if ctx.started_by == "srun":
         export_slurm_environment()  # torch.distributed reads RANK, MASTER_ADDR, ... from here on
     env = RankEnv.from_environ()
     startup.adopt(ctx.startup)
     startup.mark("rank_imports")
-    tracking = env.rank == 0 and cfg.tracking.enable
+    tracking = env.rank == 0 and job.store is not None
     try:
-        defer = _ranks_take_every_core(cfg, env)
-        with tracked_run(cfg, ctx, _run_to_resume(ctx), defer) if tracking else contextlib.nullcontext() as tracker:
+        defer = _ranks_take_every_core(job, env)
+        with tracked_run(job, ctx, _run_to_resume(ctx), defer) if tracking else contextlib.nullcontext() as tracker:
             startup.mark("writer_start")
-            from titan_exp.train.trainer import train  # torch, after the writer has started
+            from titan_exp.train.trainer import Trainer  # torch, after the writer has started
 
             startup.mark("torch_import")
-
             try:
-                result = train(cfg, env, tracker, Path(ctx.job_dir))
+                metrics = Trainer.run(job, env, tracker, Path(ctx.job_dir))
             except StopRequested as stop:
-                raise _after_stop(cfg, ctx, stop, time.monotonic() - started, env.rank == 0) from None
-        if tracker is not None and tracker.incomplete:
-            result[TRACKING_INCOMPLETE] = left_in_journal(ctx, tracker.incomplete)
-        return result
+                raise _after_stop(job, ctx, stop, time.monotonic() - started, env.rank == 0) from None
+        incomplete = ctx.left_in_journal(tracker.incomplete) if tracker is not None and tracker.incomplete else None
+        return RankResult(metrics, tracking_incomplete=incomplete)
     except Requeued as requeued:
         if env.rank == 0:  # last: the requeue ends this run of the job
             print(f"titan_exp: {requeued}", flush=True)
             requeue_this_job()
-        return {}
+        return RankResult()
     except StoppedBySlurm as stopped:  # rank 0's run ended KILLED with the reason
-        return {"stopped": str(stopped)}
+        return RankResult(stopped=str(stopped))
 
 
-def _ranks_take_every_core(cfg: JobConfig, env: RankEnv) -> bool:
+def _ranks_take_every_core(job: ResolvedJob, env: RankEnv) -> bool:
     """CPU ranks whose threads fill this node's cores: rank 0's MLflow writer then starts after the
     first step rather than beside the ranks' own start-up (tracking/writer.py)."""
-    return cfg.launcher.device == "cpu" and env.local_world_size * cfg.launcher.cpu_threads_per_rank >= cpu_cores()
+    placement = job.placement
+    return placement.device == "cpu" and env.local_world_size * placement.threads_per_rank >= cpu_cores()
 
 
 class Requeued(LeaveRunOpen):
     """The job goes back in Slurm's queue and resumes from its checkpoint, in the same MLflow run."""
 
 
-class StoppedBySlurm(KeyboardInterrupt):
-    """Slurm stopped the job (time limit, preemption) and it cannot resume: its run ends KILLED."""
-
-
-def _after_stop(cfg: JobConfig, ctx: RunContext, stop: StopRequested, elapsed_s: float, is_rank0: bool) -> Exception:
+def _after_stop(job: ResolvedJob, ctx: RunContext, stop: StopRequested, elapsed_s: float, is_rank0: bool) -> Exception:
     """Requeued if the job can resume (a checkpoint, and requeues for timeouts left), else StoppedBySlurm.
     A stop counts as a time limit once the job has run as long as submitit says a timeout takes
     (the lesser of 80% of the limit and the limit less 10 minutes); earlier, as a preemption."""
-    limit_s = 60 * cfg.launcher.timeout_min
+    launcher = job.config.launcher
+    limit_s = 60 * launcher.timeout_min
     kind = "TIMEOUT" if elapsed_s >= min(0.8 * limit_s, limit_s - 600) else "PREEMPTED"
     what = f"{kind}: Slurm sent {stop.signal_name} and the ranks stopped after step {stop.step}"
-    if not cfg.checkpoint.enable:
+    if not job.config.checkpoint.enable:
         return StoppedBySlurm(f"{what}; checkpoint.enable=false, so there is nothing to resume from")
     if kind == "TIMEOUT":
         counter = Path(ctx.job_dir) / "slurm_timeouts"
         used = int(counter.read_text()) if counter.exists() else 0
-        if used >= cfg.launcher.max_num_timeout:
+        if used >= launcher.max_num_timeout:
             return StoppedBySlurm(
                 f"{what}; requeued for its time limit {used} times already (launcher.max_num_timeout)"
             )

@@ -1,0 +1,223 @@
+"""titan_exp/estimate/step_time.py: modelled compute from FLOPs (hand-derived), and how the step's
+communication and pipeline bubble respond to bandwidth, overlap, the pipeline degree and the
+number of microbatches."""
+
+import dataclasses
+
+import pytest
+
+from titan_exp.estimate.config import HardwareConfig
+from titan_exp.estimate.memory import model_parameters
+from titan_exp.estimate.step_time import ComputeTimes, StepBatch, StepTime, _collective, modelled_compute, step_time
+from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.parallel.config import ParallelismConfig
+
+DEBUG = Llama3Config()  # 6 layers of 754,176 parameters, dim 256, 16 heads of 16, vocab 2048
+# A made-up GPU with round figures.
+HW = HardwareConfig(
+    name="test",
+    peak_tflops_float32=50.0,
+    peak_tflops_bfloat16=100.0,
+    peak_tflops_float8=200.0,
+    compute_efficiency=0.5,
+    memory_gib=80.0,
+    memory_gbps=1000.0,
+    intra_node_gbps=100.0,
+    inter_node_gbps=10.0,
+    collective_latency_us=10.0,
+    reduce_latency_us=20.0,
+    devices_per_node=8,
+    overlaps_communication=True,
+)
+BLOCKING = dataclasses.replace(HW, overlaps_communication=False)
+# Per microbatch: a layer's forward + backward, the output head's; the optimizer step once.
+COMPUTE = ComputeTimes(layer=0.01, head=0.02, optimizer=0.05)
+
+
+def layout(
+    *, dp_shard: int = 1, dp_replicate: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, schedule: str = "1F1B"
+) -> ParallelismConfig:
+    """A resolved layout (no degree -1), pipeline microbatches of one sample."""
+    return ParallelismConfig(
+        data_parallel_shard_degree=dp_shard,
+        data_parallel_replicate_degree=dp_replicate,
+        tensor_parallel_degree=tp,
+        pipeline_parallel_degree=pp,
+        context_parallel_degree=cp,
+        pipeline_parallel_schedule=schedule,
+    )
+
+
+def step(
+    p: ParallelismConfig,
+    hw: HardwareConfig = HW,
+    *,
+    m: Llama3Config = DEBUG,
+    batch: int = 4,
+    accumulation: int = 1,
+    param_bytes: int = 4,
+    oversubscription: float = 1.0,
+) -> StepTime:
+    return step_time(m, p, hw, COMPUTE, StepBatch(batch, 256, accumulation, param_bytes, param_bytes), oversubscription)
+
+
+def test_single_device_step_is_compute_only() -> None:
+    """Batch 4 (one microbatch without a pipeline) × 2 accumulation steps: 2·(6·0.01 + 0.02) + 0.05."""
+    s = step(layout(), accumulation=2)
+    assert s.compute == pytest.approx(2 * (6 * 0.01 + 0.02) + 0.05)
+    assert s.communication == 0.0 and s.bubble == 0.0
+    assert s.total == pytest.approx(s.compute)
+
+
+def test_total_is_the_breakdown_stretched_by_oversubscription() -> None:
+    s = step(layout(dp_shard=2, pp=2), BLOCKING, batch=4, oversubscription=1.5)
+    breakdown = s.breakdown()
+    assert set(breakdown) == {"compute", "communication", "bubble", "oversubscription", "total"}
+    assert breakdown["total"] == pytest.approx(1.5 * (s.compute + s.communication + s.bubble))
+    assert s.communication > 0 and s.bubble > 0
+
+
+def test_collective_costs_by_hand() -> None:
+    """Ring: (g-1)/g of the buffer through each link, twice for an all-reduce; latency per call."""
+    assert _collective(HW, 1e9, 1, False, "all_gather") == 0.0
+    # 1 GB over 4 ranks on 100 GB/s: 0.75 GB → 7.5 ms, + 10 µs.
+    assert _collective(HW, 1e9, 4, False, "all_gather") == pytest.approx(10e-6 + 7.5e-3)
+    assert _collective(HW, 1e9, 4, False, "reduce_scatter") == pytest.approx(20e-6 + 7.5e-3)
+    assert _collective(HW, 1e9, 4, False, "all_reduce") == pytest.approx(20e-6 + 15e-3)
+    # Across nodes: 10 GB/s.
+    assert _collective(HW, 1e9, 4, True, "all_gather") == pytest.approx(10e-6 + 75e-3)
+
+
+def test_ddp_all_reduce_by_hand() -> None:
+    """DDP over 2 replicas, blocking: one all-reduce of the fp32 gradients (2·½·4·N bytes) plus the
+    step's three small reductions (loss, grad norm)."""
+    s = step(layout(dp_replicate=2), BLOCKING)
+    gradients = 4 * model_parameters(DEBUG)
+    expected = 20e-6 + gradients / 100e9 + 3 * 10e-6
+    assert s.communication == pytest.approx(expected)
+
+
+def test_fsdp_by_hand() -> None:
+    """FSDP over 2 ranks, blocking: 8 units (6 layers, embedding, norm + output); per microbatch
+    2·8 - 2 = 14 all-gathers of a unit's parameters, and 8 reduce-scatters of fp32 gradients."""
+    n = model_parameters(DEBUG)
+    s = step(layout(dp_shard=2), BLOCKING, param_bytes=2)
+    gather = 10e-6 + n * 2 / 8 / 2 / 100e9
+    scatter = 20e-6 + n * 4 / 8 / 2 / 100e9
+    assert s.communication == pytest.approx(14 * gather + 8 * scatter + 3 * 10e-6)
+
+
+@pytest.mark.parametrize(
+    "p",
+    [layout(dp_shard=4), layout(dp_replicate=4), layout(tp=4), layout(cp=4), layout(pp=2), layout(dp_shard=2, tp=2)],
+    ids=["fsdp", "ddp", "tp", "cp", "pp", "fsdp_tp"],
+)
+def test_more_bandwidth_less_communication(p: ParallelismConfig) -> None:
+    slow, fast = BLOCKING, dataclasses.replace(BLOCKING, intra_node_gbps=400.0)
+    assert 0 < step(p, fast, batch=4).communication < step(p, slow, batch=4).communication
+
+
+def test_a_shard_group_beyond_a_node_runs_on_the_slower_link() -> None:
+    """dp_shard 16 with 8 devices per node crosses nodes (10 GB/s); with 16 per node it does not."""
+    across, within = BLOCKING, dataclasses.replace(BLOCKING, devices_per_node=16)
+    assert step(layout(dp_shard=16), across).communication > step(layout(dp_shard=16), within).communication
+
+
+def test_overlapped_collectives_show_only_beyond_compute() -> None:
+    """With overlap, FSDP's collectives hide behind compute: only the step's 3 latencies remain; the
+    same collectives blocking add up in full."""
+    overlapped, blocking = step(layout(dp_shard=2), HW), step(layout(dp_shard=2), BLOCKING)
+    assert overlapped.communication == pytest.approx(3 * 10e-6)
+    assert blocking.communication > overlapped.communication
+    assert overlapped.compute == blocking.compute
+
+
+def test_overlap_cannot_hide_more_than_compute() -> None:
+    """A very slow link: what the collectives exceed compute by shows."""
+    slow = dataclasses.replace(HW, intra_node_gbps=0.001)
+    overlapped, blocking = (
+        step(layout(dp_shard=2), slow),
+        step(layout(dp_shard=2), dataclasses.replace(slow, overlaps_communication=False)),
+    )
+    hidden = blocking.communication - overlapped.communication
+    assert hidden == pytest.approx(overlapped.compute)
+
+
+def test_tensor_parallel_collectives_are_blocking_even_with_overlap() -> None:
+    assert step(layout(tp=2), HW).communication == step(layout(tp=2), BLOCKING).communication > 3 * 10e-6
+
+
+# 16 layers so that every pipeline degree below splits them.
+DEEP = dataclasses.replace(DEBUG, n_layers=16)
+
+
+def bubble_share(p: ParallelismConfig, batch: int) -> float:
+    s = step(p, m=DEEP, batch=batch)
+    return s.bubble / (s.compute - COMPUTE.optimizer)
+
+
+@pytest.mark.parametrize("pp,microbatches", [(2, 2), (2, 8), (4, 4), (4, 16), (8, 8)])
+def test_1f1b_bubble_is_pp_minus_one_over_microbatches(pp: int, microbatches: int) -> None:
+    """(pp - 1) / (v·m) of the useful work, v = 1 stage per rank."""
+    assert bubble_share(layout(pp=pp), microbatches) == pytest.approx((pp - 1) / microbatches)
+
+
+def test_bubble_grows_with_pipeline_degree_and_shrinks_with_microbatches() -> None:
+    shares = [bubble_share(layout(pp=pp), 8) for pp in (2, 4, 8)]
+    assert shares == sorted(shares) and len(set(shares)) == 3
+    shares = [bubble_share(layout(pp=4), m) for m in (4, 8, 16)]
+    assert shares == sorted(shares, reverse=True) and len(set(shares)) == 3
+
+
+def test_interleaving_halves_the_bubble_and_zero_bubble_quarters_it() -> None:
+    one_f_one_b = bubble_share(layout(pp=4), 8)
+    assert bubble_share(layout(pp=4, schedule="Interleaved1F1B"), 8) == pytest.approx(one_f_one_b / 2)
+    # 0.25 of (pp - 1)/(v·m), v = 2.
+    assert bubble_share(layout(pp=4, schedule="ZBVZeroBubble"), 8) == pytest.approx(0.25 * one_f_one_b / 2)
+    assert bubble_share(layout(pp=4, schedule="InterleavedZeroBubble"), 8) == pytest.approx(0.25 * one_f_one_b / 2)
+
+
+def test_pipeline_rank_computes_its_layers_and_the_head_per_microbatch() -> None:
+    """pp 4 over 16 layers, 8 microbatches: 8·(4·0.01 + 0.02) + 0.05."""
+    assert step(layout(pp=4), m=DEEP, batch=8).compute == pytest.approx(8 * (4 * 0.01 + 0.02) + 0.05)
+
+
+def test_impossible_pipeline_split_is_refused() -> None:
+    with pytest.raises(ValueError):
+        step(layout(pp=8), batch=8)  # 8 stages, 6 layers
+
+
+# modelled_compute: the debug model, 1024 tokens of 256, bf16 at 100 TFLOP/s × 0.5 = 5e13 FLOP/s.
+RATE = 100e12 * 0.5
+LINEAR = 2 * 1024 * 754_176  # 2 FLOPs per multiply-add over a layer's parameters
+ATTENTION = 4 * 1024 * 256 * 16 * 16  # QKᵀ and AV: 2 × 2 FLOPs × tokens × seq × heads × head_dim
+
+
+def compute(ac: str = "none", tp: int = 1, dtype: str = "bfloat16", hw: HardwareConfig = HW) -> ComputeTimes:
+    return modelled_compute(DEBUG, hw, (1024, 256), tp, dtype, ac, model_parameters(DEBUG))
+
+
+def test_modelled_compute_by_hand() -> None:
+    times = compute()
+    assert times.layer == pytest.approx(3 * (LINEAR + ATTENTION) / RATE)  # forward + 2× in backward
+    assert times.head == pytest.approx(6 * 1024 * 256 * 2048 / RATE)
+    assert times.optimizer == pytest.approx(32 * 5_573_888 / 1000e9)
+
+
+def test_recomputation_adds_forwards() -> None:
+    """Full checkpointing: one more forward (4/3); selective: a quarter of one (3.25/3)."""
+    none = compute("none").layer
+    assert compute("full").layer == pytest.approx(none * 4 / 3)
+    assert compute("selective").layer == pytest.approx(none * 3.25 / 3)
+
+
+def test_tensor_parallel_divides_layer_and_head_compute() -> None:
+    one, two = compute(), compute(tp=2)
+    assert two.layer == pytest.approx(one.layer / 2) and two.head == pytest.approx(one.head / 2)
+    assert two.optimizer == one.optimizer  # local parameters are passed in
+
+
+def test_float8_speeds_the_linears_not_attention() -> None:
+    """float8's peak (200) serves the linears; attention stays at bfloat16's (100)."""
+    assert compute(dtype="float8").layer == pytest.approx(3 * (LINEAR / (2 * RATE) + ATTENTION / RATE))
+    assert compute(dtype="float32").layer == pytest.approx(2 * compute().layer)

@@ -1,0 +1,132 @@
+"""titan_exp/compare/report.py's strategy table from in-memory RunSummary objects (no MLflow):
+row order and width, the formatting of each column, predictions beside measurements, and the
+Markdown, HTML and CSV renderings."""
+
+import csv
+from pathlib import Path
+
+from titan_exp.compare.report import COLUMNS, CSV_COLUMNS, table, to_html, to_markdown, write_csv
+from titan_exp.compare.runs import RunSummary, add_scaling_efficiency
+
+
+def summary(name: str, world_size: int = 2, tps: float | None = 1000.0, **fields: object) -> RunSummary:
+    values: dict[str, object] = dict(
+        run_id=f"{name}-0123456789abcdef",
+        name=name,
+        status="FINISHED",
+        model="llama3_debug",
+        strategy="fsdp",
+        quantize="none",
+        mesh={"dp_shard": world_size},
+        device="cuda",
+        tokens_per_micro_batch=1024,
+        world_size=world_size,
+        tps_per_device=tps,
+        mfu_pct=None if tps is None else 41.256,
+        peak_memory_gib=3.14159,
+        memory_kind="active",
+        final_loss=2.718281,
+    )
+    return RunSummary(**(values | fields))
+
+
+def column(rows: list[list[str]], name: str) -> list[str]:
+    return [row[COLUMNS.index(name)] for row in rows]
+
+
+def test_rows_keep_the_runs_order_and_fill_every_column() -> None:
+    runs = [summary("zeta", 8), summary("alpha", 2), summary("mid", 4)]
+    rows = table(runs)
+    assert column(rows, "strategy") == ["zeta", "alpha", "mid"]
+    assert column(rows, "world size") == ["8", "2", "4"]
+    assert all(len(row) == len(COLUMNS) for row in rows)
+
+
+def test_cells_are_formatted() -> None:
+    run = summary("fsdp2", tps=12345.67)
+    add_scaling_efficiency([run])
+    [row] = table([run])
+    cells = dict(zip(COLUMNS, row))
+    assert cells["TPS/device"] == "12,346"
+    assert cells["MFU %"] == "41.26"
+    assert cells["peak memory GiB"] == "3.14 (active)"
+    assert cells["scaling efficiency"] == "1.00"
+    assert cells["final loss"] == "2.7183"
+    assert cells["status"] == "FINISHED"
+    assert cells["run"] == "fsdp2-01"  # the run id's first 8 characters
+    assert cells["predicted TPS/device"] == cells["predicted peak GiB"] == "n/a"
+
+
+def test_missing_figures_read_n_a() -> None:
+    run = summary("failed", tps=None, status="FAILED", peak_memory_gib=None, final_loss=None)
+    cells = dict(zip(COLUMNS, table([run])[0]))
+    for name in ("TPS/device", "MFU %", "peak memory GiB", "scaling efficiency", "final loss"):
+        assert cells[name] == "n/a", name
+
+
+def test_predictions_show_their_error_against_the_measurement() -> None:
+    """Predicted 1500 TPS against 1200 measured: +25%; 2.5 GiB against 2.0: +25%; 900 against 1200: -25%."""
+    over = summary(
+        "over", tps=1200.0, peak_memory_gib=2.0, predicted_tps_per_device=1500.0, predicted_peak_memory_gib=2.5
+    )
+    under = summary("under", tps=1200.0, predicted_tps_per_device=900.0)
+    rows = table([over, under])
+    assert column(rows, "predicted TPS/device") == ["1,500 (+25%)", "900 (-25%)"]
+    assert column(rows, "predicted peak GiB")[0] == "2.50 (+25%)"
+
+
+def test_a_prediction_without_a_comparable_measurement_has_no_error() -> None:
+    """No measured TPS (a failed run); a CPU resident-set peak (not comparable with tensor counts)."""
+    failed = summary("failed", tps=None, predicted_tps_per_device=1500.0)
+    cpu = summary("cpu", memory_kind="cpu rss", predicted_peak_memory_gib=2.5)
+    rows = table([failed, cpu])
+    assert column(rows, "predicted TPS/device")[0] == "1,500"
+    assert column(rows, "predicted peak GiB")[1] == "2.50"
+    assert column(rows, "peak memory GiB")[1] == "3.14 (cpu rss)"
+
+
+def test_failure_reason_joins_the_status_cut_at_80_characters() -> None:
+    run = summary("f", status="FAILED", failure_reason="RankFailure: " + "x" * 200)
+    status = column(table([run]), "status")[0]
+    assert status == "FAILED: " + ("RankFailure: " + "x" * 200)[:80]
+
+
+def test_scaling_efficiency_in_the_table() -> None:
+    """Relative to the family's smallest world size: 800 at 4 ranks over 1000 at 2."""
+    runs = [summary("two", 2, 1000.0), summary("four", 4, 800.0)]
+    add_scaling_efficiency(runs)
+    assert column(table(runs), "scaling efficiency") == ["1.00", "0.80"]
+
+
+def test_markdown_header_separator_rows_and_escaping() -> None:
+    rows = table([summary("a|b"), summary("c")])
+    lines = to_markdown(rows).splitlines()
+    assert lines[0] == "| " + " | ".join(COLUMNS) + " |"
+    assert lines[1] == "|" + "---|" * len(COLUMNS)
+    assert len(lines) == 2 + len(rows)
+    assert lines[2].startswith("| a\\|b | 2 | 1,000 | n/a | 41.26 |")
+    # Every row has as many unescaped separators as the header.
+    assert {line.replace("\\|", "").count("|") for line in lines} == {len(COLUMNS) + 1}
+
+
+def test_markdown_with_other_columns() -> None:
+    assert to_markdown([["1", "2"]], ["x", "y"]) == "| x | y |\n|---|---|\n| 1 | 2 |\n"
+
+
+def test_html_escapes_cells_and_title() -> None:
+    page = to_html(table([summary("<b>&")]), "fsdp <vs> tp")
+    assert "<title>fsdp &lt;vs&gt; tp</title>" in page and "<h1>fsdp &lt;vs&gt; tp</h1>" in page
+    assert "<td>&lt;b&gt;&amp;</td>" in page and "<b>&" not in page
+    assert page.count("<th>") == len(COLUMNS) and page.count("<tr>") == 2
+
+
+def test_csv_holds_plain_numbers_and_empty_cells_for_none(tmp_path: Path) -> None:
+    runs = [summary("fsdp2", tps=12345.678, predicted_tps_per_device=11111.5), summary("failed", tps=None)]
+    write_csv(runs, tmp_path / "t.csv")
+    with open(tmp_path / "t.csv", newline="") as file:
+        header, *rows = list(csv.reader(file))
+    assert header == CSV_COLUMNS and len(rows) == 2
+    first, second = (dict(zip(header, row)) for row in rows)
+    assert first["tps_per_device"] == "12345.678" and first["predicted_tps_per_device"] == "11111.5"
+    assert first["run_id"] == "fsdp2-0123456789abcdef" and first["memory_kind"] == "active"
+    assert second["tps_per_device"] == second["mfu_pct"] == second["scaling_efficiency"] == ""

@@ -1,0 +1,88 @@
+"""titan_exp/metrics/throughput.py: tokens/s per device, TFLOPs, MFU and timing of each log interval,
+and the steady-state means from the second interval on, driven by a fake clock on the CPU."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from titan_exp.metrics import throughput
+from titan_exp.metrics.throughput import ThroughputMeter
+
+
+class FakeMemory:
+    """Stands in for MemoryMonitor (which resets the process's VmHWM): a fixed peak."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.resets = 0
+
+    def reset_peak(self) -> None:
+        self.resets += 1
+
+    def peak(self) -> dict[str, float]:
+        return {"memory/cpu_rss_peak_gib": 1.25}
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """`clock.now` is what time.perf_counter returns inside the meter."""
+    now = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=lambda: now.now))
+    monkeypatch.setattr(throughput, "MemoryMonitor", FakeMemory)
+    return now
+
+
+FLOPS_PER_TOKEN = 1_000_000
+PEAK = 1e12
+
+
+def test_intervals_and_steady_state_means(clock: SimpleNamespace) -> None:
+    """2 ranks of model parallelism (non-data-parallel size 2) share each token."""
+    meter = ThroughputMeter(FLOPS_PER_TOKEN, PEAK, non_data_parallel_size=2, device=torch.device("cpu"))
+    # Interval 1: 0 → 2 s, two steps of 1000 tokens, 0.5 s loading data: 2000 / (2 s · 2) = 500.
+    meter.add_step(1000, 0.2)
+    meter.add_step(1000, 0.3)
+    clock.now = 2.0
+    first = meter.collect()
+    assert first["throughput/tps_per_device"] == 500
+    assert first["throughput/tflops"] == pytest.approx(FLOPS_PER_TOKEN * 500 / 1e12)
+    assert first["throughput/mfu_pct"] == pytest.approx(100 * FLOPS_PER_TOKEN * 500 / PEAK)
+    assert first["time/step_s"] == 1.0 and first["time/data_loading_s"] == 0.25
+    assert first["time/data_loading_pct"] == 25.0
+    assert first["tokens_seen"] == 2000 and first["memory/cpu_rss_peak_gib"] == 1.25
+    assert "throughput/tps_per_device_mean" not in first  # the first interval is start-up
+    # Interval 2: 2 → 4 s, 3000 tokens: 750; the steady state so far is this interval.
+    meter.add_step(3000, 0.0)
+    clock.now = 4.0
+    second = meter.collect()
+    assert second["throughput/tps_per_device"] == 750 == second["throughput/tps_per_device_mean"]
+    assert second["tokens_seen"] == 5000
+    # Interval 3: 4 → 8 s, 1000 tokens: 125; mean since 2 s: 4000 / (6 s · 2) = 333.3.
+    meter.add_step(1000, 0.0)
+    clock.now = 8.0
+    third = meter.collect()
+    assert third["throughput/tps_per_device"] == 125
+    assert third["throughput/tps_per_device_mean"] == pytest.approx(4000 / 12)
+    assert third["throughput/mfu_pct_mean"] == pytest.approx(100 * FLOPS_PER_TOKEN * (4000 / 12) / PEAK)
+    assert third["time/step_s"] == 4.0
+
+
+def test_no_peak_means_no_mfu(clock: SimpleNamespace) -> None:
+    """peak_flops None (low-precision matmuls): MFU is left out, not reported as 0."""
+    meter = ThroughputMeter(FLOPS_PER_TOKEN, None, non_data_parallel_size=1, device=torch.device("cpu"))
+    for _ in range(2):
+        meter.add_step(100, 0.0)
+        clock.now += 1.0
+        metrics = meter.collect()
+        assert not any("mfu" in key for key in metrics)
+    assert metrics["throughput/tps_per_device_mean"] == 100
+
+
+def test_each_collect_starts_a_new_interval(clock: SimpleNamespace) -> None:
+    meter = ThroughputMeter(FLOPS_PER_TOKEN, PEAK, non_data_parallel_size=1, device=torch.device("cpu"))
+    resets = meter.memory.resets
+    meter.add_step(100, 0.5)
+    clock.now = 1.0
+    meter.collect()
+    assert (meter.interval_tokens, meter.interval_steps, meter.data_seconds) == (0, 0, 0.0)
+    assert meter.memory.resets == resets + 1

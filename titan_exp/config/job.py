@@ -1,0 +1,143 @@
+"""The resolved job: what `resolve` (config/resolve.py) makes of a composed config, once, in the
+launching process, and what every later step receives as it is (the pre-flight, the launcher, each
+rank, each sweep point): the frozen, filled-in config, its parallel degrees, where the ranks run and
+the tracking store. Its name and tags in MLflow are derived from it here, and nowhere else."""
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from omegaconf import OmegaConf
+
+from titan_exp.config.schema import JobConfig
+from titan_exp.parallel.dims import ParallelDims
+from titan_exp.tracking.config import Store
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the ranks run, worked out once (and written into the config's launcher section)."""
+
+    # torchrun | srun when this process is one rank of a job they started; None when titan_exp
+    # places the ranks (or, in a dry run, places nothing).
+    started_by: str | None
+    device: str  # cpu | cuda
+    nproc_per_node: int
+    nodes: int
+    threads_per_rank: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nodes
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    config: JobConfig  # frozen: nothing downstream changes what was resolved
+    dims: ParallelDims
+    placement: Placement
+    store: Store | None  # None when tracking is off
+
+    @property
+    def dry_run(self) -> bool:
+        """COMM_MODE=fake_backend or local_tensor: this process plays the ranks (train/dry_run.py)."""
+        return self.config.debug.comm_mode != "real"
+
+    @property
+    def on_slurm(self) -> bool:
+        """A Slurm job that titan_exp submits."""
+        return self.config.launcher.name == "slurm"
+
+    @property
+    def accumulation(self) -> int:
+        """Microbatches whose gradients accumulate into one step."""
+        t = self.config.training
+        return t.global_batch_size // (t.local_batch_size * self.dims.dp)
+
+    def with_parent_run(self, run_id: str) -> "ResolvedJob":
+        """The same job, its MLflow run a child of `run_id` (a sweep's parent run)."""
+        return self.replaced(tracking={"parent_run_id": run_id})
+
+    def replaced(self, **sections: dict[str, object]) -> "ResolvedJob":
+        """The same job with keys of its sections changed, e.g. replaced(model={"n_layers": 2}): for
+        changes that keep its degrees and placement (a sweep's parent run, the planner's smaller
+        variants of a model)."""
+        return dataclasses.replace(self, config=changed_config(self.config, **sections))
+
+    def on_cores(self, cores: int) -> "ResolvedJob":
+        """The same job given `cores` cores of this machine (a sweep point beside others): each CPU
+        rank gets an equal share as its threads."""
+        threads = max(1, cores // self.placement.nproc_per_node)
+        placement = dataclasses.replace(self.placement, threads_per_rank=threads)
+        job = self.replaced(launcher={"cpu_threads_per_rank": threads})
+        return dataclasses.replace(job, placement=placement)
+
+    def run_name(self) -> str:
+        """e.g. llama3_debug·fsdp2, llama3_8b·fsdp8·tp2·float8 (tracking.run_name wins when set)."""
+        cfg = self.config
+        if cfg.tracking.run_name:
+            return cfg.tracking.run_name
+        parts = [self.model_name, self.dims.label()]
+        if cfg.quantize.name != "none":
+            parts.append(cfg.quantize.name)
+        return "·".join(parts)
+
+    @property
+    def model_name(self) -> str:
+        return f"{self.config.model.name}_{self.config.model.flavor}"
+
+    def run_tags(self, started_by: str) -> dict[str, str]:
+        """Tags of the job's run; `started_by`: local, torchrun, srun, slurm (or plan)."""
+        cfg = self.config
+        return {
+            "model": self.model_name,
+            "strategy": cfg.parallelism.name,
+            "quantize": cfg.quantize.name,
+            "layout": self.dims.label(),
+            "world_size": str(self.dims.world_size),
+            "mesh": self.dims.describe(),
+            "device": self.placement.device,
+            "launcher": started_by,
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+            "status": "running",
+            "layout_key": self.layout_key(),
+        }
+
+    def layout_key(self) -> str:
+        """What a prediction and a training run must share to be compared (python -m titan_exp plan):
+        the model, the layout, the batch's shape, precision and the memory-saving options."""
+        p, t = self.config.parallelism, self.config.training
+        parts = [
+            self.model_name,
+            self.dims.label(),
+            f"batch{t.local_batch_size}x{t.seq_len}/{t.global_batch_size}",
+            t.mixed_precision_param,
+            f"ac-{self.config.activation_checkpoint.mode}",
+            self.config.quantize.name,
+        ]
+        if self.dims.pp > 1:
+            parts.append(f"{p.pipeline_parallel_schedule}-mb{p.pipeline_parallel_microbatch_size}")
+        return "·".join(parts)
+
+    def params(self) -> dict[str, object]:
+        """The resolved config as MLflow params: {'training.steps': 50, ...}."""
+        return _flatten(OmegaConf.to_container(OmegaConf.structured(self.config)))
+
+
+def changed_config(cfg: JobConfig, **sections: dict[str, object]) -> JobConfig:
+    """A new config with keys of its sections changed (frozen if `cfg` is)."""
+    changes = {name: dataclasses.replace(getattr(cfg, name), **values) for name, values in sections.items()}
+    changed = dataclasses.replace(cfg, **changes)
+    if cfg._frozen:
+        changed.freeze()
+    return changed
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -1,0 +1,32 @@
+"""How a job's end reaches the command line: one line on stderr and the exit status (0 done, 1 the
+run failed, 2 the config was refused and nothing started, 128 + N stopped by signal N)."""
+
+import signal
+import sys
+
+from titan_exp.rules import ConfigError
+
+EXIT_RUN_FAILED = 1
+EXIT_BAD_CONFIG = 2
+
+
+def say(line: str) -> None:
+    print(f"titan_exp: {line}", file=sys.stderr, flush=True)
+
+
+def exit_status(err: BaseException) -> int:
+    """Say how `err` ended the job, in one line; the status to exit with. Re-raises what is not a
+    job's end (SystemExit and the like)."""
+    notes = getattr(err, "__notes__", [])
+    if isinstance(err, ConfigError):
+        say(f"config error: {err}")
+        return EXIT_BAD_CONFIG
+    if isinstance(err, KeyboardInterrupt):
+        # The status a shell gives a process that such a signal stopped.
+        signum = getattr(err, "signum", signal.SIGINT)
+        say("; ".join([f"stopped by {signal.Signals(signum).name}", *notes]))
+        return 128 + signum
+    if isinstance(err, Exception):
+        say("; ".join([f"run failed: {type(err).__name__}: {err}", *notes]))
+        return EXIT_RUN_FAILED
+    raise err

@@ -1,0 +1,191 @@
+"""The pre-flight: what a resolved job needs from this machine, checked once before any process is
+spawned (or any store written): folders it writes, files it reads, the tracking store, and one
+rank's estimated peak memory against what each rank can have. Each refusal is a ConfigError (one
+line, exit 2), like the config's own rules (config/check.py)."""
+
+import contextlib
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from launchers.devices import available_memory, gpu_memory
+from titan_exp.checkpoint.layout import latest_step
+from titan_exp.config.job import ResolvedJob, changed_config
+from titan_exp.config.schema import JobConfig
+from titan_exp.estimate.memory import RankMemory, rank_memory
+from titan_exp.rules import ConfigError
+from titan_exp.tracking.config import Store
+from titan_exp.tracking.store import is_store_busy, server_answers
+from titan_exp.units import GIB
+
+# How long a tracking server has to answer its health endpoint before the job is refused.
+SERVER_ANSWER_S = 3.0
+
+
+def preflight(job: ResolvedJob, memory: bool = True) -> None:
+    """Everything below, in order; `memory=False` leaves out the memory estimate (the planner predicts instead)."""
+    cfg = job.config
+    _writable_folder("data.cache_dir", cfg.data.cache_dir)  # tokenized corpora, the measured CPU peak FLOP/s
+    d = cfg.data
+    if d.source == "text" and d.corpus_path is not None and not Path(d.corpus_path).is_file():
+        raise ConfigError(
+            "data.corpus_path", d.corpus_path, "no such file; point it at a UTF-8 text file or set it to null"
+        )
+    _checkpoint_folders(cfg)
+    if job.store is not None:
+        _reachable_store(job.store)
+    if memory and not job.dry_run:
+        _memory_fits(job)
+
+
+def _checkpoint_folders(cfg: JobConfig) -> None:
+    c = cfg.checkpoint
+    if c.enable or c.create_seed_checkpoint:
+        _writable_folder("checkpoint.folder", c.folder)
+    resumes_at = latest_step(c.folder) if c.enable else None
+    if resumes_at is not None and resumes_at >= cfg.training.steps:
+        raise ConfigError(
+            "training.steps",
+            cfg.training.steps,
+            f"checkpoint.folder={c.folder} holds step-{resumes_at} already, so nothing is left to train; "
+            "raise training.steps or point checkpoint.folder elsewhere",
+        )
+    if c.initial_load_path is not None and not (Path(c.initial_load_path) / ".metadata").is_file():
+        raise ConfigError(
+            "checkpoint.initial_load_path",
+            c.initial_load_path,
+            "not a checkpoint folder (no .metadata); point it at a step-N folder, e.g. a seed checkpoint's step-0",
+        )
+
+
+def _writable_folder(key: str, folder: str, value: str | None = None) -> None:
+    """A folder a file can be written in, found by trying (permission bits say little to root, or on
+    /proc): the folder is made if missing, a file created and removed in it, and what was made for
+    the try removed again."""
+    if not folder:
+        raise ConfigError(key, "''", "must name a folder")
+    path = Path(folder).absolute()
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        fix = f"cannot write there ({err.strerror}); point it at a folder you can write"
+        raise ConfigError(key, value or folder, fix) from None
+    finally:
+        for made in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                made.rmdir()
+
+
+def _reachable_store(store: Store) -> None:
+    """A store the job can write, found before any rank starts (a job that trains to the end and
+    records nothing costs its whole run): a SQLite file that is a database, in a folder that can be
+    written, or a server that answers."""
+    if store.is_server:
+        if down := server_answers(store.uri, SERVER_ANSWER_S):
+            raise ConfigError(
+                "tracking.uri",
+                store.uri,
+                f"{down}; start one (mlflow server --backend-store-uri sqlite:///mlflow.db --port PORT) "
+                "or use a sqlite:/// store",
+            )
+        return
+    _writable_folder("tracking.uri", str(store.db.parent), store.uri)
+    if not store.db.exists():
+        return
+    try:  # reads the schema only: cheap on any size of store
+        with contextlib.closing(sqlite3.connect(f"{store.db.as_uri()}?mode=ro", uri=True, timeout=5)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as err:
+        if is_store_busy(err):  # another job is writing it: a database
+            return
+        raise ConfigError(
+            "tracking.uri",
+            store.uri,
+            f"{store.db} is not a readable SQLite database ({err}); move it away or name another file",
+        ) from None
+
+
+def _memory_fits(job: ResolvedJob) -> None:
+    """One rank's estimated peak within what each rank can have, where that is known from here: a
+    GPU's memory, the available memory shared by our launcher's CPU ranks, a Slurm CPU job's
+    launcher.mem_gb per node. Ranks that torchrun or srun started share the node with siblings
+    already allocating: not checked there."""
+    placement, launcher = job.placement, job.config.launcher
+    if job.on_slurm:
+        if placement.device != "cpu" or launcher.mem_gb is None:
+            return
+        budget, where = (
+            launcher.mem_gb * GIB / placement.nproc_per_node,
+            f"launcher.mem_gb={launcher.mem_gb:g} per node",
+        )
+    elif placement.started_by:
+        return
+    elif placement.device == "cuda":
+        budget, where = gpu_memory(), "one GPU's memory"
+    else:
+        available, ranks = available_memory(), placement.nproc_per_node
+        budget = available / ranks if available is not None else None
+        where = f"{(available or 0) / GIB:.1f} GiB available on this machine"
+        where += f" for {ranks} ranks" if ranks > 1 else ""
+    if budget is not None:
+        check_memory_fit(job, int(budget), where)
+
+
+def estimated_memory(job: ResolvedJob, cfg: JobConfig | None = None) -> RankMemory:
+    """One rank's estimated peak (estimate/memory.py), of the job or of a changed config of it."""
+    cfg = cfg or job.config
+    t = cfg.training
+    return rank_memory(
+        cfg.model, cfg.parallelism, t.local_batch_size, t.seq_len, t.mixed_precision_param,
+        cfg.activation_checkpoint, on_cpu=job.placement.device == "cpu",
+    )  # fmt: skip
+
+
+def check_memory_fit(job: ResolvedJob, budget: int, where: str) -> None:
+    """One rank's estimated peak within the `budget` bytes each rank can have (`where` says what
+    that budget is). A refusal names the fixes that the same estimate says fit."""
+    needed = estimated_memory(job)
+    if needed.total <= budget:
+        return
+    fixes = []
+    for options in _memory_fixes(job.config):
+        fitting = (fix for fix, changed in options if estimated_memory(job, changed).total <= budget)
+        fixes += [fix] if (fix := next(fitting, None)) else []
+    fixes.append(_rank_count_fix(job, needed))
+    raise ConfigError(
+        "model",
+        job.model_name,
+        f"one rank needs about {needed.total / GIB:.1f} GiB ({needed.describe()}) but each can have "
+        f"{budget / GIB:.1f} GiB ({where}); try {' or '.join(fixes)}",
+    )
+
+
+def _rank_count_fix(job: ResolvedJob, needed: RankMemory) -> str:
+    """More ranks help where sharded training state dominates; fewer where each process's own
+    footprint does."""
+    if needed.parameters + needed.gradients + needed.optimizer_state >= needed.total / 2:
+        return "more ranks to shard over" if job.dims.dp_shard > 1 else "an FSDP layout"
+    return "fewer ranks (launcher.nproc_per_node)"
+
+
+def _memory_fixes(cfg: JobConfig) -> list[Iterator[tuple[str, JobConfig]]]:
+    """Kinds of change that lower one rank's memory, each as its options mildest first (the override
+    and the changed config): full activation checkpointing, smaller local batches (whole pipeline
+    microbatches), fewer layers."""
+    mb = cfg.parallelism.pipeline_parallel_microbatch_size if cfg.parallelism.pipeline_parallel_degree > 1 else 1
+    batches = [b for b in range(cfg.training.local_batch_size - 1, 0, -1) if b % mb == 0]
+    full_ac = [_changed(cfg, "activation_checkpoint.mode", "full")] if cfg.activation_checkpoint.mode != "full" else []
+    return [
+        iter(full_ac),
+        (_changed(cfg, "training.local_batch_size", b) for b in batches),
+        (_changed(cfg, "model.n_layers", n) for n in range(cfg.model.n_layers - 1, 0, -1)),
+    ]
+
+
+def _changed(cfg: JobConfig, key: str, value: object) -> tuple[str, JobConfig]:
+    section, name = key.split(".")
+    return f"{key}={value}", changed_config(cfg, **{section: {name: value}})

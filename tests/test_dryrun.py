@@ -1,11 +1,22 @@
-"""COMM_MODE=fake_backend: configs far beyond this machine, validated and sized in one process."""
+"""COMM_MODE=fake_backend: configs far beyond this machine, validated and sized in one process (the
+dry run itself, in this test's process; the command line's path to it once)."""
 
 import re
 
 import pytest
 import torch
 
-from conftest import run_cli
+from titan_exp.config.compose import to_job_config
+from titan_exp.config.resolve import resolve
+from titan_exp.rules import ConfigError
+from titan_exp.train.dry_run import fake_backend_dry_run, local_tensor_run
+
+from conftest import compose_config, run_cli
+
+
+def dry_run(overrides: list[str]) -> dict:
+    """Rank 0's report of the fake_backend dry run of a config, run in this process."""
+    return fake_backend_dry_run(resolve(to_job_config(compose_config([*overrides, "debug.comm_mode=fake_backend"]))))
 
 
 def report_of(stdout: str) -> dict[str, str]:
@@ -13,25 +24,24 @@ def report_of(stdout: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S+)", line.split(":", 1)[1]))
 
 
-def test_llama3_405b_on_512_ranks_fsdp8_tp8_pp8(tmp_path):
-    args = [
-        "model=llama3_405b",
-        "parallelism=fsdp_tp_pp",
-        "parallelism.tensor_parallel_degree=8",
-        "parallelism.pipeline_parallel_degree=8",
-        "launcher.nproc_per_node=8",
-        "launcher.nodes=64",
-        "training.seq_len=8192",
-        "training.local_batch_size=8",
-        "training.mixed_precision_param=bfloat16",
-        "activation_checkpoint.mode=full",
-        "tracking=none",
-    ]
-    result = run_cli(args, tmp_path, env={"COMM_MODE": "fake_backend"}, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = report_of(result.stdout)
-    assert report["world_size"] == "512" and report["mesh"] == "pp8·dp_shard8·tp8"
-    assert report["total_params"] == "405,853,388,800"
+def test_llama3_405b_on_512_ranks_fsdp8_tp8_pp8():
+    report = dry_run(
+        [
+            "model=llama3_405b",
+            "parallelism=fsdp_tp_pp",
+            "parallelism.tensor_parallel_degree=8",
+            "parallelism.pipeline_parallel_degree=8",
+            "launcher.nproc_per_node=8",
+            "launcher.nodes=64",
+            "training.seq_len=8192",
+            "training.local_batch_size=8",
+            "training.mixed_precision_param=bfloat16",
+            "activation_checkpoint.mode=full",
+            "tracking=none",
+        ]
+    )
+    assert report["world_size"] == 512 and report["mesh"] == "pp8·dp_shard8·tp8"
+    assert report["total_params"] == 405_853_388_800
     # Rank 0 holds stage 0 (embeddings + layers 0..14 of 126), every weight split 64 ways
     # (FSDP 8 × TP 8) except the norms, which TP replicates.
     from titan_exp.models.llama3.args import Llama3Config
@@ -53,14 +63,13 @@ def test_llama3_405b_on_512_ranks_fsdp8_tp8_pp8(tmp_path):
         (name, p) for name, p in model.named_parameters() if name.startswith("layers.") and int(name.split(".")[1]) < 15
     ]
     expected = sum(p.numel() // (8 if "norm" in name else 64) for name, p in stage0)
-    assert int(report["rank0_params"].replace(",", "")) == expected
-    assert float(report["rank0_optimizer_state_gib"]) == pytest.approx(expected * 8 / 1024**3, rel=1e-3)
-    assert 0 < float(report["rank0_step_peak_activation_gib"]) and float(report["rank0_estimated_peak_gib"]) > float(
-        report["rank0_optimizer_state_gib"]
-    )
+    assert report["rank0_params"] == expected
+    assert report["rank0_optimizer_state_gib"] == pytest.approx(expected * 8 / 1024**3, rel=1e-3)
+    assert 0 < report["rank0_step_peak_activation_gib"]
+    assert report["rank0_estimated_peak_gib"] > report["rank0_optimizer_state_gib"]
 
 
-def test_config_key_selects_the_dry_run_and_fsdp_halves_the_params(tmp_path):
+def test_config_key_selects_the_dry_run_on_the_command_line_and_fsdp_halves_the_params(tmp_path):
     result = run_cli(
         ["debug.comm_mode=fake_backend", "parallelism=fsdp", "launcher.nproc_per_node=2", "tracking=none"], tmp_path
     )
@@ -70,7 +79,7 @@ def test_config_key_selects_the_dry_run_and_fsdp_halves_the_params(tmp_path):
     assert "loss" not in result.stdout  # nothing trained
 
 
-def test_context_parallel_dry_run_holds_a_slice_of_the_activations_and_the_gathered_kv(tmp_path):
+def test_context_parallel_dry_run_holds_a_slice_of_the_activations_and_the_gathered_kv():
     """Debug model at seq 2048 on 4 ranks: cp=2 keeps half the activations of its fsdp4 twin, plus
     the other rank's K and V each attention layer gathered (estimate/memory.py's count of them)."""
     from titan_exp.estimate.memory import gathered_kv
@@ -80,21 +89,18 @@ def test_context_parallel_dry_run_holds_a_slice_of_the_activations_and_the_gathe
     activations = {}
     for cp in (1, 2):
         args = ["parallelism=fsdp_cp", f"parallelism.context_parallel_degree={cp}", "launcher.nproc_per_node=4"]
-        args += ["training.seq_len=2048", "training.local_batch_size=1", "tracking=none"]
-        result = run_cli(args, tmp_path / str(cp), env={"COMM_MODE": "fake_backend"})
-        assert result.returncode == 0, result.stderr[-3000:]
-        report = report_of(result.stdout)
+        report = dry_run([*args, "training.seq_len=2048", "training.local_batch_size=1", "tracking=none"])
         assert report["mesh"] == ("dp_shard4" if cp == 1 else "dp_shard2·cp2")
-        activations[cp] = float(report["rank0_step_peak_activation_gib"])
+        activations[cp] = report["rank0_step_peak_activation_gib"]
     debug = Llama3Config()
     kv = debug.n_layers * gathered_kv(debug, 1, 2048, 2) * 4 / GIB
     assert activations[2] == pytest.approx(activations[1] / 2 + kv, rel=0.1), (activations, kv)
 
 
-def test_dry_run_needs_the_world_spelled_out(tmp_path):
-    result = run_cli(["parallelism=fsdp", "tracking=none"], tmp_path, env={"COMM_MODE": "fake_backend"})
-    assert result.returncode == 2
-    assert "launcher.nproc_per_node=-1: a dry run needs the world spelled out" in result.stderr
+def test_dry_run_needs_the_world_spelled_out(monkeypatch):
+    monkeypatch.setenv("COMM_MODE", "fake_backend")  # the environment's word wins over the config's
+    with pytest.raises(ConfigError, match="launcher.nproc_per_node=-1: a dry run needs the world spelled out"):
+        resolve(to_job_config(compose_config(["parallelism=fsdp", "tracking=none"])))
 
 
 def test_local_tensor_mode_reproduces_real_tensor_parallel_ranks(tmp_path, store):
@@ -102,13 +108,7 @@ def test_local_tensor_mode_reproduces_real_tensor_parallel_ranks(tmp_path, store
 
     uri, db = store
     common = ["experiment=smoke", "parallelism=tp", "launcher.nproc_per_node=2", "debug=deterministic"]
-    local = run_cli(common, tmp_path / "local", env={"COMM_MODE": "local_tensor"})
-    assert local.returncode == 0, local.stderr[-3000:]
-    per_step = [
-        [float(v) for v in line.split("loss per rank")[1].split()]
-        for line in local.stdout.splitlines()
-        if "loss per rank" in line
-    ]
+    per_step = local_tensor_run(resolve(to_job_config(compose_config([*common, "debug.comm_mode=local_tensor"]))))
     assert len(per_step) == 6 and all(len(ranks) == 2 and ranks[0] == ranks[1] for ranks in per_step)
     real = run_cli([*common, "tracking=mlflow", uri], tmp_path / "real")
     assert real.returncode == 0, real.stderr[-3000:]
@@ -116,11 +116,7 @@ def test_local_tensor_mode_reproduces_real_tensor_parallel_ranks(tmp_path, store
     torch.testing.assert_close([ranks[0] for ranks in per_step], real_curve, rtol=1e-4, atol=0)
 
 
-def test_local_tensor_mode_refuses_fsdp_by_name(tmp_path):
-    result = run_cli(
-        ["experiment=smoke", "parallelism=fsdp", "launcher.nproc_per_node=2"],
-        tmp_path,
-        env={"COMM_MODE": "local_tensor"},
-    )
-    assert result.returncode == 2
-    assert "LocalTensorMode fails inside FSDP2" in result.stderr and "Traceback" not in result.stderr
+def test_local_tensor_mode_refuses_fsdp_by_name(monkeypatch):
+    monkeypatch.setenv("COMM_MODE", "local_tensor")
+    with pytest.raises(ConfigError, match="LocalTensorMode fails inside FSDP2"):
+        resolve(to_job_config(compose_config(["experiment=smoke", "parallelism=fsdp", "launcher.nproc_per_node=2"])))

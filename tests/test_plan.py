@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from titan_exp.plan import cli as plan_cli
+
 from conftest import REPO, mlflow_client, mlflow_runs, run_cli
 
 H100_96GB = ["hardware=h100", "hardware.memory_gib=96", "training.mixed_precision_param=bfloat16"]
@@ -23,19 +25,22 @@ def subcommand(args: list[str], timeout: int = 300) -> subprocess.CompletedProce
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def plan(args: list[str], tmp_path, timeout: int = 300):
-    result = subcommand(["plan", "--out", str(tmp_path / "plan"), *args], timeout)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    rows = list(csv.DictReader(open(tmp_path / "plan" / "plan.csv")))
-    return result, rows
+@pytest.fixture
+def plan(capsys):
+    """`titan_exp plan --out TMP/plan ARGS` in this process: its stdout and the rows of its plan.csv."""
+
+    def run(args: list[str], tmp_path) -> tuple[str, list[dict]]:
+        status = plan_cli.main(["--out", str(tmp_path / "plan"), *args])
+        out, err = capsys.readouterr()
+        assert status == 0, out[-2000:] + err[-3000:]
+        return out, list(csv.DictReader(open(tmp_path / "plan" / "plan.csv")))
+
+    return run
 
 
-def test_one_config_is_predicted_and_recorded_as_a_prediction(tmp_path, store):
+def test_one_config_is_predicted_and_recorded_as_a_prediction(tmp_path, store, plan):
     uri, db = store
-    result, [row] = plan(
-        ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=4", uri], tmp_path
-    )
-    out = result.stdout
+    out, [row] = plan(["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=4", uri], tmp_path)
     assert "peak memory per rank" in out and "optimizer state" in out and "tokens/s per device" in out
     assert "measured (fake pass" in out and "(measured) + communication" in out  # which figure is which
     assert row["layout"] == "fsdp2" and row["fits"] == "yes" and float(row["step s"]) > 0
@@ -46,7 +51,7 @@ def test_one_config_is_predicted_and_recorded_as_a_prediction(tmp_path, store):
     assert metrics["prediction/tps_per_device"] > 0 and 0 < metrics["prediction/mfu_pct"] < 100
 
 
-def test_a_grid_is_ranked_fitting_first_then_by_tps(tmp_path):
+def test_a_grid_is_ranked_fitting_first_then_by_tps(tmp_path, plan):
     args = ["-m", "model=llama3_8b", *H100_96GB, *SEQ_8K, "launcher.nproc_per_node=8", "plan.measure=false"]
     args += ["parallelism=fsdp,fsdp_tp", "training.local_batch_size=1,2,8", "tracking=none"]
     _, rows = plan(args, tmp_path)
@@ -60,7 +65,7 @@ def test_a_grid_is_ranked_fitting_first_then_by_tps(tmp_path):
     assert html.count("<tr>") == 7 and (tmp_path / "plan" / "plan.md").read_text().count("\n") == 8
 
 
-def test_published_h100_layouts_are_predicted_plausibly(tmp_path):
+def test_published_h100_layouts_are_predicted_plausibly(tmp_path, plan):
     """TorchTitan's published runs on 96 GB H100s at seq 8192 (its strategy-selection guide): Llama 3
     8B, FSDP 8, local batch 2, selective AC: 5,762 TPS/GPU in 82 GiB; 405B, FSDP 8 × TP 8 × PP 8 on 512 GPUs, full AC:
     fits under 1F1B and Interleaved1F1B."""
@@ -85,7 +90,7 @@ def test_published_h100_layouts_are_predicted_plausibly(tmp_path):
         assert row["fits"] == "yes" and 20 < float(row["peak GiB/rank"]) < 86.4, row
 
 
-def test_compare_puts_the_prediction_beside_the_measured_run(tmp_path, store):
+def test_compare_puts_the_prediction_beside_the_measured_run(tmp_path, store, plan):
     uri, db = store
     layout = ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=4", "training.seq_len=128"]
     plan([*layout, uri], tmp_path)
@@ -133,8 +138,17 @@ def test_prune_skips_points_predicted_not_to_fit_and_records_them(tmp_path, stor
         (["hardware.peak_tflops_bf16=3"], "Could not override 'hardware.peak_tflops_bf16'"),
     ],
 )
-def test_a_bad_config_is_refused_in_one_line(overrides, said):
-    result = subcommand(["plan", *overrides, "tracking=none"])
-    assert result.returncode == 2 and result.stdout == ""
-    [line] = result.stderr.strip().splitlines()
+def test_a_bad_config_is_refused_in_one_line(overrides, said, capsys):
+    assert plan_cli.main([*overrides, "tracking=none"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    [line] = err.strip().splitlines()
     assert line.startswith("titan_exp plan: config error:") and said in line
+
+
+def test_the_command_line_runs_the_planner():
+    result = subcommand(["plan", "hardware=tpu", "tracking=none"])
+    assert result.returncode == 2 and result.stdout == ""
+    assert (
+        result.stderr.startswith("titan_exp plan: config error:") and "Could not find 'hardware/tpu'" in result.stderr
+    )

@@ -24,7 +24,7 @@ def point(
 ) -> SweepPoint:
     cfg = JobConfig()
     cfg.launcher.name, cfg.launcher.nproc_per_node, cfg.launcher.device = launcher, nproc, device
-    job = ResolvedJob(cfg, ParallelDims(1, 1, nproc, 1, 1), Placement(None, device, nproc, 1, 1), None)
+    job = ResolvedJob(cfg, ParallelDims(1, 1, nproc, 1, 1), Placement(None, device, nproc, 1, 1))
     return SweepPoint(number, overrides, job_dir=None, job=job)
 
 

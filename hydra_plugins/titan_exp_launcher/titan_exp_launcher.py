@@ -40,7 +40,6 @@ class TitanExpLauncher(Launcher):
         points, pruned = [], {}
         for overrides, config in zip(job_overrides, configs):
             job_dir = sweep_dir / str(config.hydra.sweep.subdir)
-            _save_hydra_files(config, job_dir)
             task = _task(config)
             point = SweepPoint(config.hydra.job.num, list(overrides), job_dir)
             if found := prune(task):  # plan.prune=true: predicted not to fit, not started
@@ -55,6 +54,8 @@ class TitanExpLauncher(Launcher):
             print(f"titan_exp: config error: {err}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        for point, config in zip(points, configs):
+            _save_hydra_files(config, point.job_dir)
         sweep = active_sweep()
         parent = sweep.open() if sweep else None
         launcher = self.config.launcher

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from layouts import layout
 from omegaconf import OmegaConf
 
 from titan_exp.estimate.memory import (
@@ -38,20 +39,6 @@ DEBUG_EMBEDDING = 2048 * 256  # 524,288
 DEBUG_PARAMS = 6 * DEBUG_LAYER + 2 * DEBUG_EMBEDDING + 256  # 5,573,888
 
 NO_AC = ActivationCheckpointConfig(mode="none")
-
-
-def layout(
-    *, dp_shard: int = 1, dp_replicate: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, schedule: str = "1F1B"
-) -> ParallelismConfig:
-    """A resolved layout (every degree given, none -1), microbatches of one sample."""
-    return ParallelismConfig(
-        data_parallel_shard_degree=dp_shard,
-        data_parallel_replicate_degree=dp_replicate,
-        tensor_parallel_degree=tp,
-        pipeline_parallel_degree=pp,
-        context_parallel_degree=cp,
-        pipeline_parallel_schedule=schedule,
-    )
 
 
 def memory(p: ParallelismConfig, *, m: Llama3Config = DEBUG, batch: int = 4, seq_len: int = 256, **kw) -> RankMemory:

@@ -5,6 +5,7 @@ number of microbatches."""
 import dataclasses
 
 import pytest
+from layouts import layout
 
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.memory import model_parameters
@@ -32,20 +33,6 @@ HW = HardwareConfig(
 BLOCKING = dataclasses.replace(HW, overlaps_communication=False)
 # Per microbatch: a layer's forward + backward, the output head's; the optimizer step once.
 COMPUTE = ComputeTimes(layer=0.01, head=0.02, optimizer=0.05)
-
-
-def layout(
-    *, dp_shard: int = 1, dp_replicate: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, schedule: str = "1F1B"
-) -> ParallelismConfig:
-    """A resolved layout (no degree -1), pipeline microbatches of one sample."""
-    return ParallelismConfig(
-        data_parallel_shard_degree=dp_shard,
-        data_parallel_replicate_degree=dp_replicate,
-        tensor_parallel_degree=tp,
-        pipeline_parallel_degree=pp,
-        context_parallel_degree=cp,
-        pipeline_parallel_schedule=schedule,
-    )
 
 
 def step(

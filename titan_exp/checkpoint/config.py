@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from typing import Optional
 
-from titan_exp.rules import ConfigError, Section, check_at_least, check_positive
+from titan_exp.rules import ConfigError, Section, check_positive
 
 
 @dataclass
@@ -23,4 +23,5 @@ class CheckpointConfig(Section):
         if (self.enable or self.create_seed_checkpoint) and not self.folder:
             raise ConfigError(f"{key}.folder", "''", "must name a folder")
         check_positive(f"{key}.interval", self.interval)
-        check_at_least(f"{key}.keep_latest_k", self.keep_latest_k, 0)
+        if self.keep_latest_k < 0:
+            raise ConfigError(f"{key}.keep_latest_k", self.keep_latest_k, "must be >= 0 (0 keeps every checkpoint)")

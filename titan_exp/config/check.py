@@ -11,8 +11,9 @@ from titan_exp.parallel.stages import StagePlan
 from titan_exp.rules import ConfigError
 
 
-def check_job(cfg: JobConfig, dims: ParallelDims, placement: Placement) -> None:
-    """Every rule across sections, once the degrees and the placement are known."""
+def check_job(cfg: JobConfig, dims: ParallelDims, placement: Placement, placed: bool = True) -> None:
+    """Every rule across sections, once the degrees and the placement are known (`placed=False`:
+    planned, not run; the device's features are then the planned hardware's business)."""
     check_model_fit(cfg, dims)
     check_layout(cfg, dims)
     check_batch(cfg, dims)
@@ -23,7 +24,7 @@ def check_job(cfg: JobConfig, dims: ParallelDims, placement: Placement) -> None:
             True,
             f"writes the initial weights from one rank but the world size is {dims.world_size}; add parallelism=single",
         )
-    if cfg.debug.comm_mode == "real":
+    if cfg.debug.comm_mode == "real" and placed:
         check_device_features(cfg, dims, placement.device)
     elif cfg.debug.comm_mode == "local_tensor":
         check_local_tensor_layout(cfg, dims)

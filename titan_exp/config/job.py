@@ -36,7 +36,11 @@ class ResolvedJob:
     config: JobConfig  # frozen: nothing downstream changes what was resolved
     dims: ParallelDims
     placement: Placement
-    store: Store | None  # None when tracking is off
+
+    @property
+    def store(self) -> Store | None:
+        """The tracking store, parsed once (None when tracking is off)."""
+        return self.config.tracking.store if self.config.tracking.enable else None
 
     @property
     def dry_run(self) -> bool:

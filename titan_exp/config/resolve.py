@@ -33,11 +33,11 @@ def resolve(cfg: JobConfig, place: bool = True) -> ResolvedJob:
     placement = _place(cfg) if place and cfg.debug.comm_mode == "real" else _place_nowhere(cfg)
     dims = ParallelDims.resolve(cfg.parallelism, placement.world_size)
     _fill_in(cfg, placement, dims)
-    check.check_job(cfg, dims, placement)
+    check.check_job(cfg, dims, placement, placed=place)
     if place and cfg.debug.comm_mode == "real" and _spawns_cpu_ranks_here(cfg, placement):
         check.check_cpu_ranks(cfg.launcher, placement.nproc_per_node, cpu_cores())
     cfg.freeze()
-    return ResolvedJob(cfg, dims, placement, cfg.tracking.store if cfg.tracking.enable else None)
+    return ResolvedJob(cfg, dims, placement)
 
 
 def _spawns_cpu_ranks_here(cfg: JobConfig, placement: Placement) -> bool:
@@ -61,7 +61,9 @@ def _place_nowhere(cfg: JobConfig) -> Placement:
             -1,
             "a dry run needs the world spelled out: set launcher.nproc_per_node (and launcher.nodes)",
         )
-    return Placement(None, "cpu", launcher.nproc_per_node, launcher.nodes, cpu_cores())
+    threads = launcher.cpu_threads_per_rank
+    threads = threads if threads > 0 else max(1, cpu_cores() // launcher.nproc_per_node)
+    return Placement(None, "cpu", launcher.nproc_per_node, launcher.nodes, threads)
 
 
 def _place_here(cfg: JobConfig, started_by: str | None) -> Placement:

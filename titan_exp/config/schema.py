@@ -28,6 +28,9 @@ from titan_exp.quantize.config import QuantizeConfig
 from titan_exp.rules import Section
 from titan_exp.tracking.config import TrackingConfig
 
+# Sections whose rules come before the others'.
+FIRST_CHECKED = ("debug", "launcher")
+
 
 @dataclass
 class JobConfig(Section):
@@ -51,9 +54,11 @@ class JobConfig(Section):
     plan: PlanConfig = field(default_factory=PlanConfig)
 
     def check(self, key: str = "") -> None:
-        """Every section's own rules (rules across sections: config/check.py)."""
-        for f in dataclasses.fields(self):
-            getattr(self, f.name).check(f.name)
+        """Every section's own rules (rules across sections: config/check.py): how the job runs and
+        where first, as a refusal names the first key that is wrong."""
+        names = [f.name for f in dataclasses.fields(self)]
+        for name in sorted(names, key=lambda name: name not in FIRST_CHECKED):
+            getattr(self, name).check(name)
 
 
 def register_schema() -> None:

@@ -13,9 +13,11 @@ from titan_exp.rules import (
     ConfigError,
     Section,
     check_at_least,
+    check_choice,
     check_count_or_auto,
     check_in_range,
     check_positive,
+    choices,
     one_of,
 )
 
@@ -59,6 +61,10 @@ class DebugConfig(Section):
     # real | fake_backend (one process stands in for rank 0 of the whole world) | local_tensor (every
     # TP rank's numbers in one process): see train/dry_run.py. COMM_MODE, when set, takes precedence.
     comm_mode: str = one_of("real", "fake_backend", "local_tensor")
+
+    def check(self, key: str) -> None:
+        # The environment's COMM_MODE may be where a wrong value came from.
+        check_choice(f"{key}.comm_mode (or COMM_MODE)", self.comm_mode, choices(DebugConfig, "comm_mode"))
 
 
 @dataclass

@@ -2,7 +2,7 @@
 alone (no torch, so the launching process can make it): parameters, gradients and optimizer state
 as sharded by the layout, activations as kept by the schedule and activation checkpointing, the
 float32 logits of the loss, and what a process holds before any tensor. The pre-flight check holds
-it against the memory the ranks can have (config/check.py). The planner measures rank 0's
+it against the memory the ranks can have (job/preflight.py). The planner measures rank 0's
 memory instead where it can (plan/measure.py); this estimate errs on the high side."""
 
 import dataclasses

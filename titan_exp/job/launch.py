@@ -110,7 +110,10 @@ def _run_on_slurm(job: ResolvedJob, job_dir: Path) -> dict[str, object]:
     if not launcher.wait:
         return {}
     try:
-        return _outcome(slurm.wait(submitted, lambda line: print(line, flush=True)))
+        result = slurm.wait(submitted, lambda line: print(line, flush=True))
+        if result.stopped:
+            raise StoppedBySlurm(result.stopped)
     except BaseException as err:
         _close_run_from_outside(job, ctx, err)
         raise
+    return _outcome(result)

@@ -42,7 +42,8 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
         for n, layout in enumerate(cfg.parity.layouts)
     ]
     check_every_point(points)
-    sweep = Sweep(cfg.tracking, "loss_parity", job_dir, {"parity.layouts": " | ".join(cfg.parity.layouts)})
+    layouts = {"parity.layouts": " | ".join(cfg.parity.layouts)}
+    sweep = Sweep(cfg.tracking, "loss_parity", job_dir, layouts, own_parent=True)
     try:
         run_points(points, sweep.open(), cfg.launcher.max_parallel, cfg.launcher.array_parallelism)
         for point in points:
@@ -55,7 +56,8 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
             for name in ("loss_parity.md", "loss_parity.png"):
                 sweep.parent.run.log_artifact(job_dir / name, "parity")
     except BaseException as err:
-        sweep.finish(interrupted=isinstance(err, KeyboardInterrupt))
+        interrupted = isinstance(err, KeyboardInterrupt)
+        sweep.finish(interrupted, None if interrupted else f"{type(err).__name__}: {err}")
         raise
     sweep.finish(failure=None if passed else f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}")
     return passed

@@ -35,14 +35,20 @@ TITAN_EXP_LAUNCHER = "hydra_plugins.titan_exp_launcher.titan_exp_launcher.TitanE
 class Sweep:
     """One sweep's state: its parent run (once opened), how many points failed, whether it ended."""
 
-    def __init__(self, tracking: TrackingConfig, name: str, folder: Path, params: dict[str, object]):
+    def __init__(
+        self, tracking: TrackingConfig, name: str, folder: Path, params: dict[str, object], own_parent: bool = False
+    ):
+        """`own_parent`: a parent run of its own even when the user named one (it is nested there);
+        otherwise the points join the parent the user named."""
         self.tracking, self.name, self.folder, self.params = tracking, name, folder, params
+        self.own_parent = own_parent
         self.parent: ParentRun | None = None
         self.failed = 0
 
     def open(self) -> str | None:
-        """Create the parent run (when tracking is on and the user named none); its id."""
-        if self.parent is None and self.tracking.enable and not self.tracking.parent_run_id:
+        """Create the parent run (when tracking is on); its id, or the one the user named."""
+        wanted = self.own_parent or not self.tracking.parent_run_id
+        if self.parent is None and self.tracking.enable and wanted:
             self.parent = ParentRun(self.tracking, self.name, self.folder, self.params)
         return self.parent.run_id if self.parent else self.tracking.parent_run_id
 

@@ -44,7 +44,7 @@ def _wrap(block: nn.Module, cfg: ActivationCheckpointConfig) -> nn.Module:
 
 
 def apply_activation_checkpointing(layers: nn.ModuleDict, cfg: ActivationCheckpointConfig) -> None:
-    """Wrap blocks of `layers` in place according to cfg.mode (validated in config/check.py)."""
+    """Wrap blocks of `layers` in place according to cfg.mode (validated by ActivationCheckpointConfig.check)."""
     if cfg.mode == "none":
         return
     every = int(cfg.selective_ac_option) if cfg.mode == "selective" and cfg.selective_ac_option != "op" else 1

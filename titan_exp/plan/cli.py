@@ -189,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         points = grid(args.overrides)
         jobs = [compose_point(point) for point in points]
-        if jobs[0].store is not None:
-            preflight(jobs[0], memory=False)  # the predictions' store
+        for job in jobs:
+            preflight(job, memory=False)  # the points' files, folders and store, as a run's
     except (ConfigError, HydraException) as err:
         print(f"titan_exp plan: config error: {_one_line(err)}", file=sys.stderr)
         return 2

@@ -21,9 +21,6 @@ from titan_exp.job.result import RankResult, StoppedBySlurm
 from titan_exp.metrics import startup
 from titan_exp.rank.tracked_run import LeaveRunOpen, tracked_run
 
-# The rank's entry point, as the launching process names it (launchers/entrypoint.py).
-RUN_RANK = "titan_exp.rank.entry:run_rank"
-
 
 def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
     """A rank's body: its last logged metrics (rank 0's are the job's), or why Slurm stopped the

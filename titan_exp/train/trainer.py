@@ -144,8 +144,10 @@ class Trainer:
             with self.profiler.step(step):
                 outcome = self.train_step(step)
             if self.leader:
-                self.leader.after_step(self, step, outcome)
+                self.leader.count(self, step, outcome)
             self._log(step, outcome)
+            if self.leader and step == self.resumed_step + 1:
+                self.leader.report_startup(step)
             saved = self.checkpointer.maybe_save(step, steps, is_writer=self.leader is not None)
             if self.watch_stop and step < steps and self._stop_agreed():
                 if self.job.config.checkpoint.enable and not saved:
@@ -256,17 +258,20 @@ class Leader:
         self.meter = ThroughputMeter(per_token, mfu_peak, dims.non_data_parallel_size, trainer.device)
         self.tokens_per_step = t.local_batch_size * t.seq_len * job.accumulation
 
-    def after_step(self, trainer: Trainer, step: int, outcome: StepOutcome) -> None:
+    def count(self, trainer: Trainer, step: int, outcome: StepOutcome) -> None:
+        """The step's tokens and data time into the meter; a memory audit's figures into the run."""
         if self.tracker and trainer.profiler.audit_metrics:
             self.tracker.log_metrics(step, trainer.profiler.take_audit_metrics())
         self.meter.add_step(self.tokens_per_step, outcome.data_seconds)
-        if step == trainer.resumed_step + 1:
-            # Where the start-up went (metrics/startup.py); a writer that waited for the first step starts now.
-            startup.mark("first_step")
-            print(startup.summary_line(), flush=True)
-            if self.tracker:
-                self.tracker.log_metrics(step, startup.as_metrics())
-                self.tracker.start()
+
+    def report_startup(self, step: int) -> None:
+        """After the first step: where the start-up went (metrics/startup.py); a writer that waited
+        for the first step starts now."""
+        startup.mark("first_step")
+        print(startup.summary_line(), flush=True)
+        if self.tracker:
+            self.tracker.log_metrics(step, startup.as_metrics())
+            self.tracker.start()
 
     def log(self, step: int, outcome: StepOutcome, loss_avg: float, loss_max: float) -> None:
         self.last = {

@@ -92,17 +92,18 @@ def _save_hydra_files(config: DictConfig, job_dir: Path) -> None:
     """What Hydra writes in a job's .hydra folder (the run logs them as config/hydra/*.yaml)."""
     folder = job_dir / ".hydra"
     folder.mkdir(parents=True, exist_ok=True)
-    task = copy.deepcopy(config)
-    with read_write(task), open_dict(task):
-        del task["hydra"]
-    OmegaConf.save(task, folder / "config.yaml")
+    OmegaConf.save(_task_node(config), folder / "config.yaml")
     OmegaConf.save(OmegaConf.create({"hydra": config.hydra}), folder / "hydra.yaml")
     OmegaConf.save(config.hydra.overrides.task, folder / "overrides.yaml")
 
 
-def _task(config: DictConfig):
+def _task_node(config: DictConfig) -> DictConfig:
     """The point's config without Hydra's node, as the task function would receive it."""
     task = copy.deepcopy(config)
     with read_write(task), open_dict(task):
         del task["hydra"]
-    return to_job_config(task)
+    return task
+
+
+def _task(config: DictConfig):
+    return to_job_config(_task_node(config))

@@ -31,6 +31,11 @@ class Placement:
         return self.nproc_per_node * self.nodes
 
 
+def threads_per_rank(cores: int, ranks: int) -> int:
+    """An equal share of `cores` for each of `ranks` CPU ranks (at least one thread)."""
+    return max(1, cores // ranks)
+
+
 @dataclass(frozen=True)
 class ResolvedJob:
     config: JobConfig  # frozen: nothing downstream changes what was resolved
@@ -71,7 +76,7 @@ class ResolvedJob:
     def on_cores(self, cores: int) -> "ResolvedJob":
         """The same job given `cores` cores of this machine (a sweep point beside others): each CPU
         rank gets an equal share as its threads."""
-        threads = max(1, cores // self.placement.nproc_per_node)
+        threads = threads_per_rank(cores, self.placement.nproc_per_node)
         placement = dataclasses.replace(self.placement, threads_per_rank=threads)
         job = self.replaced(launcher={"cpu_threads_per_rank": threads})
         return dataclasses.replace(job, placement=placement)

@@ -14,7 +14,7 @@ from pathlib import Path
 from launchers.devices import cpu_cores, visible_gpus
 from launchers.env import RankEnv, external_launcher
 from titan_exp.config import check
-from titan_exp.config.job import Placement, ResolvedJob
+from titan_exp.config.job import Placement, ResolvedJob, threads_per_rank
 from titan_exp.config.schema import JobConfig
 from titan_exp.parallel.config import resolved_context_parallel_impl
 from titan_exp.parallel.dims import ParallelDims
@@ -62,7 +62,7 @@ def _place_nowhere(cfg: JobConfig) -> Placement:
             "a dry run needs the world spelled out: set launcher.nproc_per_node (and launcher.nodes)",
         )
     threads = launcher.cpu_threads_per_rank
-    threads = threads if threads > 0 else max(1, cpu_cores() // launcher.nproc_per_node)
+    threads = threads if threads > 0 else threads_per_rank(cpu_cores(), launcher.nproc_per_node)
     return Placement(None, "cpu", launcher.nproc_per_node, launcher.nodes, threads)
 
 
@@ -81,7 +81,7 @@ def _place_here(cfg: JobConfig, started_by: str | None) -> Placement:
     if threads == -1:
         # torchrun and srun set OMP_NUM_THREADS for their ranks; our launcher shares the cores out.
         inherited = os.environ.get("OMP_NUM_THREADS") if started_by else None
-        threads = int(inherited) if inherited else max(1, cpu_cores() // nproc)
+        threads = int(inherited) if inherited else threads_per_rank(cpu_cores(), nproc)
     return Placement(started_by, device, nproc, nodes, threads)
 
 

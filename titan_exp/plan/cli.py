@@ -81,9 +81,7 @@ def compose_point(point: list[str]) -> ResolvedJob:
 
 def _cpu_ranks(job: ResolvedJob) -> tuple[int, float]:
     """(threads per rank, how much the ranks' time stretches as they share this machine's cores)."""
-    cores, ranks = cpu_cores(), job.placement.nproc_per_node
-    threads = job.config.launcher.cpu_threads_per_rank
-    threads = threads if threads > 0 else max(1, cores // ranks)
+    cores, ranks, threads = cpu_cores(), job.placement.nproc_per_node, job.placement.threads_per_rank
     return threads, max(1.0, ranks * threads / cores)
 
 

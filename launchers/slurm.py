@@ -8,7 +8,7 @@ Inside the job each task takes its torch.distributed environment from Slurm (lau
 first node's address, a port derived from the job id) and keeps CUDA_VISIBLE_DEVICES as Slurm binds
 it. SIGTERM (scancel, the time limit) is left to act, where submitit would ignore it, and SIGUSR2
 (sent signal_delay_s ahead of the time limit, or on preemption) asks the ranks to stop at their
-next step (launchers/signals.py); `requeue_this_job` then puts the job back in the queue.
+next step (launchers/signals.py); `leave_for_requeue` then puts the job back in the queue.
 """
 
 import os
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import submitit
 from submitit.core.utils import JobPaths
@@ -43,6 +43,11 @@ FINAL_STATES = frozenset(
 )
 # Final states that mean the job was stopped from outside rather than failing by itself.
 STOPPED_STATES = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"})
+
+# A requeued task's exit status (submitit's own requeue exits so too), and how long a rank other than
+# 0 waits for the requeue to end it.
+_REQUEUED_EXIT = 255
+_REQUEUE_WAIT_SECONDS = 60.0
 
 
 @dataclass
@@ -249,7 +254,9 @@ def _outcome(job: SlurmJob, status: JobStatus | None, echo: Callable[[str], None
 def _task_entry(fn: Callable[[Any], Any], arg: Any, threads: int) -> Any:
     """One rank of the job, inside submitit's task process."""
     # A result of an earlier run of this job (before a requeue) must not stand for this one.
-    submitit.JobEnvironment().paths.result_pickle.unlink(missing_ok=True)
+    result = submitit.JobEnvironment().paths.result_pickle
+    result.unlink(missing_ok=True)
+    result.with_name(result.name + ".save_tmp").unlink(missing_ok=True)  # one cut short (see leave_for_requeue)
     export_slurm_environment()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # before the rank imports torch
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # submitit's tasks bypass it; rank 0 records KILLED
@@ -257,8 +264,15 @@ def _task_entry(fn: Callable[[Any], Any], arg: Any, threads: int) -> Any:
     return run_recording_failures(fn, arg)
 
 
-def requeue_this_job() -> None:
-    """From inside the job: put it back in the queue (Slurm then ends this run of it). It starts
-    again when slurmctld allows (cred_expire + 1 s after the requeue: 2 minutes by default)."""
-    with signals.ignored(signal.SIGTERM):  # the requeue ends this run of the job: finish the call
-        subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
+def leave_for_requeue(is_rank0: bool) -> NoReturn:
+    """From inside the job: rank 0 puts it back in the queue (Slurm then ends this run of it; it
+    starts again when slurmctld allows, cred_expire + 1 s after the requeue: 2 minutes by default),
+    the other ranks wait for that end. Either way the task leaves without a result, as submitit's
+    own requeue does: a result being saved as Slurm ends the task is left half-written
+    (`<result>.save_tmp`), and the next run of the task trips over it."""
+    if is_rank0:
+        with signals.ignored(signal.SIGTERM):  # the requeue ends this run of the job: finish the call
+            subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
+    else:
+        time.sleep(_REQUEUE_WAIT_SECONDS)
+    sys.exit(_REQUEUED_EXIT)

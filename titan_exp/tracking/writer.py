@@ -4,6 +4,7 @@ when it runs)."""
 
 import contextlib
 import ctypes
+import gc
 import multiprocessing
 import os
 import queue
@@ -204,6 +205,7 @@ def _write_run(
                 run = None  # busy past the retry window: give up rather than wait that long per call
     if monitor is not None:  # the run goes on later (no finish): stop sampling all the same
         stop_system_metrics(monitor)
+    gc.freeze()  # the process ends next: MLflow's objects go with it, uncollected (~0.5 s sooner)
     if error:
         print(f"titan_exp: tracking failed, the run's MLflow record is incomplete: {error}", flush=True)
         sys.exit(_EXIT_INCOMPLETE)

@@ -46,9 +46,9 @@ def curve_of(tmp_path, store, name: str, overrides: list[str]) -> list[float]:
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     """Runs a layout from the module's seed checkpoint; `matrix.single` is the reference curve. The
-    checkpoint holds the weights of seed 7, the runs use seed 0 (for their data and, without the
-    checkpoint, their weights): every layout loads it, and test_tolerance_is_discriminating checks
-    that the weights loaded are the checkpoint's."""
+    checkpoint holds the weights of SEED_CHECKPOINT_SEED, the runs use the default seed (for their
+    data and, without the checkpoint, their weights): every layout loads it, and
+    test_tolerance_is_discriminating checks that the weights loaded are the checkpoint's."""
     root = tmp_path_factory.mktemp("matrix")
     store = (f"tracking.uri=sqlite:///{root / 'mlflow.db'}", root / "mlflow.db")
     seed = root / "seed"
@@ -144,7 +144,7 @@ def test_pipeline_schedules_reproduce_the_single_device_curve(matrix, schedules)
 
 
 def test_tolerance_is_discriminating(matrix):
-    # Without the seed checkpoint (seed 0's weights, the same data) the curve leaves the band: the
+    # Without the seed checkpoint (the default seed's weights, the same data) the curve leaves the band: the
     # band tells weights apart, and the layouts' runs trained from the checkpoint's weights.
     fresh = matrix.curve("fresh", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}"], from_seed=False)
     assert max(abs(a - b) / b for a, b in zip(fresh, matrix.single)) > 100 * RTOL

@@ -35,9 +35,13 @@ SHAPE = [f"training.local_batch_size={BATCH}", f"training.seq_len={SEQ}", "data=
 TARGETS = {"single": ">= 0.95", "ddp2": ">= 0.97", "fsdp2": ">= 0.90", "first_step": "<= 1.2"}
 
 
-def run(command: list[str], threads: int) -> list[str]:
+def env_with(threads: int) -> dict[str, str]:
+    """This process's environment for a command on `threads` intra-op threads, its output unbuffered."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+
+
+def run(command: list[str], env: dict[str, str]) -> list[str]:
     """Run to completion; its output lines, each with the seconds since the start when it appeared."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     start = time.time()
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = [f"{time.time() - start:.3f} {line}" for line in proc.stdout]
@@ -47,7 +51,16 @@ def run(command: list[str], threads: int) -> list[str]:
 
 
 def first_seen(lines: list[str], text: str) -> float:
-    return next(float(line.split(" ", 1)[0]) for line in lines if text in line)
+    for line in lines:
+        if text in line:
+            return float(line.split(" ", 1)[0])
+    raise RuntimeError(f"no line with {text!r} in:\n{''.join(lines[-30:])}")
+
+
+def stream(command: list[str], env: dict[str, str], first_line: str) -> tuple[float, list[str]]:
+    """Run to completion; (seconds until a line containing first_line appeared, the lines as printed)."""
+    lines = run(command, env)
+    return first_seen(lines, first_line), [line.split(" ", 1)[1] for line in lines]
 
 
 class Titan:
@@ -69,7 +82,7 @@ class Titan:
 
     def tokens_per_s(self, overrides: list[str], threads: int) -> float:
         """Per device, over the logged intervals after the warm-up (`step X.XXXs`: seconds a step)."""
-        lines = run(self.command(overrides, self.steps), threads)
+        lines = run(self.command(overrides, self.steps), env_with(threads))
         seconds = [
             float(m.group(2))
             for line in lines
@@ -79,7 +92,7 @@ class Titan:
 
     def first_step(self) -> tuple[float, dict[str, float]]:
         """Seconds to the first step's line, and rank 0's start-up breakdown."""
-        lines = run(self.command(["parallelism=ddp", "launcher.nproc_per_node=2"], 1), 1)
+        lines = run(self.command(["parallelism=ddp", "launcher.nproc_per_node=2"], 1), env_with(1))
         summary = next(line for line in lines if "start-up:" in line).split("=", 1)[1]
         phases = {name: float(value) for name, value in re.findall(r"(\w+) ([\d.]+)", summary)}
         return first_seen(lines, "step     1 "), phases
@@ -93,14 +106,14 @@ def plain_command(steps: int, nproc: int) -> list[str]:
 
 
 def plain_tokens_per_s(steps: int, nproc: int, threads: int) -> float:
-    lines = run(plain_command(steps, nproc), threads)
+    lines = run(plain_command(steps, nproc), env_with(threads))
     step_line = re.compile(r"step (\d+) loss \S+ time (\S+)")
     stamps = {int(m.group(1)): float(m.group(2)) for line in lines if (m := step_line.search(line))}
     return (steps - WARMUP) * BATCH * SEQ / (stamps[steps] - stamps[WARMUP])
 
 
 def plain_first_step() -> float:
-    return first_seen(run(plain_command(1, 2), 1), "step 1 ")
+    return first_seen(run(plain_command(1, 2), env_with(1)), "step 1 ")
 
 
 def measure(repeats: int, compile_repeats: int, steps: int, workdir: Path) -> dict[str, list]:

@@ -4,9 +4,12 @@ never imports the rank side, and the launching process never loads torch (start-
 ranks and the dry runs do); and the size limits every module, function and signature keeps."""
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from conftest import REPO, run_cli
 
@@ -177,3 +180,11 @@ def test_modules_functions_and_signatures_stay_small():
             if count > MAX_PARAMETERS:
                 too_big.append(f"{name}:{node.lineno} {node.name}: {count} parameters")
     assert too_big == []
+
+
+@pytest.mark.parametrize("script", sorted(p.stem for p in (REPO / "benchmarks").glob("*.py")))
+def test_every_benchmark_script_imports(script, monkeypatch):
+    # No test runs them (they take minutes): a name one of them imports from another, and a later
+    # change removed, would otherwise go unnoticed until someone runs it.
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    importlib.import_module(script)

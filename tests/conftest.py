@@ -90,6 +90,15 @@ def loss_curve(db: Path, run_id: str) -> list[float]:
     return [loss for _, loss in steps_and_losses(mlflow_client(db), run_id)]
 
 
+def assert_startup_adds_up(run, phases: tuple[str, ...]) -> None:
+    """The run logged where its start-up went: at least `phases`, adding up to the total."""
+    logged = {k: v for k, v in run.data.metrics.items() if k.startswith("startup/")}
+    total = logged.pop("startup/total_s")
+    assert set(logged) >= {f"startup/{phase}_s" for phase in phases}, logged
+    # Each phase is rounded to 1 ms; the rank process's creation is read from /proc in 10 ms ticks.
+    assert sum(logged.values()) == pytest.approx(total, abs=0.02) and min(logged.values()) > -0.02
+
+
 # What a launcher (torchrun, srun, our own) may set in a rank's environment.
 PLACEMENT_VARIABLES = (
     "RANK",

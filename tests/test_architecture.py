@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, assert_startup_adds_up, mlflow_runs, run_cli
 
 PACKAGES = ("titan_exp", "launchers")
 
@@ -151,6 +151,10 @@ def test_the_launching_side_of_a_tracked_run_loads_no_torch(tmp_path, new_store)
     # A new store is created by the launching process (MLflow); torch stays out.
     assert _loaded_by_launching_process(result.stderr) == "LOADED ['mlflow']"
     assert db.exists()
+    # Where the start-up went, from the command's start: printed after the first step, and metrics.
+    assert "start-up:" in result.stdout
+    [run] = mlflow_runs(db)
+    assert_startup_adds_up(run, ("python_imports", "compose", "store", "spawn", "rank_imports", "torch_import"))
 
 
 # Outside the tests: no module over 400 lines, no function over 60, no signature over 7 parameters

@@ -1,5 +1,6 @@
-"""Numerical parity between layouts and training options, on real runs: every layout starts from
-one seed checkpoint and must reproduce the single-device loss curve over 10 steps.
+"""Numerical parity between layouts and training options, on real runs: one experiment=loss_parity
+run trains every layout from one seed checkpoint, and each must reproduce the single-device loss
+curve over 10 steps; a run resumed from a checkpoint continues the same curve.
 
 Tolerance: everything is fp32 with deterministic kernels and identical global batches and initial
 weights, so layouts differ only in the order in which gradient sums are reduced (a local sum vs an
@@ -10,6 +11,8 @@ scale, a wrong batch split or different initial weights would fail (the negative
 that other initial weights are far outside it).
 """
 
+import shutil
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -17,21 +20,21 @@ from omegaconf import OmegaConf
 from launchers.env import RankEnv
 from titan_exp.config.resolve import resolve
 from titan_exp.parallel.config import SCHEDULES
+from titan_exp.tracking.journal import RUN_ID_FILE
 from titan_exp.train.trainer import Trainer
 
-from conftest import compose_config, loss_curve, mlflow_runs, run_cli
+from conftest import assert_startup_adds_up, compose_config, loss_curve, mlflow_client, mlflow_runs, run_cli
 
 RTOL = 1e-4
 SEED_CHECKPOINT_SEED = 7
 GLOBAL_BATCH = 4
 STEPS = 10
+# One ordinary job with experiment=loss_parity's settings (deterministic fp32, synthetic data, a
+# global batch of GLOBAL_BATCH): what each of its layouts runs.
 PARITY_RUN = [
-    "debug=deterministic",
-    "data=synthetic",
+    "experiment=loss_parity",
+    "parity.layouts=[]",
     f"training.steps={STEPS}",
-    "training.seq_len=64",
-    "metrics.log_freq=1",
-    "launcher.device=cpu",
     "launcher.oversubscribe=true",  # 4 and 8 ranks on a 2-core machine: the numbers, not the speed
 ]
 
@@ -43,111 +46,136 @@ def curve_of(tmp_path, store, name: str, overrides: list[str]) -> list[float]:
     return loss_curve(db, mlflow_runs(db)[-1].info.run_id)
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
-    """Runs a layout from the module's seed checkpoint; `matrix.single` is the reference curve. The
-    checkpoint holds the weights of SEED_CHECKPOINT_SEED, the runs use the default seed (for their
-    data and, without the checkpoint, their weights): every layout loads it, and
-    test_tolerance_is_discriminating checks that the weights loaded are the checkpoint's."""
-    root = tmp_path_factory.mktemp("matrix")
-    store = (f"tracking.uri=sqlite:///{root / 'mlflow.db'}", root / "mlflow.db")
-    seed = root / "seed"
-    created = run_cli(
-        [
-            *PARITY_RUN,
-            "parallelism=single",
-            f"debug.seed={SEED_CHECKPOINT_SEED}",
-            "checkpoint.create_seed_checkpoint=true",
-            f"checkpoint.folder={seed}",
-            "tracking=none",
-        ],
-        root / "create",
-    )
-    assert created.returncode == 0, created.stderr[-3000:]
-    assert (seed / "step-0" / ".metadata").is_file()
-
-    class Matrix:
-        load = f"checkpoint.initial_load_path={seed}/step-0"
-
-        def curve(self, name: str, overrides: list[str], from_seed: bool = True) -> list[float]:
-            return curve_of(root, store, name, [*overrides, self.load] if from_seed else overrides)
-
-        def sweep(self, overrides: list[str]) -> list:
-            result = run_cli([*PARITY_RUN, *overrides, self.load, store[0]], root / "sweep", flags=("-m",), timeout=900)
-            assert result.returncode == 0, result.stderr[-3000:]
-            return [(run, loss_curve(store[1], run.info.run_id)) for run in mlflow_runs(store[1])]
-
-    matrix = Matrix()
-    matrix.single = matrix.curve("single", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}"])
-    assert len(matrix.single) == STEPS and matrix.single[-1] < matrix.single[0]
-    return matrix
-
-
 # Context parallel on CPU ranks runs the all-gather attention: a chunk given the wrong rope
 # positions, mask offset or loss weight leaves the band.
-TP2_CP2 = ("parallelism.data_parallel_shard_degree=1", "parallelism.tensor_parallel_degree=2")
-CP2_PP2 = ("parallelism.pipeline_parallel_degree=2", "parallelism.context_parallel_degree=2")
+TP2_CP2 = "parallelism.data_parallel_shard_degree=1 parallelism.tensor_parallel_degree=2"
+CP2_PP2 = "parallelism.pipeline_parallel_degree=2 parallelism.context_parallel_degree=2"
+# The default run's layouts (the first is the reference), each a global batch of GLOBAL_BATCH: its
+# parallelism, its ranks and their local batch, and the mesh its run is tagged with.
+LAYOUTS = {
+    "single": ("parallelism=single", 1, GLOBAL_BATCH, "single"),
+    "ddp": ("parallelism=ddp", 2, 2, "dp_replicate2"),
+    "fsdp": ("parallelism=fsdp", 2, 2, "dp_shard2"),
+    "hsdp": ("parallelism=hsdp", 4, 1, "dp_replicate2·dp_shard2"),
+    "tp": ("parallelism=tp", 2, 4, "tp2"),
+    "fsdp_tp": ("parallelism=fsdp_tp", 4, 2, "dp_shard2·tp2"),
+    "fsdp_pp": ("parallelism=fsdp_pp", 4, 2, "pp2·dp_shard2"),
+    "cp": ("parallelism=cp", 2, 4, "cp2"),
+    "tp2_cp2": (f"parallelism=fsdp_cp {TP2_CP2}", 4, 4, "cp2·tp2"),
+    # 2 pp ranks, 4 microbatches of 1 sample (DualPipeV needs one per stage): single- and multi-stage.
+    "pp_1F1B": ("parallelism=pp parallelism.pipeline_parallel_schedule=1F1B", 2, GLOBAL_BATCH, "pp2"),
+    "pp_ZBVZeroBubble": ("parallelism=pp parallelism.pipeline_parallel_schedule=ZBVZeroBubble", 2, GLOBAL_BATCH, "pp2"),
+}
+# In the slow run only, each from the default run's seed checkpoint: 8 ranks, and more of cp.
+SLOW_LAYOUTS = {
+    "fsdp_tp_pp": ("parallelism=fsdp_tp_pp", 8, 2),
+    "fsdp_cp": ("parallelism=fsdp_cp", 4, 2),
+    "pp2_cp2": (f"parallelism=cp {CP2_PP2}", 4, 4),
+}
 
 
-@pytest.mark.parametrize(
-    "layout,nproc,local_batch,extra",
-    [
-        ("ddp", 2, 2, ()),
-        ("fsdp", 2, 2, ()),
-        ("hsdp", 4, 1, ()),
-        ("tp", 2, 4, ()),
-        ("fsdp_tp", 4, 2, ()),
-        ("fsdp_pp", 4, 2, ()),
-        # 8 ranks on the 2 CI cores; fsdp_tp and fsdp_pp run by default.
-        pytest.param("fsdp_tp_pp", 8, 2, (), marks=pytest.mark.slow),
-        ("cp", 2, 4, ()),
-        pytest.param("fsdp_cp", 4, 2, (), marks=pytest.mark.slow),  # cp and tp×cp run by default
-        ("fsdp_cp", 4, 4, TP2_CP2),
-        pytest.param("cp", 4, 4, CP2_PP2, marks=pytest.mark.slow),
-    ],
-    ids=["ddp", "fsdp", "hsdp", "tp", "fsdp_tp", "fsdp_pp", "fsdp_tp_pp", "cp", "fsdp_cp", "tp2_cp2", "pp2_cp2"],
-)
-def test_layout_reproduces_the_single_device_curve(matrix, layout, nproc, local_batch, extra, request):
-    curve = matrix.curve(
-        request.node.callspec.id,
+def _layout(parallelism: str, nproc: int, local_batch: int) -> str:
+    return f"{parallelism} launcher.nproc_per_node={nproc} training.local_batch_size={local_batch}"
+
+
+@pytest.fixture(scope="module")
+def parity(tmp_path_factory):
+    """One `experiment=loss_parity` run over LAYOUTS, as a user runs it: a seed checkpoint, then every
+    layout from it, compared in a table and a plot under one parent run. The checkpoint holds the
+    weights of SEED_CHECKPOINT_SEED (the command's seed); every layout trains with seed 0 (its data
+    and, had it not loaded the checkpoint, its weights): test_tolerance_is_discriminating checks that
+    the weights loaded are the checkpoint's. Yields the run's folder, store, output and curves."""
+    root = tmp_path_factory.mktemp("parity")
+    db = root / "mlflow.db"
+    layouts = [f"{_layout(*spec[:3])} debug.seed=0" for spec in LAYOUTS.values()]
+    result = run_cli(
         [
-            f"parallelism={layout}",
-            f"launcher.nproc_per_node={nproc}",
-            f"training.local_batch_size={local_batch}",
-            *extra,
+            *PARITY_RUN,
+            f"debug.seed={SEED_CHECKPOINT_SEED}",
+            "parity.layouts=[" + ",".join(f"'{layout}'" for layout in layouts) + "]",
+            f"tracking.uri=sqlite:///{db}",
         ],
+        root,
+        timeout=900,
     )
-    torch.testing.assert_close(curve, matrix.single, rtol=RTOL, atol=0)
+    runs = {
+        name: mlflow_client(db).get_run((root / "run" / _point_folder(layout) / RUN_ID_FILE).read_text().strip())
+        for name, layout in zip(LAYOUTS, layouts)
+    }
+
+    class Parity:
+        run_dir, store, output = root / "run", db, result
+        curves = {name: loss_curve(db, run.info.run_id) for name, run in runs.items()}
+        load = f"checkpoint.initial_load_path={root / 'run' / 'seed_checkpoint'}/step-0"
+
+        def curve(self, name: str, overrides: list[str], from_seed: bool = True) -> list[float]:
+            return curve_of(
+                root, (f"tracking.uri=sqlite:///{db}", db), name, [*overrides, self.load] if from_seed else overrides
+            )
+
+    Parity.runs = runs
+    reference = Parity.curves["single"]
+    assert len(reference) == STEPS and reference[-1] < reference[0] - 0.5, reference
+    return Parity()
 
 
-@pytest.mark.parametrize(
-    "schedules",
-    [("1F1B", "ZBVZeroBubble"), pytest.param(SCHEDULES, marks=pytest.mark.slow)],
-    ids=["single_and_multi_stage", "every"],
-)
-def test_pipeline_schedules_reproduce_the_single_device_curve(matrix, schedules):
-    # One sweep over the schedules: 2 pp ranks, 4 microbatches of 1 sample (DualPipeV needs one per stage).
-    runs = matrix.sweep(
-        [
-            "parallelism=pp",
-            "launcher.nproc_per_node=2",
-            f"training.local_batch_size={GLOBAL_BATCH}",
-            f"parallelism.pipeline_parallel_schedule={','.join(schedules)}",
-        ]
+def _point_folder(layout: str) -> str:
+    """Where run_parity puts a layout's job (job/parity.py)."""
+    return layout.replace(" ", "_").replace("=", "-")
+
+
+def test_loss_parity_writes_its_table_and_plot_under_one_parent_run(parity):
+    assert parity.output.returncode == 0, parity.output.stdout[-2000:] + parity.output.stderr[-3000:]
+    table = (parity.run_dir / "loss_parity.md").read_text()
+    assert table.count("| yes |") == len(LAYOUTS) and "| NO |" not in table
+    png = (parity.run_dir / "loss_parity.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    [parent] = mlflow_runs(parity.store, sweeps=True)
+    assert parent.info.run_name == "loss_parity" and parent.info.status == "FINISHED"
+    assert {run.data.tags["mlflow.parentRunId"] for run in mlflow_runs(parity.store)} == {parent.info.run_id}
+    artifacts = parity.store.parent / "mlartifacts" / "titan_exp" / parent.info.run_id / "artifacts"
+    assert (artifacts / "parity" / "loss_parity.md").read_text() == table
+    assert (artifacts / "compare" / "strategy_table.csv").read_text().count("FINISHED") == len(LAYOUTS)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_layout_reproduces_the_single_device_curve(parity, name):
+    parallelism, nproc, _, mesh = LAYOUTS[name]
+    run = parity.runs[name]
+    assert run.info.status == "FINISHED"
+    assert (
+        run.data.tags["world_size"] == str(nproc) and run.data.tags["mesh"] == run.data.params["derived/mesh"] == mesh
     )
-    pipelined = [(run, curve) for run, curve in runs if run.data.params["parallelism.name"] == "pp"]
-    pipelined = pipelined[-len(schedules) :]  # this sweep's runs (the matrix's store holds earlier ones)
-    schedules_run = [run.data.params["parallelism.pipeline_parallel_schedule"] for run, _ in pipelined]
-    assert sorted(schedules_run) == sorted(schedules)
-    for schedule, (_, curve) in zip(schedules_run, pipelined):
-        torch.testing.assert_close(curve, matrix.single, rtol=RTOL, atol=0, msg=lambda m, s=schedule: f"{s}: {m}")
+    assert run.data.params["parallelism.name"] == parallelism.split()[0].removeprefix("parallelism=")
+    assert len(parity.curves[name]) == STEPS
+    torch.testing.assert_close(parity.curves[name], parity.curves["single"], rtol=RTOL, atol=0)
+    # Where the point's start-up went (from its own process's start): in its log, and as metrics.
+    logs = parity.store.parent / "mlartifacts" / "titan_exp" / run.info.run_id / "artifacts" / "logs"
+    assert "start-up:" in (logs / "rank0.log").read_text()
+    assert_startup_adds_up(run, ("spawn", "rank_imports", "torch_import", "model", "first_step"))
 
 
-def test_tolerance_is_discriminating(matrix):
-    # Without the seed checkpoint (the default seed's weights, the same data) the curve leaves the band: the
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW_LAYOUTS)
+def test_slow_layout_reproduces_the_single_device_curve(parity, name):
+    curve = parity.curve(name, _layout(*SLOW_LAYOUTS[name]).split())
+    torch.testing.assert_close(curve, parity.curves["single"], rtol=RTOL, atol=0)
+
+
+@pytest.mark.slow
+def test_every_pipeline_schedule_reproduces_the_single_device_curve(parity):
+    for schedule in SCHEDULES:
+        layout = _layout(f"parallelism=pp parallelism.pipeline_parallel_schedule={schedule}", 2, GLOBAL_BATCH)
+        curve = parity.curve(schedule, layout.split())
+        reference = parity.curves["single"]
+        torch.testing.assert_close(curve, reference, rtol=RTOL, atol=0, msg=lambda m, s=schedule: f"{s}: {m}")
+
+
+def test_tolerance_is_discriminating(parity):
+    # Without the seed checkpoint (seed 0's weights, the same data) the curve leaves the band: the
     # band tells weights apart, and the layouts' runs trained from the checkpoint's weights.
-    fresh = matrix.curve("fresh", ["parallelism=single", f"training.local_batch_size={GLOBAL_BATCH}"], from_seed=False)
-    assert max(abs(a - b) / b for a, b in zip(fresh, matrix.single)) > 100 * RTOL
+    fresh = parity.curve("fresh", _layout(*LAYOUTS["single"][:3]).split(), from_seed=False)
+    assert max(abs(a - b) / b for a, b in zip(fresh, parity.curves["single"])) > 100 * RTOL
 
 
 @pytest.fixture
@@ -207,23 +235,25 @@ def test_resume_continues_the_same_curve(tmp_path, store, layout):
         "launcher.nproc_per_node=2",
         "checkpoint=periodic",
         f"checkpoint.folder={folder}",
-        "checkpoint.interval=5",
+        "checkpoint.interval=4",
         "checkpoint.keep_latest_k=0",
         uri,
     ]
     whole = run_cli(args, tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    assert sorted(p.name for p in folder.iterdir()) == ["step-10", "step-5"]
+    assert sorted(p.name for p in folder.iterdir()) == ["step-10", "step-4", "step-8"]  # and the last step
     whole_curve = loss_curve(db, mlflow_runs(db)[-1].info.run_id)
-    import shutil
-
     shutil.rmtree(folder / "step-10")
+    shard = next((folder / "step-8").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])  # the newest checkpoint left cut short: the one before is taken
     resumed = run_cli(args, tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout
-    resumed_curve = loss_curve(db, mlflow_runs(db)[-1].info.run_id)
-    assert len(resumed_curve) == 5  # steps 6..10
-    torch.testing.assert_close(resumed_curve, whole_curve[5:], rtol=RTOL, atol=0)
+    assert f"{folder}/step-8 cannot be read" in resumed.stdout and f"resumed from {folder}/step-4" in resumed.stdout
+    [*_, run] = mlflow_runs(db)
+    assert run.info.status == "FINISHED"
+    resumed_curve = loss_curve(db, run.info.run_id)
+    assert len(resumed_curve) == 6  # steps 5..10
+    torch.testing.assert_close(resumed_curve, whole_curve[4:], rtol=RTOL, atol=0)
 
 
 # float8 matmuls run through torch._scaled_mm's reference kernel on CPU (~20 M multiply-adds/s), so
@@ -267,23 +297,3 @@ def test_float8_stays_close_to_full_precision(tmp_path, store, names):
     float8_runs = [r for r in mlflow_runs(db) if r.data.params["quantize.name"] == "float8"]
     assert len(float8_runs) == len(variants)
     assert not any("throughput/mfu_pct" in r.data.metrics for r in float8_runs)  # not defined in low precision
-
-
-def test_loss_parity_preset_writes_table_and_plot(tmp_path, store):
-    uri, db = store
-    layouts = (
-        "parity.layouts=['parallelism=single','parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2']"
-    )
-    result = run_cli(["experiment=loss_parity", layouts, "training.steps=4", uri], tmp_path, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    table = (tmp_path / "run" / "loss_parity.md").read_text()
-    assert table.count("| yes |") == 2 and "| NO |" not in table
-    png = (tmp_path / "run" / "loss_parity.png").read_bytes()
-    assert png.startswith(b"\x89PNG") and len(png) > 10_000
-    # The layouts' runs are children of one parent run, which holds the report and the comparison.
-    [parent] = mlflow_runs(db, sweeps=True)
-    assert parent.info.run_name == "loss_parity" and parent.info.status == "FINISHED"
-    assert {run.data.tags["mlflow.parentRunId"] for run in mlflow_runs(db)} == {parent.info.run_id}
-    artifacts = db.parent / "mlartifacts" / "titan_exp" / parent.info.run_id / "artifacts"
-    assert (artifacts / "parity" / "loss_parity.md").read_text() == table
-    assert (artifacts / "compare" / "strategy_table.csv").read_text().count("FINISHED") == 2

@@ -73,8 +73,8 @@ def test_sweep_with_a_bad_point_is_refused_before_any_point_starts(tmp_path, new
     assert not db.exists() and not [p for p in (tmp_path / "multirun").glob("*") if p.is_dir()]
 
 
-def test_sweep_goes_on_past_a_point_that_fails_at_run_time(tmp_path, new_store):
-    uri, db = new_store
+def test_sweep_goes_on_past_a_point_that_fails_at_run_time(tmp_path, store):
+    uri, db = store
     corrupt = tmp_path / "corrupt" / "step-0"  # passes the config check, fails when loaded
     corrupt.mkdir(parents=True)
     (corrupt / ".metadata").write_bytes(b"not a checkpoint")

@@ -210,8 +210,8 @@ def test_ctrl_c_while_waiting_cancels_the_job_and_its_run_ends_killed(slurm_env,
     )
 
 
-def test_without_waiting_the_job_runs_on_after_the_submitter_returns(slurm_env, tmp_path, new_store):
-    uri, db = new_store
+def test_without_waiting_the_job_runs_on_after_the_submitter_returns(slurm_env, tmp_path, store):
+    uri, db = store
     result = run_cli([*JOB, *SLURM, "launcher.wait=false", "training.steps=4", uri], tmp_path, env=slurm_env)
     assert result.returncode == 0, result.stderr[-3000:]
     job_id = re.search(r"^Slurm job (\d+) submitted", result.stdout, re.M).group(1)

@@ -1,11 +1,10 @@
 """Sweep points side by side (titan_exp/job/sweep_points.py): the room each point gets on this
-machine, the console's line per point, and a real local sweep whose points overlap in time, each
-confined to a core of its own."""
+machine, the console's line per point, and a real local sweep stopped by Ctrl-C (one whose points
+overlap in time, each on a core of its own: test_tracking's local sweep)."""
 
 import fcntl
 import io
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from titan_exp.config.schema import JobConfig
 from titan_exp.job.sweep_points import StatusBoard, SweepPoint, _Room, label_points
 from titan_exp.parallel.dims import ParallelDims
 
-from conftest import mlflow_runs, run_cli, start_as_in_a_terminal, stopped_for_good
+from conftest import mlflow_runs, start_as_in_a_terminal, stopped_for_good
 
 
 def point(
@@ -73,23 +72,6 @@ def test_console_lines_update_in_place_on_a_terminal_and_print_changes_elsewhere
     board.show(points)
     board.show(points)
     assert screen.getvalue().count("\x1b[2F") == 1 and screen.getvalue().count("\x1b[2K") == 4
-
-
-def test_local_points_run_side_by_side_each_on_a_core_of_its_own(tmp_path, store):
-    uri, db = store
-    sweep = ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", "launcher.nproc_per_node=2"]
-    # 2 points of 2 ranks on 2 cores: side by side only when oversubscribing is asked for.
-    side_by_side = ["launcher.max_parallel=2", "launcher.oversubscribe=true"]
-    result = run_cli([*sweep, "training.steps=30", *side_by_side, "debug.seed=0,1"], tmp_path, flags=("-m",))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert re.search(r"^\[0\] debug.seed=0: done \(step 30, loss", result.stdout, re.M), result.stdout
-    first, second = mlflow_runs(db)
-    assert first.info.status == second.info.status == "FINISHED"
-    # Side by side: each started before the other ended.
-    assert first.info.start_time < second.info.end_time and second.info.start_time < first.info.end_time
-    cores = {run.data.params["derived/cpu_set"] for run in (first, second)}
-    assert len(cores) == 2 and all(re.fullmatch(r"\d+", core) for core in cores)  # one core each, not the same
-    assert {run.data.params["launcher.cpu_threads_per_rank"] for run in (first, second)} == {"1"}
 
 
 def test_ctrl_c_stops_every_point_and_ends_the_sweep_killed(tmp_path, store):

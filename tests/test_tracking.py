@@ -153,21 +153,18 @@ def test_the_printed_link_opens_on_the_sweeps_points_sorted_by_tps(server_sweep)
     print(f"screenshot: {screenshot}")
 
 
-def test_local_sweep_compares_its_points_into_the_parent_run(tmp_path, store):
+def test_local_sweep_runs_its_points_side_by_side_and_compares_them_into_the_parent_run(tmp_path, store):
     uri, db = store
+    # 2 points (1 and 2 ranks) on 2 cores: side by side only when oversubscribing is asked for.
+    side_by_side = ["launcher.max_parallel=2", "launcher.oversubscribe=true", "training.steps=10"]
+    system_metrics = ["tracking.system_metrics=true", "tracking.system_metrics_interval_s=1"]
     result = run_cli(
-        [
-            *SMOKE,
-            uri,
-            "parallelism=fsdp",
-            "launcher.nproc_per_node=1,2",
-            "tracking.system_metrics=true",
-            "tracking.system_metrics_interval_s=1",
-        ],
+        [*SMOKE, uri, "parallelism=fsdp", *side_by_side, *system_metrics, "launcher.nproc_per_node=1,2"],
         tmp_path,
         flags=("-m",),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert re.search(r"^\[1\] launcher.nproc_per_node=2: done \(step 10, loss", result.stdout, re.M), result.stdout
     [parent] = mlflow_runs(db, sweeps=True)
     points = mlflow_runs(db)
     assert parent.info.status == "FINISHED"
@@ -175,6 +172,13 @@ def test_local_sweep_compares_its_points_into_the_parent_run(tmp_path, store):
     assert any(key.startswith("system/cpu_utilization_percentage") for key in points[0].data.metrics), points[
         0
     ].data.metrics.keys()
+    # Side by side: each started before the other ended, each confined to a core of its own.
+    first, second = points
+    assert first.info.status == second.info.status == "FINISHED"
+    assert first.info.start_time < second.info.end_time and second.info.start_time < first.info.end_time
+    cores = {run.data.params["derived/cpu_set"] for run in points}
+    assert len(cores) == 2 and all(re.fullmatch(r"\d+", core) for core in cores)  # one core each, not the same
+    assert {run.data.params["launcher.cpu_threads_per_rank"] for run in points} == {"1"}
 
     with open(tmp_path / "multirun" / "compare" / "strategy_table.csv") as file:
         rows = {row["world_size"]: row for row in csv.DictReader(file)}

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from titan_exp.tracking.config import TrackingConfig
+from titan_exp.tracking.run import now_ms
 from titan_exp.tracking.store import client, ensure_store
 from titan_exp.tracking.writer import BackgroundTracker
 
@@ -69,19 +70,25 @@ def test_a_deferred_writer_starts_when_asked_and_a_run_that_ends_first_is_still_
     """Where CPU ranks take every core, the writer waits for the first step (tracking/writer.py)."""
     cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
     ensure_store(cfg)
+    asked_ms = now_ms()
     waiting = BackgroundTracker(cfg, "waits", {}, tmp_path / "waits_id", defer_start=True)
     waiting.log_params({"queued": "before the start"})
     with waiting.paused():  # nothing to pause yet
         pass
     time.sleep(1.0)
     assert waiting._process.pid is None and not (tmp_path / "waits_id").exists()
+    started_ms = now_ms()
     waiting.start()
     waiting.start()  # once only
     waiting.close("FINISHED")
+    closed_ms = now_ms()
     # One that never got to start() (a job that failed before its first step): close() starts it.
     failed = BackgroundTracker(cfg, "fails", {}, tmp_path / "fails_id", defer_start=True)
     failed.close("FAILED", "boom")
     store = client(cfg.uri)
-    assert store.get_run((tmp_path / "waits_id").read_text()).data.params == {"queued": "before the start"}
+    waited = store.get_run((tmp_path / "waits_id").read_text())
+    assert waited.data.params == {"queued": "before the start"}
+    # The run's span is the job's, not the writer's: it starts when asked for, a second before the writer.
+    assert asked_ms <= waited.info.start_time < started_ms - 900 and waited.info.end_time <= closed_ms
     failed_run = store.get_run((tmp_path / "fails_id").read_text())
     assert failed_run.info.status == "FAILED" and failed_run.data.tags["failure_reason"] == "boom"

@@ -73,7 +73,7 @@ def replay(journal: Path, uri: str | None = None, end: bool = True) -> Replayed:
     cfg = TrackingConfig(
         uri=uri or created["uri"], experiment=created["experiment"], parent_run_id=created["parent_run_id"]
     )
-    run = _open_run(journal.parent / RUN_ID_FILE, cfg, created["run_name"], created["tags"])
+    run = _open_run(journal.parent / RUN_ID_FILE, cfg, created["run_name"], created["tags"], created.get("start_ms"))
     params = {k: v for call, args in calls if call == "log_params" for k, v in args[0].items()}
     if params:
         run.log_params(params)
@@ -96,11 +96,13 @@ def replay(journal: Path, uri: str | None = None, end: bool = True) -> Replayed:
     return Replayed(run.run_id, added, total - added, finish[0] if finish else None)
 
 
-def _open_run(run_id_file: Path, cfg: TrackingConfig, run_name: str, tags: dict[str, str]) -> MlflowRun:
+def _open_run(
+    run_id_file: Path, cfg: TrackingConfig, run_name: str, tags: dict[str, str], start_ms: int | None = None
+) -> MlflowRun:
     """The run `run_id_file` names, or a new one (its id then written there)."""
     if run_id_file.exists():
         return MlflowRun(cfg.uri, run_id_file.read_text().strip())
-    run = MlflowRun.create(cfg, run_name, tags)
+    run = MlflowRun.create(cfg, run_name, tags, start_ms)
     run_id_file.write_text(run.run_id)
     return run
 

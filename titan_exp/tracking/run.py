@@ -5,6 +5,7 @@ import functools
 import getpass
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 from titan_exp.tracking.config import TrackingConfig
@@ -42,13 +43,19 @@ class MlflowRun:
         self.run_id = run_id
 
     @classmethod
-    def create(cls, cfg: TrackingConfig, run_name: str, tags: dict[str, str]) -> "MlflowRun":
+    def create(
+        cls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], start_ms: int | None = None
+    ) -> "MlflowRun":
+        """A new run; `start_ms`: when the job asked for it (now if None), so that a writer that
+        starts later, or a journal replayed afterwards, still gives the run the job's own start."""
         mlflow_client = client(cfg.uri)
         tags = {**origin_tags(), **tags}
         if cfg.parent_run_id:
             tags[PARENT_TAG] = cfg.parent_run_id
         run = with_retries(
-            lambda: mlflow_client.create_run(experiment_id(mlflow_client, cfg), run_name=run_name, tags=tags)
+            lambda: mlflow_client.create_run(
+                experiment_id(mlflow_client, cfg), start_time=start_ms, run_name=run_name, tags=tags
+            )
         )
         return cls(cfg.uri, run.info.run_id)
 
@@ -84,12 +91,18 @@ class MlflowRun:
     def set_tag(self, key: str, value: str) -> None:
         with_retries(lambda: self.client.set_tag(self.run_id, key, value[:_MAX_TAG_LENGTH]))
 
-    def finish(self, status: str, reason: str | None = None) -> None:
-        """status: FINISHED | FAILED | KILLED, also kept as the `status` tag (with `failure_reason`)."""
+    def finish(self, status: str, reason: str | None = None, end_ms: int | None = None) -> None:
+        """status: FINISHED | FAILED | KILLED, also kept as the `status` tag (with `failure_reason`);
+        `end_ms`: when the job ended (now if None)."""
         self.set_tag("status", status.lower())
         if reason:
             self.set_tag("failure_reason", reason)
-        with_retries(lambda: self.client.set_terminated(self.run_id, status=status))
+        with_retries(lambda: self.client.set_terminated(self.run_id, status=status, end_time=end_ms))
+
+
+def now_ms() -> int:
+    """The time as MLflow keeps it (ms since the epoch)."""
+    return int(time.time() * 1000)
 
 
 def _chunks(items: list, size: int) -> list[list]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from launchers import signals
 from titan_exp.tracking.config import TrackingConfig
 from titan_exp.tracking.journal import Journal
-from titan_exp.tracking.run import MlflowRun
+from titan_exp.tracking.run import MlflowRun, now_ms
 from titan_exp.tracking.store import is_store_busy
 from titan_exp.tracking.system_metrics import start_system_metrics, stop_system_metrics
 
@@ -72,7 +72,9 @@ class BackgroundTracker:
         self._close_timeout_s = cfg.close_timeout_s
         self._journal = Journal(journal_file) if journal_file else None
         created = {"uri": cfg.uri, "experiment": cfg.experiment, "parent_run_id": cfg.parent_run_id}
-        self._record("create", {**created, "run_name": run_name, "tags": tags, "resume_run_id": resume_run_id})
+        # The run starts now, whenever the writer gets to create it.
+        created |= {"run_name": run_name, "tags": tags, "resume_run_id": resume_run_id, "start_ms": now_ms()}
+        self._record("create", created)
         # What the store did not take, once closed (None: it took everything).
         self.incomplete: str | None = None
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied torch or process-group state
@@ -82,7 +84,7 @@ class BackgroundTracker:
             self._queue = context.Queue()
             self._process = context.Process(
                 target=_write_run,
-                args=(self._queue, cfg, run_name, tags, run_id_file, resume_run_id, os.getpid()),
+                args=(self._queue, cfg, created, run_id_file, os.getpid()),
                 name="mlflow-tracker",
                 daemon=True,
             )
@@ -139,7 +141,7 @@ class BackgroundTracker:
         self.start()  # a job that ended before its first step still gets its run
         os.kill(self._process.pid, signal.SIGCONT)  # in case an interrupt came between pause and resume
         if status is not None:
-            self._send("finish", status, reason)
+            self._send("finish", status, reason, now_ms())  # the run ends now, not when the writer is done
         self._queue.put(_STOP)
         with interrupts_ignored():
             self._process.join(self._close_timeout_s)
@@ -163,23 +165,20 @@ def interrupts_ignored() -> contextlib.AbstractContextManager[None]:
     return signals.ignored(signal.SIGINT, signal.SIGTERM)
 
 
-def _write_run(
-    calls,
-    cfg: TrackingConfig,
-    run_name: str,
-    tags: dict[str, str],
-    run_id_file: Path | None,
-    resume_run_id: str | None,
-    parent_pid: int,
-) -> None:
-    """The writer process's body."""
+def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_file: Path | None, parent_pid: int) -> None:
+    """The writer process's body; `created`: the run to create or resume, as journaled."""
     _die_with_parent(parent_pid)
     # The rank decides when writing ends (close), and the writer dies with it anyway.
     for sig in JOB_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     error, monitor = None, None
     try:
-        run = MlflowRun(cfg.uri, resume_run_id) if resume_run_id else MlflowRun.create(cfg, run_name, tags)
+        resume_run_id, run_name = created["resume_run_id"], created["run_name"]
+        run = (
+            MlflowRun(cfg.uri, resume_run_id)
+            if resume_run_id
+            else MlflowRun.create(cfg, run_name, created["tags"], created["start_ms"])
+        )
     except Exception:
         error, run = _last_line(traceback.format_exc()), None
     if run is not None:

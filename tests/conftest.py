@@ -22,6 +22,15 @@ CONF_DIR = REPO / "conf"
 register_schema()
 
 
+# The modules that take longest, first: pytest-xdist hands modules out in collection order (see
+# pyproject.toml's addopts), and a long one handed out last would run alone at the end.
+LONGEST_MODULES = ("test_parity.py", "test_tracking.py", "test_slurm.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in LONGEST_MODULES)  # stable: the rest keep their order
+
+
 def compose_config(overrides: list[str]):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
@@ -52,7 +61,7 @@ def new_store(tmp_path: Path) -> tuple[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def _migrated_store(tmp_path_factory) -> Path:
+def migrated_store(tmp_path_factory) -> Path:
     """An empty SQLite store with MLflow's tables, made once per session (its migrations take seconds)."""
     db = tmp_path_factory.mktemp("migrated") / "mlflow.db"
     mlflow_client(db).search_experiments()  # MLflow creates the tables (and only its Default experiment)
@@ -60,11 +69,11 @@ def _migrated_store(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def store(tmp_path: Path, _migrated_store: Path) -> tuple[str, Path]:
+def store(tmp_path: Path, migrated_store: Path) -> tuple[str, Path]:
     """A SQLite MLflow store of the test's own, its tables made (a copy of the session's empty one),
     for tests whose subject is not the creation of a store: the tracking.uri override and the path."""
     db = tmp_path / "mlflow.db"
-    shutil.copy(_migrated_store, db)
+    shutil.copy(migrated_store, db)
     return f"tracking.uri=sqlite:///{db}", db
 
 
@@ -80,6 +89,8 @@ def mlflow_runs(db: Path, *, sweeps: bool = False) -> list:
     store, oldest first."""
     client = mlflow_client(db)
     experiment = client.get_experiment_by_name("titan_exp")
+    if experiment is None:  # no job has written to the store yet
+        return []
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
     return [run for run in runs if (run.data.tags.get("titan_exp.role") == "sweep") == sweeps]
 

@@ -49,11 +49,30 @@ def test_trace_records_the_last_active_steps_of_every_period_on_every_rank(tmp_p
     assert _profiler_steps(Path(downloaded)) == {3, 4}
 
 
+@pytest.fixture(scope="module")
+def memory_audit(tmp_path_factory, migrated_store):
+    """A run audited at steps 2 and 4 per layout, made once: (its run folder, the run, a client)."""
+    made = {}
+
+    def audit(layout: str, ranks: int) -> tuple[Path, object, object]:
+        if layout not in made:
+            tmp = tmp_path_factory.mktemp(layout)
+            shutil.copy(migrated_store, tmp / "mlflow.db")
+            store = (f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", tmp / "mlflow.db")
+            overrides = ["profiling=memory", "profiling.memory_snapshot_freq=2", "training.steps=4"]
+            made[layout] = (
+                tmp / "run",
+                *_run(tmp, store, [*overrides, f"parallelism={layout}", f"launcher.nproc_per_node={ranks}"]),
+            )
+        return made[layout]
+
+    return audit
+
+
 @pytest.mark.parametrize("layout,ranks", [("single", 1), ("fsdp", 2)])
-def test_memory_audits_account_for_the_model_and_add_up_to_the_tracked_peak(tmp_path, store, layout, ranks):
-    overrides = ["profiling=memory", "profiling.memory_snapshot_freq=2", "training.steps=4", f"parallelism={layout}"]
-    run, client = _run(tmp_path, store, [*overrides, f"launcher.nproc_per_node={ranks}"])
-    audits = tmp_path / "run" / "memory_snapshot"
+def test_memory_audits_account_for_the_model_and_add_up_to_the_tracked_peak(memory_audit, layout, ranks):
+    run_dir, run, client = memory_audit(layout, ranks)
+    audits = run_dir / "memory_snapshot"
     for iteration in (2, 4):
         for rank in range(ranks):
             timeline = json.loads((audits / f"iteration_{iteration}" / f"rank{rank}_memory_timeline.json").read_text())
@@ -82,9 +101,9 @@ def test_memory_audits_account_for_the_model_and_add_up_to_the_tracked_peak(tmp_
     assert "Per module (MemTracker)" in page and "layers.0" in page and "<script" not in page
 
 
-def test_the_audit_page_shows_its_plot_offline_in_chromium(tmp_path, store):
-    _run(tmp_path, store, ["profiling=memory", "profiling.memory_snapshot_freq=2", "training.steps=2"])
-    page = tmp_path / "run" / "memory_snapshot" / "iteration_2" / "rank0_memory.html"
+def test_the_audit_page_shows_its_plot_offline_in_chromium(memory_audit, tmp_path):
+    run_dir, _, _ = memory_audit("single", 1)
+    page = run_dir / "memory_snapshot" / "iteration_2" / "rank0_memory.html"
     screenshot = tmp_path / "page.png"
     if shutil.which("unshare") is None:
         pytest.fail("unshare (util-linux) is needed to take the network away from Chromium")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, assert_startup_adds_up, mlflow_runs, run_cli
+from conftest import REPO, SMALL_MODEL, assert_startup_adds_up, mlflow_runs, run_cli
 
 PACKAGES = ("titan_exp", "launchers")
 
@@ -139,6 +139,7 @@ def test_the_launching_side_of_a_tracked_run_loads_no_torch(tmp_path, new_store)
     uri, db = new_store
     args = [
         "experiment=smoke",
+        *SMALL_MODEL,
         "tracking=mlflow",
         uri,
         "training.steps=2",

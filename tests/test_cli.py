@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import mlflow_runs, run_cli
+from conftest import SMALL_MODEL, mlflow_runs, run_cli
 
 
 def test_cfg_job_prints_the_composed_config_without_training(tmp_path, new_store):
@@ -80,7 +80,9 @@ def test_sweep_goes_on_past_a_point_that_fails_at_run_time(tmp_path, store):
     (corrupt / ".metadata").write_bytes(b"not a checkpoint")
     points = f"checkpoint.initial_load_path={corrupt},null"
     result = run_cli(
-        ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", points], tmp_path, flags=("-m",)
+        ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", *SMALL_MODEL, points],
+        tmp_path,
+        flags=("-m",),
     )
     assert result.returncode == 1
     assert "1 sweep point(s) failed" in result.stderr

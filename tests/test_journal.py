@@ -15,10 +15,10 @@ import pytest
 
 from launchers.env import free_port
 
-from conftest import REPO, mlflow_client, mlflow_runs, run_cli, start_mlflow_server, stop_mlflow_server
+from conftest import REPO, SMALL_MODEL, mlflow_client, mlflow_runs, run_cli, start_mlflow_server, stop_mlflow_server
 
 RUN = ["data=synthetic", "training.seq_len=64", "training.local_batch_size=2", "metrics.log_freq=1"]
-RUN += ["launcher.device=cpu", "launcher.nproc_per_node=2"]
+RUN += ["launcher.device=cpu", "launcher.nproc_per_node=2", *SMALL_MODEL]
 
 
 @pytest.mark.parametrize(

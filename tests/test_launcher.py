@@ -13,7 +13,7 @@ import pytest
 from launchers.local import launch_local, process_alive
 from launchers.tasks import RankFailure
 
-from conftest import REPO, mlflow_client, mlflow_runs, run_cli, start_as_in_a_terminal, stopped_for_good
+from conftest import REPO, SMALL_MODEL, mlflow_client, mlflow_runs, run_cli, start_as_in_a_terminal, stopped_for_good
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -68,6 +68,7 @@ def test_exception_in_one_rank_stops_all_and_names_the_rank(tmp_path):
 
 
 LONG_RUN = [
+    *SMALL_MODEL,
     "data=synthetic",
     "training.steps=2000",
     "training.seq_len=64",
@@ -123,7 +124,8 @@ def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
 def test_torchrun_started_ranks_train_without_spawning_again(tmp_path, store):
     uri, db = store
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m"]
-    result = run_cli(["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu"], tmp_path, launcher=torchrun)
+    smoke = ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", *SMALL_MODEL]
+    result = run_cli(smoke, tmp_path, launcher=torchrun)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step     6" in result.stdout
     assert not list(tmp_path.rglob("ranks"))  # our launcher never ran

@@ -23,7 +23,15 @@ from titan_exp.parallel.config import SCHEDULES
 from titan_exp.tracking.journal import RUN_ID_FILE
 from titan_exp.train.trainer import Trainer
 
-from conftest import assert_startup_adds_up, compose_config, loss_curve, mlflow_client, mlflow_runs, run_cli
+from conftest import (
+    SMALL_MODEL,
+    assert_startup_adds_up,
+    compose_config,
+    loss_curve,
+    mlflow_client,
+    mlflow_runs,
+    run_cli,
+)
 
 RTOL = 1e-4
 SEED_CHECKPOINT_SEED = 7
@@ -259,11 +267,7 @@ def test_resume_continues_the_same_curve(tmp_path, store, layout):
 # float8 matmuls run through torch._scaled_mm's reference kernel on CPU (~20 M multiply-adds/s), so
 # the float8 comparison uses a model small enough for that. Its Linear dims are multiples of 16.
 TINY_MODEL = [
-    "model.dim=64",
-    "model.n_layers=2",
-    "model.n_heads=4",
-    "model.n_kv_heads=2",
-    "model.multiple_of=16",
+    *SMALL_MODEL,
     "training.seq_len=32",
     "training.steps=3",
 ]

@@ -15,7 +15,7 @@ import torch
 
 from launchers.env import free_port
 
-from conftest import REPO, loss_curve, mlflow_client, mlflow_runs, run_cli
+from conftest import REPO, SMALL_MODEL, loss_curve, mlflow_client, mlflow_runs, run_cli
 
 pytestmark = pytest.mark.slurm
 
@@ -47,6 +47,7 @@ def test_srun_started_ranks_train_without_spawning_again(slurm_env, tmp_path, st
         "titan_exp",
         f"hydra.run.dir={tmp_path}/run",
         "experiment=smoke",
+        *SMALL_MODEL,
         "tracking=mlflow",
         uri,
         "launcher.device=cpu",
@@ -64,7 +65,7 @@ def test_srun_started_ranks_train_without_spawning_again(slurm_env, tmp_path, st
 # Deterministic FSDP over 2 CPU ranks; every step's loss is logged.
 JOB = [
     "debug=deterministic", "data=synthetic", "training.seq_len=64", "training.local_batch_size=2",
-    "metrics.log_freq=1", "launcher.device=cpu", "launcher.nproc_per_node=2", "parallelism=fsdp",
+    "metrics.log_freq=1", "launcher.device=cpu", "launcher.nproc_per_node=2", "parallelism=fsdp", *SMALL_MODEL,
 ]  # fmt: skip
 SLURM = ["launcher=slurm", "launcher.timeout_min=10"]
 RTOL = 1e-4

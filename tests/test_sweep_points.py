@@ -15,7 +15,7 @@ from titan_exp.config.schema import JobConfig
 from titan_exp.job.sweep_points import StatusBoard, SweepPoint, _Room, label_points
 from titan_exp.parallel.dims import ParallelDims
 
-from conftest import mlflow_runs, start_as_in_a_terminal, stopped_for_good
+from conftest import SMALL_MODEL, mlflow_runs, start_as_in_a_terminal, stopped_for_good
 
 
 def point(
@@ -78,7 +78,8 @@ def test_ctrl_c_stops_every_point_and_ends_the_sweep_killed(tmp_path, store):
     uri, db = store
     command = [
         sys.executable, "-m", "titan_exp", "-m", f"hydra.sweep.dir={tmp_path}/multirun", "experiment=smoke",
-        "tracking=mlflow", uri, "launcher.device=cpu", "parallelism=single", "training.steps=5000", "debug.seed=0,1",
+        *SMALL_MODEL, "tracking=mlflow", uri, "launcher.device=cpu", "parallelism=single", "training.steps=5000",
+        "debug.seed=0,1",
     ]  # fmt: skip
     proc = start_as_in_a_terminal(command, stdout=subprocess.DEVNULL)
     with stopped_for_good(proc, lambda proc: os.killpg(proc.pid, signal.SIGINT)):

@@ -16,9 +16,18 @@ import pytest
 
 from launchers.env import free_port
 
-from conftest import REPO, chromium, mlflow_client, mlflow_runs, run_cli, start_mlflow_server, stop_mlflow_server
+from conftest import (
+    REPO,
+    SMALL_MODEL,
+    chromium,
+    mlflow_client,
+    mlflow_runs,
+    run_cli,
+    start_mlflow_server,
+    stop_mlflow_server,
+)
 
-SMOKE = ["experiment=smoke", "tracking=mlflow", "launcher.device=cpu"]
+SMOKE = ["experiment=smoke", "tracking=mlflow", "launcher.device=cpu", *SMALL_MODEL]
 # Where tests leave files for people to look at (git-ignored); CI can collect them.
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", REPO / "outputs" / "test-artifacts"))
 

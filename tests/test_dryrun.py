@@ -104,10 +104,10 @@ def test_dry_run_needs_the_world_spelled_out(monkeypatch):
 
 
 def test_local_tensor_mode_reproduces_real_tensor_parallel_ranks(tmp_path, store):
-    from conftest import loss_curve, mlflow_runs
+    from conftest import SMALL_MODEL, loss_curve, mlflow_runs
 
     uri, db = store
-    common = ["experiment=smoke", "parallelism=tp", "launcher.nproc_per_node=2", "debug=deterministic"]
+    common = ["experiment=smoke", "parallelism=tp", "launcher.nproc_per_node=2", "debug=deterministic", *SMALL_MODEL]
     per_step = local_tensor_run(resolve(to_job_config(compose_config([*common, "debug.comm_mode=local_tensor"]))))
     assert len(per_step) == 6 and all(len(ranks) == 2 and ranks[0] == ranks[1] for ranks in per_step)
     real = run_cli([*common, "tracking=mlflow", uri], tmp_path / "real")

@@ -110,8 +110,8 @@ def assert_startup_adds_up(run, phases: tuple[str, ...]) -> None:
     assert sum(logged.values()) == pytest.approx(total, abs=0.02) and min(logged.values()) > -0.02
 
 
-# A model ~100× smaller than llama3_debug, for runs whose subject is not the model (launching,
-# tracking, stopping, sweeping): the same code paths, a second less of CPU per job.
+# A model 1/16 of llama3_debug (355 k parameters), for runs whose subject is not the model
+# (launching, tracking, stopping, sweeping): the same code paths, a second less of CPU per job.
 SMALL_MODEL = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16"]
 
 

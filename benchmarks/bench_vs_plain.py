@@ -216,10 +216,11 @@ def table(result: dict) -> str:
         rows.append(row("s to the first step, 2 ranks", f["titan_exp"], f["torchrun_plain"], f["ratio"], f["target"]))
     for layout, c in result["compile_vs_eager"].items():
         rows.append(row(f"{layout} compiled", f"{c['compiled']:,}", f"{c['eager']:,} (eager)", c["ratio"], "-"))
-    if not f:
-        return "\n".join(rows)
-    breakdown = " + ".join(f"{name} {s}" for name, s in f["titan_exp_breakdown_s"].items())
-    return "\n".join(rows) + f"\n\ntitan_exp start-up (rank 0, median): {breakdown}"
+    text = "\n".join(rows)
+    if f:
+        breakdown = " + ".join(f"{name} {s}" for name, s in f["titan_exp_breakdown_s"].items())
+        text += f"\n\ntitan_exp start-up (rank 0, median): {breakdown}"
+    return text
 
 
 def main() -> None:

@@ -72,7 +72,12 @@ def migrated_store(tmp_path_factory) -> Path:
 def store(tmp_path: Path, migrated_store: Path) -> tuple[str, Path]:
     """A SQLite MLflow store of the test's own, its tables made (a copy of the session's empty one),
     for tests whose subject is not the creation of a store: the tracking.uri override and the path."""
-    db = tmp_path / "mlflow.db"
+    return store_in(tmp_path, migrated_store)
+
+
+def store_in(folder: Path, migrated_store: Path) -> tuple[str, Path]:
+    """A copy of the migrated store in `folder`: the tracking.uri override and the path."""
+    db = folder / "mlflow.db"
     shutil.copy(migrated_store, db)
     return f"tracking.uri=sqlite:///{db}", db
 

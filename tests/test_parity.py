@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from launchers.env import RankEnv
 from titan_exp.config.resolve import resolve
+from titan_exp.job.parity import layout_folder
 from titan_exp.parallel.config import SCHEDULES
 from titan_exp.tracking.journal import RUN_ID_FILE
 from titan_exp.train.trainer import Trainer
@@ -95,41 +96,34 @@ def parity(tmp_path_factory):
     the weights loaded are the checkpoint's. Yields the run's folder, store, output and curves."""
     root = tmp_path_factory.mktemp("parity")
     db = root / "mlflow.db"
+    uri_and_db = (f"tracking.uri=sqlite:///{db}", db)
     layouts = [f"{_layout(*spec[:3])} debug.seed=0" for spec in LAYOUTS.values()]
     result = run_cli(
         [
             *PARITY_RUN,
             f"debug.seed={SEED_CHECKPOINT_SEED}",
             "parity.layouts=[" + ",".join(f"'{layout}'" for layout in layouts) + "]",
-            f"tracking.uri=sqlite:///{db}",
+            uri_and_db[0],
         ],
         root,
         timeout=900,
     )
-    runs = {
-        name: mlflow_client(db).get_run((root / "run" / _point_folder(layout) / RUN_ID_FILE).read_text().strip())
+    point_runs = {
+        name: mlflow_client(db).get_run((root / "run" / layout_folder(layout) / RUN_ID_FILE).read_text().strip())
         for name, layout in zip(LAYOUTS, layouts)
     }
 
     class Parity:
-        run_dir, store, output = root / "run", db, result
-        curves = {name: loss_curve(db, run.info.run_id) for name, run in runs.items()}
+        run_dir, store, output, runs = root / "run", db, result, point_runs
+        curves = {name: loss_curve(db, run.info.run_id) for name, run in point_runs.items()}
         load = f"checkpoint.initial_load_path={root / 'run' / 'seed_checkpoint'}/step-0"
 
         def curve(self, name: str, overrides: list[str], from_seed: bool = True) -> list[float]:
-            return curve_of(
-                root, (f"tracking.uri=sqlite:///{db}", db), name, [*overrides, self.load] if from_seed else overrides
-            )
+            return curve_of(root, uri_and_db, name, [*overrides, self.load] if from_seed else overrides)
 
-    Parity.runs = runs
     reference = Parity.curves["single"]
     assert len(reference) == STEPS and reference[-1] < reference[0] - 0.5, reference
     return Parity()
-
-
-def _point_folder(layout: str) -> str:
-    """Where run_parity puts a layout's job (job/parity.py)."""
-    return layout.replace(" ", "_").replace("=", "-")
 
 
 def test_loss_parity_writes_its_table_and_plot_under_one_parent_run(parity):

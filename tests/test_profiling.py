@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import chromium, mlflow_client, mlflow_runs, run_cli
+from conftest import chromium, mlflow_client, mlflow_runs, run_cli, store_in
 
 RUN = ["data=synthetic", "training.seq_len=64", "training.local_batch_size=2", "launcher.device=cpu"]
 
@@ -57,8 +57,7 @@ def memory_audit(tmp_path_factory, migrated_store):
     def audit(layout: str, ranks: int) -> tuple[Path, object, object]:
         if layout not in made:
             tmp = tmp_path_factory.mktemp(layout)
-            shutil.copy(migrated_store, tmp / "mlflow.db")
-            store = (f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", tmp / "mlflow.db")
+            store = store_in(tmp, migrated_store)
             overrides = ["profiling=memory", "profiling.memory_snapshot_freq=2", "training.steps=4"]
             made[layout] = (
                 tmp / "run",

@@ -38,7 +38,7 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
     run_job(seed, job_dir / "seed")
     load = f"checkpoint.initial_load_path={seed_folder}/step-0"
     points = [
-        prepare_point(n, layout.split(), job_dir / _folder(layout), _composed([*base, *layout.split(), load]))
+        prepare_point(n, layout.split(), job_dir / layout_folder(layout), _composed([*base, *layout.split(), load]))
         for n, layout in enumerate(cfg.parity.layouts)
     ]
     check_every_point(points)
@@ -67,7 +67,8 @@ def _composed(overrides: list[str]) -> JobConfig:
     return to_job_config(compose(config_name="config", overrides=overrides))
 
 
-def _folder(layout: str) -> str:
+def layout_folder(layout: str) -> str:
+    """The folder, under the parity run's, of a layout's job."""
     return layout.replace(" ", "_").replace("=", "-")
 
 

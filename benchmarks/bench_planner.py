@@ -24,6 +24,8 @@ from pathlib import Path
 from bench_vs_plain import REPO, env_with, stream
 
 from titan_exp.config.schema import register_schema
+from titan_exp.estimate.memory import rank_memory
+from titan_exp.job.memory import workload
 from titan_exp.plan.cli import compose_point, plan_one
 from titan_exp.units import GIB
 
@@ -82,10 +84,12 @@ def measured(workdir: Path, overrides: list[str], steps: int) -> dict[str, float
 
 
 def predicted(overrides: list[str]) -> dict[str, float]:
-    prediction = plan_one(compose_point([*COMMON, *overrides]))
+    job = compose_point([*COMMON, *overrides])
+    prediction = plan_one(job)
+    rank0 = rank_memory(workload(job.config, "cpu"), pp_rank=0)  # the rank the audit measures
     return {
         "step_s": prediction.step.total,
-        "peak_gib": prediction.memory.total / GIB,
+        "peak_gib": rank0.active / GIB,  # tensors, as MemTracker counts them
         "tps_per_device": prediction.tps_per_device,
         "compute": prediction.sources["compute"],
     }

@@ -4,7 +4,14 @@ from titan_exp.parallel.config import ParallelismConfig
 
 
 def layout(
-    *, dp_shard: int = 1, dp_replicate: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, schedule: str = "1F1B"
+    *,
+    dp_shard: int = 1,
+    dp_replicate: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    schedule: str = "1F1B",
+    cp_impl: str = "auto",
 ) -> ParallelismConfig:
     """Pipeline microbatches of one sample (the section's default)."""
     return ParallelismConfig(
@@ -14,4 +21,5 @@ def layout(
         pipeline_parallel_degree=pp,
         context_parallel_degree=cp,
         pipeline_parallel_schedule=schedule,
+        context_parallel_impl=cp_impl,
     )

@@ -1,6 +1,6 @@
 """titan_exp/estimate/memory.py: parameter counts against published and hand-derived figures, and how
-one rank's estimated peak changes with sharding, tensor/pipeline parallelism, activation
-checkpointing and the activation dtype."""
+one rank's estimated peak (active and reserved) changes with sharding, tensor/pipeline/context
+parallelism, activation checkpointing, compile, the dtypes and the device."""
 
 import dataclasses
 
@@ -13,6 +13,7 @@ from titan_exp.estimate.memory import (
     CPU_RANK_BASELINE_BYTES,
     GIB,
     RankMemory,
+    Workload,
     layer_parameters,
     model_parameters,
     part_parameters,
@@ -42,8 +43,8 @@ NO_AC = ActivationCheckpointConfig(mode="none")
 
 
 def memory(p: ParallelismConfig, *, m: Llama3Config = DEBUG, batch: int = 4, seq_len: int = 256, **kw) -> RankMemory:
-    kw = {"activation_dtype": "float32", "ac": NO_AC, "on_cpu": False, **kw}
-    return rank_memory(m, p, batch, seq_len, kw["activation_dtype"], kw["ac"], kw["on_cpu"])
+    """One rank's peak on a GPU (no CPU process baseline), fp32, no checkpointing unless given."""
+    return rank_memory(Workload(m, p, kw.pop("ac", NO_AC), batch, seq_len, **kw))
 
 
 @pytest.fixture(scope="module")
@@ -88,39 +89,39 @@ def test_tied_embeddings_are_counted_once() -> None:
     assert model_parameters(DEBUG) - model_parameters(tied) == DEBUG_EMBEDDING
 
 
-def test_part_parameters_is_the_whole_model_without_a_pipeline_else_layers_and_embedding() -> None:
-    assert part_parameters(DEBUG, 1, 6) == DEBUG_PARAMS
-    assert part_parameters(DEBUG, 2, 3) == 3 * DEBUG_LAYER + DEBUG_EMBEDDING
-    assert part_parameters(DEBUG, 2, 3) < part_parameters(DEBUG, 1, 6)
+def test_part_parameters_is_the_whole_model_without_a_pipeline_else_the_busiest_stage() -> None:
+    """pp 2 (1F1B) over 6 layers: rank 0 holds 3 layers and the embedding, rank 1 three layers, the
+    final norm and the output (the busier by `dim`)."""
+    assert part_parameters(DEBUG, layout()) == DEBUG_PARAMS
+    assert part_parameters(DEBUG, layout(pp=2)) == 3 * DEBUG_LAYER + DEBUG_EMBEDDING + 256
 
 
-def test_single_rank_holds_fp32_params_grads_and_two_adam_moments() -> None:
-    """4 + 4 + 8 bytes per parameter, nothing gathered, no process baseline on a GPU."""
+def test_single_rank_holds_fp32_weights_and_two_adam_moments_and_gradients_at_the_end() -> None:
+    """4 + 8 bytes per parameter always; the 4 bytes of gradients where the peak is the end of
+    backward (they do not exist at the loss's backward without accumulation)."""
     single = memory(layout())
-    assert single.parameters == 4 * DEBUG_PARAMS
-    assert single.gradients == 4 * DEBUG_PARAMS
-    assert single.optimizer_state == 8 * DEBUG_PARAMS
+    assert single.parameters == 4 * DEBUG_PARAMS and single.optimizer_state == 8 * DEBUG_PARAMS
+    assert single.gradients == (4 * DEBUG_PARAMS if single.phase == "end of backward" else 0)
     assert single.communication == 0 and single.process == 0
 
 
-def test_activations_by_hand() -> None:
-    """No checkpointing, float32, batch 4 × 256 tokens: each of 6 layers keeps 10·dim + 4·ffn =
-    5,632 elements per token; logits are float32 ×3 (logits, log-softmax, gradient)."""
-    single = memory(layout())
-    tokens = 4 * 256
-    assert single.activations == 6 * tokens * 5_632 * 4
-    assert single.temporaries == tokens * 5_632 * 4
-    assert single.logits == tokens * 2048 * 4 * 3
+def test_activations_and_logits_by_hand_at_the_loss_backward() -> None:
+    """Batch 8 × 1024 tokens, fp32, no checkpointing, on a GPU: each of 6 layers keeps 2·dim +
+    7·dim + 4·ffn = 2·256 + 1,792 + 3,072 = 5,376 elements per token, the head 2·dim; the logits
+    12 bytes each (float32 copy, log-softmax, gradient)."""
+    big = memory(layout(), batch=8, seq_len=1024)
+    tokens = 8 * 1024
+    assert big.phase == "loss backward"
+    assert big.activations == 6 * tokens * 5_376 * 4 + 2 * 256 * tokens * 4
+    assert big.logits == tokens * 2048 * 12
 
 
 @pytest.mark.parametrize("shard", [2, 4, 8])
-def test_fsdp_divides_parameters_gradients_and_optimizer_state(shard: int) -> None:
+def test_fsdp_divides_parameters_and_optimizer_state(shard: int) -> None:
     one, sharded = memory(layout()), memory(layout(dp_shard=shard))
-    for name in ("parameters", "gradients", "optimizer_state"):
+    for name in ("parameters", "optimizer_state"):
         assert getattr(sharded, name) == pytest.approx(getattr(one, name) / shard, abs=1), name
-    assert sharded.activations == one.activations and sharded.logits == one.logits
-    # Two gathered layers and a layer's unreduced gradients, fp32: 3 · 754,176 · 4 bytes.
-    assert sharded.communication == 3 * DEBUG_LAYER * 4
+    assert sharded.activations == one.activations and sharded.communication > 0
 
 
 def test_context_parallel_ranks_shard_like_fsdp_ranks() -> None:
@@ -129,71 +130,70 @@ def test_context_parallel_ranks_shard_like_fsdp_ranks() -> None:
     assert both.parameters == pytest.approx(memory(layout(dp_shard=4)).parameters, abs=1)
 
 
-def test_replicas_do_not_shard() -> None:
-    assert memory(layout(dp_replicate=4)).parameters == memory(layout()).parameters
+def test_replicas_do_not_shard_and_ddp_keeps_gradient_buckets() -> None:
+    one, ddp = memory(layout()), memory(layout(dp_replicate=4))
+    assert ddp.parameters == one.parameters
+    end = memory(layout(dp_replicate=4), batch=1, seq_len=16)  # states dominate: the end of backward
+    assert end.phase == "end of backward" and end.communication == 4 * DEBUG_PARAMS
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_tensor_parallel_divides_states_activations_and_logits(tp: int) -> None:
+def test_tensor_parallel_divides_states_and_logits(tp: int) -> None:
     one, split = memory(layout()), memory(layout(tp=tp))
-    for field in dataclasses.fields(RankMemory):
-        if field.name != "process":
-            assert getattr(split, field.name) == pytest.approx(getattr(one, field.name) / tp, abs=1), field.name
+    assert split.parameters == pytest.approx(one.parameters / tp, abs=1)
+    assert split.activations < one.activations
+    # loss_parallel keeps four float32 copies of its vocabulary shard (16 bytes a logit, not 12).
+    if split.phase == one.phase == "loss backward":
+        assert split.logits == pytest.approx(one.logits / tp * 16 / 12, abs=1)
 
 
 def test_activation_checkpointing_full_keeps_less_than_selective_less_than_none() -> None:
-    """Per token and layer: full keeps the input (dim = 256) plus one recomputed layer; selective 30%
-    of 5,632 plus one layer; none 5,632 in all six layers."""
     kept = {
-        mode: memory(layout(), ac=ActivationCheckpointConfig(mode=mode)).activations
+        mode: memory(layout(), ac=ActivationCheckpointConfig(mode=mode), batch=8, seq_len=1024).activations
         for mode in ("full", "selective", "none")
     }
     assert kept["full"] < kept["selective"] < kept["none"]
-    tokens_bytes = 4 * 256 * 4
-    assert kept["full"] == (6 * 256 + 5_632) * tokens_bytes
-    assert kept["selective"] == int((6 * 0.3 * 5_632 + 5_632) * tokens_bytes)
-    # Checkpointing changes nothing else.
-    full = memory(layout(), ac=ActivationCheckpointConfig(mode="full"))
-    assert dataclasses.replace(full, activations=0) == dataclasses.replace(memory(layout()), activations=0)
+    # Full, 32 layers (the loss's backward is the peak): the block's input (dim) per token and
+    # layer, and the head's two dim-wide tensors.
+    deep = dataclasses.replace(DEBUG, n_layers=32)
+    full = memory(layout(), m=deep, ac=ActivationCheckpointConfig(mode="full"), batch=8, seq_len=1024)
+    assert full.phase == "loss backward"
+    assert full.activations == 32 * 8 * 1024 * 256 * 4 + 2 * 256 * 8 * 1024 * 4
 
 
-def test_bfloat16_halves_activations_not_fp32_states_or_logits() -> None:
-    """The activation dtype (training.mixed_precision_param) halves what the layers keep; master
-    weights, their gradients and Adam's moments stay fp32, and so do the logits."""
-    fp32, bf16 = memory(layout()), memory(layout(), activation_dtype="bfloat16")
-    assert bf16.activations * 2 == fp32.activations and bf16.temporaries * 2 == fp32.temporaries
-    assert (bf16.parameters, bf16.gradients, bf16.optimizer_state, bf16.logits) == (
-        fp32.parameters,
-        fp32.gradients,
-        fp32.optimizer_state,
-        fp32.logits,
+def test_compile_keeps_less_without_checkpointing_and_a_compiled_loss_shrinks_the_logits() -> None:
+    eager, compiled = memory(layout(), batch=8, seq_len=1024), memory(layout(), batch=8, seq_len=1024, compiled=True)
+    assert compiled.activations < eager.activations
+    loss = memory(layout(), batch=8, seq_len=1024, param_dtype="bfloat16", loss_compiled=True)
+    assert loss.logits == 8 * 1024 * 2048 * 4  # the logits and their gradient in bfloat16
+
+
+def test_bfloat16_halves_activations_not_fp32_states() -> None:
+    fp32, bf16 = (
+        memory(layout(), batch=8, seq_len=1024),
+        memory(layout(), batch=8, seq_len=1024, param_dtype="bfloat16"),
     )
+    assert bf16.activations * 2 == pytest.approx(fp32.activations, abs=2)
+    assert (bf16.parameters, bf16.optimizer_state, bf16.logits) == (fp32.parameters, fp32.optimizer_state, fp32.logits)
 
 
-def test_pipelined_fsdp_gradients_are_unreduced_in_the_param_dtype() -> None:
-    """Under FSDP + pipeline the stage's gradients are whole (not sharded) at the peak, in the
-    activation dtype: bfloat16 halves them."""
+def test_pipelined_fsdp_gradients_accumulate_unsharded_in_the_reduce_dtype() -> None:
+    """Under FSDP + pipeline the stage's gradients stay whole until the last microbatch, upcast to
+    the reduce dtype (float32 here), and its parameters stay gathered (param dtype)."""
     p = layout(dp_shard=2, pp=2)
-    fp32, bf16 = memory(p), memory(p, activation_dtype="bfloat16")
-    held = 3 * DEBUG_LAYER + DEBUG_EMBEDDING
-    assert fp32.gradients == held * 4 and bf16.gradients == held * 2
-    assert fp32.parameters == pytest.approx(held * 4 / 2, abs=1)
-
-
-@pytest.mark.parametrize("pp", [2, 3, 6])
-def test_pipeline_stages_hold_fewer_parameters(pp: int) -> None:
-    """The first stage holds ceil(6/pp) layers and the embedding."""
-    staged = memory(layout(pp=pp), batch=pp)
-    assert staged.parameters == 4 * (-(-6 // pp) * DEBUG_LAYER + DEBUG_EMBEDDING)
-    assert staged.parameters < memory(layout()).parameters
+    bf16 = memory(p, param_dtype="bfloat16", reduce_dtype="float32", batch=4)
+    held = 3 * DEBUG_LAYER + DEBUG_EMBEDDING  # the busier rank: the first, two microbatches in flight
+    assert bf16.phase == "pipeline steady state"
+    assert bf16.gradients == held * 4 and bf16.communication == held * 2
+    assert bf16.parameters == pytest.approx(held * 4 / 2, abs=1)
 
 
 @pytest.mark.parametrize(
     "schedule,expected",
-    # pp 4, 8 microbatches (v = 2 stages per rank for the multi-stage ones).
+    # pp 4, 8 microbatches, rank 0 (v = 2 stages per rank for the multi-stage ones).
     [
         ("GPipe", 8),  # every microbatch
-        ("1F1B", 4),  # one per stage: min(pp, m)
+        ("1F1B", 4),  # one per rank from it to the last: min(pp, m)
         ("LoopedBFS", 16),  # every microbatch per stage: m·v
         ("ZBVZeroBubble", 8),  # min(m·v, 2·pp)
         ("DualPipeV", 8),
@@ -206,33 +206,60 @@ def test_pipeline_chunks_in_flight_per_schedule(schedule: str, expected: int) ->
     assert pipeline_chunks_in_flight(p, 8) == expected
     # In whole microbatches: a multi-stage rank's chunk is half its layers.
     assert pipeline_in_flight(p, 8) == expected / (1 if schedule in ("GPipe", "1F1B") else 2)
+    # The last rank keeps fewer under 1F1B (one) and the interleaved schedules.
+    if schedule in ("1F1B", "Interleaved1F1B"):
+        assert pipeline_chunks_in_flight(p, 8, pp_rank=3) < expected
 
 
-def test_no_pipeline_holds_one_microbatch() -> None:
-    assert pipeline_chunks_in_flight(layout(schedule="GPipe"), 8) == 1
+def test_interleaving_keeps_more_stage_microbatches_in_flight_than_1f1b() -> None:
+    """The issue's report: Interleaved1F1B predicted below 1F1B. Its warm-up holds more chunks of
+    half the layers: at least as many microbatches' activations as 1F1B."""
+    deep = dataclasses.replace(DEBUG, n_layers=16)
+    one, interleaved = (memory(layout(pp=4, schedule=s), m=deep, batch=8) for s in ("1F1B", "Interleaved1F1B"))
+    assert interleaved.activations >= one.activations
 
 
 def test_gpipe_keeps_every_microbatch_1f1b_one_per_stage() -> None:
-    """pp 2, batch 8 of microbatch 1: GPipe keeps 8 microbatches' activations, 1F1B 2."""
-    gpipe = memory(layout(pp=2, schedule="GPipe"), batch=8)
-    one_f_one_b = memory(layout(pp=2, schedule="1F1B"), batch=8)
+    """pp 2, batch 8 of microbatch 1, rank 0: GPipe keeps 8 microbatches' activations, 1F1B 2."""
+    gpipe = rank_memory(Workload(DEBUG, layout(pp=2, schedule="GPipe"), NO_AC, 8, 256), pp_rank=0)
+    one_f_one_b = rank_memory(Workload(DEBUG, layout(pp=2, schedule="1F1B"), NO_AC, 8, 256), pp_rank=0)
     assert gpipe.activations == 4 * one_f_one_b.activations
     assert gpipe.parameters == one_f_one_b.parameters
 
 
-def test_cpu_ranks_add_allocator_slack_and_a_process_baseline() -> None:
-    gpu, cpu = memory(layout()), memory(layout(), on_cpu=True)
-    assert cpu.process == CPU_RANK_BASELINE_BYTES and gpu.process == 0
-    assert cpu.parameters == int(gpu.parameters * 1.1)
-    assert cpu.total > gpu.total * 1.1
+def test_the_last_pipeline_rank_holds_the_logits() -> None:
+    w = Workload(DEBUG, layout(pp=2), NO_AC, 8, 256)
+    assert rank_memory(w, pp_rank=1).logits > 0 and rank_memory(w, pp_rank=0).logits == 0
+
+
+def test_context_parallel_keeps_gathered_kv_only_where_layers_keep_attention_inputs() -> None:
+    """All-gather CP without checkpointing keeps the other ranks' K and V per layer; full AC
+    gathers them again in backward; torch's ring attention passes them on."""
+    base = dict(batch=1, seq_len=4096)
+    allgather = layout(cp=4, cp_impl="allgather")
+    none = memory(allgather, **base).activations
+    assert none > memory(layout(cp=4, cp_impl="torch"), **base).activations
+    full = ActivationCheckpointConfig(mode="full")
+    assert (
+        memory(allgather, ac=full, **base).activations
+        == memory(layout(cp=4, cp_impl="torch"), ac=full, **base).activations
+    )
+
+
+def test_reserved_is_above_active_on_a_gpu_and_on_a_cpu() -> None:
+    """CUDA: the allocator's largest transient block (and FSDP's stream caches); CPU: glibc's ~10% and
+    the process's own 0.4 GiB."""
+    gpu, cpu = memory(layout(dp_shard=2)), memory(layout(dp_shard=2), device="cpu")
+    assert gpu.reserved > gpu.active and gpu.allocator > 0 and gpu.process == 0
+    assert cpu.process == CPU_RANK_BASELINE_BYTES and cpu.allocator == int(cpu.active * 0.1)
 
 
 def test_total_is_the_sum_and_describe_leaves_out_empty_parts() -> None:
     m = RankMemory(
         parameters=GIB, gradients=0, optimizer_state=2 * GIB, activations=GIB // 2,
-        logits=0, temporaries=0, communication=0, process=GIB // 4,
+        logits=0, temporaries=0, communication=0, allocator=0, process=GIB // 4,
     )  # fmt: skip
-    assert m.total == GIB * 15 // 4
+    assert m.total == m.reserved == GIB * 15 // 4 and m.active == GIB * 14 // 4
     assert m.describe() == "parameters 1.0 + optimizer state 2.0 + activations 0.5 + process 0.2 GiB"
 
 
@@ -249,17 +276,6 @@ def _held_by_each_pp_rank(m: Llama3Config, p: ParallelismConfig) -> list[int]:
     return held
 
 
-_V_SHAPED_BUG = (
-    "part_parameters counts only the embedding for the first stage, but under V-shaped schedules "
-    "(ZBVZeroBubble, DualPipeV) rank 0 also holds the last stage: norm + output (vocab·dim more)"
-)
-_UNEVEN_BUG = (
-    "rank_memory assumes ceil(n_layers/pp) layers on rank 0, but with 6 layers over 4 stages "
-    "(sizes 1,2,1,2) rank 1 holds stages 1 and 3: 4 layers + the output head; step_time counts "
-    "ceil(n_layers/num_stages)·stages_per_rank = 4"
-)
-
-
 @pytest.mark.parametrize(
     "n_layers,pp,schedule",
     [
@@ -267,15 +283,13 @@ _UNEVEN_BUG = (
         (6, 3, "1F1B"),
         (8, 2, "Interleaved1F1B"),
         (8, 2, "LoopedBFS"),
-        pytest.param(8, 2, "ZBVZeroBubble", marks=pytest.mark.xfail(strict=True, reason=_V_SHAPED_BUG)),
-        pytest.param(8, 2, "DualPipeV", marks=pytest.mark.xfail(strict=True, reason=_V_SHAPED_BUG)),
-        pytest.param(6, 2, "Interleaved1F1B", marks=pytest.mark.xfail(strict=True, reason=_UNEVEN_BUG)),
+        (8, 2, "ZBVZeroBubble"),  # rank 0 holds the first and the last stage
+        (8, 2, "DualPipeV"),
+        (6, 2, "Interleaved1F1B"),  # uneven: stages of 1, 2, 1, 2 layers
     ],
 )
-def test_estimate_covers_the_busiest_pipeline_rank(n_layers: int, pp: int, schedule: str) -> None:
-    """ "It errs on the high side": the estimated parameters are at least what the busiest pp rank
-    holds once the model is cut into stages (the final norm's `dim` weights, 1 KiB, left aside)."""
+def test_the_estimate_holds_the_busiest_pipeline_rank(n_layers: int, pp: int, schedule: str) -> None:
+    """The modelled parameters are those of the busiest rank once the model is cut into stages."""
     m = dataclasses.replace(DEBUG, n_layers=n_layers)
     p = layout(pp=pp, schedule=schedule)
-    busiest = max(_held_by_each_pp_rank(m, p))
-    assert memory(p, m=m, batch=2 * pp).parameters >= 4 * (busiest - m.dim)
+    assert part_parameters(m, p) == max(_held_by_each_pp_rank(m, p))

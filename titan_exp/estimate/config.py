@@ -19,9 +19,19 @@ class HardwareConfig(Section):
     peak_tflops_float32: float = -1.0
     peak_tflops_bfloat16: float = -1.0
     peak_tflops_float8: float = -1.0
-    # The fraction of peak a transformer's step reaches (the rest: kernels' shapes, elementwise
-    # work, launches); MFU of well-tuned runs. Not used where compute is measured (cpu).
-    compute_efficiency: float = -1.0
+    # Fractions of a peak that a training step's kernels sustain (estimate/gpu_compute.py; not used
+    # where compute is measured, cpu): large GEMMs in the param dtype and in float8 (the best
+    # shape's reachable FLOP/s, less the clocks a sustained load runs at and the SMs NCCL's
+    # overlapped kernels take), causal flash attention's forward, and elementwise kernels' share
+    # of the memory bandwidth.
+    matmul_efficiency: float = -1.0
+    float8_matmul_efficiency: float = -1.0
+    attention_efficiency: float = -1.0
+    memory_efficiency: float = -1.0
+    # Streaming multiprocessors (CUs on AMD): a GEMM's tiles run in waves of this many.
+    sm_count: int = -1
+    # MX block-scaled float8 matmuls (Blackwell's tensor cores), what quantize=mxfp8 needs.
+    mxfp8: bool = False
     memory_gib: float = -1.0
     # Memory bandwidth (GB/s): what the optimizer step, bandwidth-bound, runs at.
     memory_gbps: float = -1.0

@@ -1,12 +1,55 @@
-"""An analytic estimate of what one rank holds at its peak, from the model's shape and the layout
-alone (no torch, so the launching process can make it): parameters, gradients and optimizer state
-as sharded by the layout, activations as kept by the schedule and activation checkpointing, the
-float32 logits of the loss, and what a process holds before any tensor. The pre-flight check holds
-it against the memory the ranks can have (job/preflight.py). The planner measures rank 0's
-memory instead where it can (plan/measure.py); this estimate errs on the high side."""
+"""The memory model: what one rank holds at its peak, from the model's shape and the layout alone
+(no torch, so the launching process can make it). The planner, the pre-flight check and a sweep's
+pruning all read this one model; the dry run's fake pass is the planner's cross-check.
+
+Per rank it predicts two figures, as a run reports them (metrics/memory.py):
+- **active**: live tensors at the peak (CUDA: the caching allocator's `active_bytes.all.peak`; CPU:
+  tensor-level accounting, what torch's MemTracker counts);
+- **reserved**: what the process takes from the device (CUDA: `reserved_bytes.all.peak`; CPU: its
+  resident set), the figure a fit is judged on.
+
+The peak is the larger of two moments of a step, each summed term by term (`Phase`):
+- *loss backward*: every layer's saved activations, the float32 logits and their gradient, the
+  head's gathered weights; gradients only where earlier microbatches left some (accumulation,
+  pipelining);
+- *end of backward*: the first layer's backward (its recomputation, gradient temporaries, FSDP's
+  gathered and unreduced buffers) beside the full sharded gradients.
+Under pipelining a rank's peak is its steady state, with the schedule's microbatches in flight; the
+first and the last pipeline rank are both modelled and the larger kept.
+
+Each term, with its source:
+- float32 master weights, gradients and AdamW's two moments, sharded over dp_shard × cp (FSDP2
+  keeps sharded parameters in their dtype and casts only what it all-gathers: torch's
+  `MixedPrecisionPolicy`; AdamW's `exp_avg`, `exp_avg_sq`);
+- activations per token and layer, by kernel and checkpointing (`layer_activations`), counted on
+  this model's ops: what each op saves for backward (torch's derivatives.yaml; SDPA's flash and
+  efficient kernels save q, k, v, the output and the log-sum-exp, not the score matrix);
+  selective "op" checkpointing saves the outputs of every other matmul, attention and
+  reduce-scatter (torchtitan's policy, parallel/activation_checkpoint.py); with tensor parallelism
+  the layers run sequence parallel, so only the all-gathered inputs of the column-wise linears and
+  the row-wise linears' partial outputs are whole;
+- logits: `cross_entropy(logits.float())` keeps a float32 copy, the log-softmax output and its
+  gradient at once (12 bytes per token and vocabulary entry, vocabulary sharded under TP); compiled
+  (train/loss.py), the logits and their gradient in the param dtype;
+- FSDP2's buffers: the running unit's and the prefetched unit's all-gathered weights, a unit's
+  unsharded gradient and its reduce-scatter input in the reduce dtype; the last block and the head
+  stay gathered after forward; under pipelining the rank's stages stay gathered and their
+  gradients accumulate unsharded in the reduce dtype until the last microbatch (torch's
+  PipelineStage sets `set_requires_gradient_sync(False)` and `set_reshard_after_backward(False)`;
+  FSDPParam.to_accumulated_grad_if_needed upcasts to the reduce dtype);
+- pipeline schedules: the stage-microbatches a rank keeps in flight (`pipeline_chunks_in_flight`,
+  from torch's schedules' warm-up counts);
+- float8 (torchao): Float8Linear saves its high-precision input and weight, so activations do not
+  change; its casts (float8 weight and input, one byte an element) are temporaries;
+- torch.compile (per block): the partitioner recomputes pointwise work inside fused kernels, so a
+  block keeps only matmul and attention inputs and outputs and its backward's temporaries shrink;
+- reserved beyond active: on CUDA the caching allocator, with expandable segments (which the ranks
+  turn on, as torchtitan's launch script does), keeps what it mapped at the high-water mark: up to
+  one largest transient block (the float32 logits, or a gathered unit) lies free inside it; on a
+  CPU, glibc keeps ~10% of freed memory and a process holds ~0.4 GiB before any tensor.
+"""
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from titan_exp.models.llama3.args import Llama3Config
@@ -15,36 +58,112 @@ from titan_exp.parallel.config import (
     V_SHAPED_SCHEDULES,
     ActivationCheckpointConfig,
     ParallelismConfig,
+    resolved_context_parallel_impl,
 )
+from titan_exp.parallel.stages import StagePlan
 from titan_exp.units import GIB
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
 # fp32 master weights (4), their gradients (4), AdamW's two moments (8).
 _PARAM_BYTES, _GRAD_BYTES, _ADAM_BYTES = 4, 4, 8
 # What a rank holds before any tensor on a CPU: the interpreter, torch, the process group.
 CPU_RANK_BASELINE_BYTES = int(0.4 * GIB)
 # On a CPU a process's resident memory runs above its live tensors: glibc keeps freed blocks.
-_CPU_ALLOCATOR_SLACK = 1.1
+_CPU_ALLOCATOR_SLACK = 0.1
+# float32 logits, their log-softmax and its gradient, live together in the loss's backward.
+_LOGITS_BYTES = 3 * 4
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a step asks of each rank: the model, the resolved layout, the step's shapes and dtypes,
+    and the device kind (cuda or cpu: attention kernels and allocators differ)."""
+
+    model: Llama3Config
+    parallelism: ParallelismConfig
+    ac: ActivationCheckpointConfig
+    local_batch_size: int
+    seq_len: int
+    accumulation: int = 1
+    param_dtype: str = "float32"
+    reduce_dtype: str = "float32"
+    # The linears' low-precision recipe: none, tensorwise or rowwise (float8), mxfp8.
+    quantize: str = "none"
+    float8_all_gather: bool = False
+    compiled: bool = False  # the blocks
+    loss_compiled: bool = False
+    async_tp: bool = False
+    device: str = "cuda"
+
+    @property
+    def float8(self) -> bool:
+        return self.quantize != "none"
+
+    @property
+    def compiled_loss(self) -> bool:
+        """The loss compiled (train/loss.py: not under TP or pipelining)."""
+        p = self.parallelism
+        return self.loss_compiled and p.tensor_parallel_degree == 1 and p.pipeline_parallel_degree == 1
+
+    @property
+    def logit_bytes(self) -> int:
+        """Bytes per logit at the loss's backward: eager, the float32 copy, its log-softmax and the
+        gradient; compiled, the logits and their gradient in the param dtype (one fused kernel
+        computes the log-sum-exp without a float32 copy)."""
+        if self.compiled_loss:
+            return 2 * DTYPE_BYTES[self.param_dtype]
+        # Under TP, loss_parallel's log-softmax (torch's tensor/parallel/loss.py) keeps the shifted
+        # logits and their exponentials beside the float32 copy and the result: four float32 copies.
+        return _LOGITS_BYTES + (4 if self.parallelism.tensor_parallel_degree > 1 else 0)
+
+    @property
+    def microbatch(self) -> int:
+        """Samples per forward: a pipeline microbatch, else the local batch."""
+        p = self.parallelism
+        return p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else self.local_batch_size
+
+    @property
+    def tokens(self) -> float:
+        """Tokens of one microbatch on one rank (context parallelism splits the sequence)."""
+        return self.microbatch * self.seq_len / self.parallelism.context_parallel_degree
+
+    @property
+    def fsdp_shards(self) -> int:
+        p = self.parallelism
+        return p.data_parallel_shard_degree * p.context_parallel_degree
 
 
 @dataclass(frozen=True)
 class RankMemory:
+    """One rank at its peak, bytes by what holds them; `active` sums the tensors, `reserved` adds
+    what the allocator and the process keep beyond them."""
+
     parameters: int
     gradients: int
     optimizer_state: int
     activations: int
     logits: int
     temporaries: int
-    # FSDP's gathered layers (the running one and the prefetched next) and a layer's reduce-scatter buffer.
+    # FSDP's gathered units and unreduced gradients (under pipelining, the stages' whole).
     communication: int
+    allocator: int
     process: int
+    phase: str = ""
+
+    @property
+    def active(self) -> int:
+        return self.total - self.allocator - self.process
 
     @property
     def total(self) -> int:
-        return sum(dataclasses.astuple(self))
+        return sum(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "phase")
+
+    @property
+    def reserved(self) -> int:
+        return self.total
 
     def describe(self) -> str:
-        parts = {field.name.replace("_", " "): getattr(self, field.name) for field in dataclasses.fields(self)}
+        parts = {f.name.replace("_", " "): getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "phase"}
         return " + ".join(f"{name} {size / GIB:.1f}" for name, size in parts.items() if size) + " GiB"
 
 
@@ -53,102 +172,272 @@ def layer_parameters(m: Llama3Config) -> int:
     return attention + 3 * m.dim * m.ffn_hidden_dim + 2 * m.dim
 
 
-def saved_per_token(m: Llama3Config) -> int:
-    """Elements one token leaves per transformer layer for its backward, counted on this model:
-    both norms' inputs and outputs, q, k and v after rope and the kv-heads' repeat, the attention
-    output and the contiguous copies the attention kernel takes, the SwiGLU's four ffn-wide tensors."""
-    return 10 * m.dim + 4 * m.ffn_hidden_dim
-
-
-def pipeline_chunks_in_flight(p: ParallelismConfig, microbatches: int) -> int:
-    """Stage-microbatches whose activations a pipeline's first rank holds at its peak, as torch's
-    schedules order their work: every microbatch under GPipe and, per stage, under LoopedBFS; one
-    per stage ahead of it under 1F1B; under the interleaved schedules (v stages per rank) their
-    warm-up, (v-1)·pp + 2·(pp-1) forwards, and the first steady one; under the V-shaped ones, 2·pp."""
-    pp, schedule = p.pipeline_parallel_degree, p.pipeline_parallel_schedule
-    if pp == 1:
-        return 1
-    if schedule == "GPipe":
-        return microbatches
-    if schedule in SINGLE_STAGE_SCHEDULES:
-        return min(pp, microbatches)
-    v = 2
-    if schedule == "LoopedBFS":
-        return microbatches * v
-    if schedule in V_SHAPED_SCHEDULES:
-        return min(microbatches * v, 2 * pp)
-    return min(microbatches * v, (v - 1) * pp + 2 * (pp - 1) + 1)
-
-
-def pipeline_in_flight(p: ParallelismConfig, microbatches: int) -> float:
-    """The same in microbatches through all of the rank's layers (a stage holds 1/v of them)."""
-    single = p.pipeline_parallel_schedule in SINGLE_STAGE_SCHEDULES or p.pipeline_parallel_degree == 1
-    return pipeline_chunks_in_flight(p, microbatches) / (1 if single else 2)
-
-
-def gathered_kv(m: Llama3Config, batch: int, seq_len: int, cp: int) -> float:
-    """Elements of other cp ranks' K and V one attention layer holds under context parallelism:
-    gathered over the cp ranks and repeated to every query head, kept for the layer's backward (the
-    all-gather attention; torch's ring attention with its all-gather rotation is alike)."""
-    return batch * seq_len * (1 - 1 / cp) * 2 * m.n_heads * m.head_dim
-
-
-def part_parameters(m: Llama3Config, pp: int, layers: int) -> int:
-    """Parameters of the busiest rank's model part before sharding: the whole model without a
-    pipeline; under one, its `layers` and the embeddings (the first stage)."""
-    return model_parameters(m) if pp == 1 else layers * layer_parameters(m) + m.vocab_size * m.dim
-
-
 def model_parameters(m: Llama3Config) -> int:
     """Every parameter of the model (a tied output counted once)."""
     outside_layers = m.vocab_size * m.dim * (1 if m.tie_word_embeddings else 2) + m.dim
     return m.n_layers * layer_parameters(m) + outside_layers
 
 
-def rank_memory(
-    m: Llama3Config,
-    p: ParallelismConfig,
-    local_batch_size: int,
-    seq_len: int,
-    activation_dtype: str,
-    ac: ActivationCheckpointConfig,
-    on_cpu: bool,
-) -> RankMemory:
-    """The peak of the busiest rank (the first pipeline stage) of a layout whose degrees are
-    resolved: every shard the same size, the embeddings with the first stage's layers."""
-    pp, tp, cp = p.pipeline_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree
-    shards = p.data_parallel_shard_degree * cp if p.data_parallel_shard_degree * cp > 1 else 1
-    layers = math.ceil(m.n_layers / pp)
-    held = part_parameters(m, pp, layers)
-    params_here = held / (tp * shards)
-    act_bytes = DTYPE_BYTES[activation_dtype]
-    microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else local_batch_size
-    tokens = microbatch * seq_len / cp
-    per_layer = tokens * saved_per_token(m) * act_bytes / tp + gathered_kv(m, microbatch, seq_len, cp) * act_bytes / tp
-    if ac.mode == "full":  # each layer keeps its input; one layer is recomputed at a time
-        kept = layers * tokens * m.dim * act_bytes / tp + per_layer
-    elif ac.mode == "selective":  # per-op SAC keeps attention and every other matmul output: ~30% (dry run's)
-        kept = layers * per_layer * 0.3 + per_layer
+@dataclass(frozen=True)
+class PipelineRank:
+    """What one pipeline rank holds: its layers, whether its stages include the first (embeddings)
+    and the last (norm, output, loss), and its stages' count."""
+
+    layers: int
+    first: bool
+    last: bool
+    stages: int
+
+    def parameters(self, m: Llama3Config) -> int:
+        embedding = m.vocab_size * m.dim if self.first else 0
+        # The final norm and the output projection (a tied output is the embedding, counted once).
+        shares_embedding = m.tie_word_embeddings and self.first
+        head = m.dim + (0 if shares_embedding else m.vocab_size * m.dim) if self.last else 0
+        return self.layers * layer_parameters(m) + embedding + head
+
+
+def pipeline_ranks(p: ParallelismConfig, n_layers: int) -> dict[int, PipelineRank]:
+    """The first and the last pipeline rank (the busiest candidates), as the trainer cuts stages."""
+    pp = p.pipeline_parallel_degree
+    plan = StagePlan.from_config(p, n_layers)
+    ranks = {}
+    for rank in sorted({0, pp - 1}):
+        stages = plan.stage_ids(rank, pp, p.pipeline_parallel_schedule)
+        layers = sum(len(plan.layers(s, n_layers)) for s in stages)
+        ranks[rank] = PipelineRank(layers, 0 in stages, plan.num_stages - 1 in stages, len(stages))
+    return ranks
+
+
+def part_parameters(m: Llama3Config, p: ParallelismConfig) -> int:
+    """Parameters of the busiest pipeline rank's parts before sharding (the whole model without a
+    pipeline)."""
+    return max(rank.parameters(m) for rank in pipeline_ranks(p, m.n_layers).values())
+
+
+def pipeline_chunks_in_flight(p: ParallelismConfig, microbatches: int, pp_rank: int = 0) -> int:
+    """Stage-microbatches whose activations pipeline rank `pp_rank` holds at its peak, as torch's
+    schedules order their work: every microbatch under GPipe and, per stage, under LoopedBFS; one
+    per rank from it to the last under 1F1B; under the interleaved schedules (v stages per rank)
+    their warm-up, (v-1)·pp + 2·(pp-1-rank) forwards, and the first steady one; under the V-shaped
+    ones, 2·(pp-rank)."""
+    pp, schedule = p.pipeline_parallel_degree, p.pipeline_parallel_schedule
+    if pp == 1:
+        return 1
+    if schedule == "GPipe":
+        return microbatches
+    if schedule in SINGLE_STAGE_SCHEDULES:
+        return min(pp - pp_rank, microbatches)
+    v = 2
+    if schedule == "LoopedBFS":
+        return microbatches * v
+    if schedule in V_SHAPED_SCHEDULES:
+        return min(microbatches * v, 2 * (pp - pp_rank))
+    return min(microbatches * v, (v - 1) * pp + 2 * (pp - 1 - pp_rank) + 1)
+
+
+def pipeline_in_flight(p: ParallelismConfig, microbatches: int, pp_rank: int = 0) -> float:
+    """The same in microbatches through all of the rank's layers (a stage holds 1/v of them)."""
+    single = p.pipeline_parallel_schedule in SINGLE_STAGE_SCHEDULES or p.pipeline_parallel_degree == 1
+    return pipeline_chunks_in_flight(p, microbatches, pp_rank) / (1 if single else 2)
+
+
+def gathered_kv(m: Llama3Config, batch: int, seq_len: int, cp: int) -> float:
+    """Elements of other cp ranks' K and V one attention layer holds under the all-gather context
+    parallelism: gathered over the cp ranks and repeated to every query head, kept for the layer's
+    backward."""
+    return batch * seq_len * (1 - 1 / cp) * 2 * m.n_heads * m.head_dim
+
+
+def layer_activations(w: Workload, mode: str) -> float:
+    """Elements one token of the microbatch leaves in one layer for its backward, `mode` being
+    none, full or op (selective per op). Whole: the gathered inputs of the column-wise linears
+    (q/k/v and w1/w3 read one normed input each) and a row-wise linear's partial output; the rest
+    is split over tp (sequence parallel, or heads and ffn columns)."""
+    m, tp = w.model, w.parallelism.tensor_parallel_degree
+    dim, kv, ffn = m.dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim
+    if mode == "full":  # the block's input
+        return dim / tp
+    if mode == "op":
+        # The block's input; outputs of wq, wv, w1, w2 (every other matmul, w2's whole), attention's
+        # output; under TP the two reduce-scatters' outputs.
+        reduce_scatters = 2 * dim / tp if tp > 1 else 0
+        return dim + (3 * dim + kv + ffn) / tp + reduce_scatters
+    if w.compiled:
+        # Fused pointwise work recomputed: the block's input, q/k/v before rotary, attention's
+        # output, the residual after attention, w1's and w3's outputs.
+        return (4 * dim + 2 * kv + 2 * ffn) / tp
+    # Both norms' outputs (whole) and inputs; q, k, v as attention takes them (k and v repeated to
+    # every head), its output and the contiguous copy wo reads; the SwiGLU's four ffn-wide tensors.
+    # The CPU's flash kernel keeps one more dim-wide copy.
+    sharded = (8 if w.device == "cpu" else 7) * dim + 4 * ffn
+    return 2 * dim + sharded / tp
+
+
+def _kept_per_layer(w: Workload) -> float:
+    """Elements per token a layer keeps between its forward and its backward, averaged over layers
+    (selective every-N checkpoints one block in N)."""
+    ac = w.ac
+    if ac.mode == "none":
+        kept = layer_activations(w, "none")
+    elif ac.mode == "full":
+        kept = layer_activations(w, "full")
+    elif ac.selective_ac_option == "op":
+        kept = layer_activations(w, "op")
     else:
-        kept = layers * per_layer
-    in_flight = pipeline_in_flight(p, local_batch_size // microbatch)
-    # float32 logits, the loss's log-softmax of them, and their gradient.
-    logits = local_batch_size * seq_len / cp * m.vocab_size / tp * 4 * 3
-    # Under FSDP: two layers' gathered parameters (the current one and the prefetched next) and a
-    # layer's gradients before their reduce-scatter.
-    gathered = 3 * layer_parameters(m) / tp * _PARAM_BYTES if shards > 1 else 0
-    # Under pipelining a microbatch's backward runs before the last one's forward: the stage's
-    # gradients exist at the peak, under FSDP unreduced (PipelineStage syncs after the last one).
-    grad_bytes = held / tp * act_bytes if shards > 1 and pp > 1 else params_here * _GRAD_BYTES
-    slack = _CPU_ALLOCATOR_SLACK if on_cpu else 1.0
-    return RankMemory(
-        parameters=int(params_here * _PARAM_BYTES * slack),
-        gradients=int(grad_bytes * slack),
-        optimizer_state=int(params_here * _ADAM_BYTES * slack),
-        activations=int(kept * in_flight * slack),
-        logits=int(logits * slack),
-        # During a layer's backward: its activations' gradients.
-        temporaries=int(per_layer * slack),
-        communication=int(gathered * slack),
-        process=CPU_RANK_BASELINE_BYTES if on_cpu else 0,
+        every = int(ac.selective_ac_option)
+        kept = (layer_activations(w, "full") + (every - 1) * layer_activations(w, "none")) / every
+    p = w.parallelism
+    cp, tp = p.context_parallel_degree, p.tensor_parallel_degree
+    if cp > 1 and resolved_context_parallel_impl(p.context_parallel_impl, w.device) == "allgather":
+        # The other cp ranks' K and V, per token of this rank, where a layer keeps attention's
+        # inputs (checkpointed layers gather them again; torch's ring attention passes them on).
+        keeping = {"none": 1.0, "full": 0.0}.get(ac.mode, 0.0 if ac.selective_ac_option == "op" else None)
+        if keeping is None:
+            keeping = 1 - 1 / int(ac.selective_ac_option)
+        kept += keeping * gathered_kv(w.model, 1, w.seq_len, cp) / (w.seq_len / cp) / tp
+    return kept
+
+
+@dataclass(frozen=True)
+class _Buffers:
+    """Per-rank sizes (bytes) the phases are summed from."""
+
+    states: tuple[int, int]  # (fp32 sharded parameters, AdamW state)
+    sharded_grads: int
+    kept: float  # one microbatch through one layer
+    layer_transient: float  # a layer's backward: its recomputation and gradient temporaries
+    logits: float
+    head_activations: float
+
+
+def _buffers(w: Workload, rank: PipelineRank) -> _Buffers:
+    m, p = w.model, w.parallelism
+    tp, shards = p.tensor_parallel_degree, max(1, w.fsdp_shards)
+    local = rank.parameters(m) / (tp * shards)
+    act = DTYPE_BYTES[w.param_dtype]
+    tokens = w.tokens
+    recompute = 0.0 if w.ac.mode == "none" else layer_activations(w, "none")
+    # Gradients of a layer's activations during its backward: at most what an eager layer keeps;
+    # compiled, its fused backward kernels write about half of that.
+    grads = layer_activations(dataclasses.replace(w, compiled=False), "none") * (0.5 if w.compiled else 1)
+    float8_casts = (layer_parameters(m) / tp + tokens * m.ffn_hidden_dim / tp) if w.float8 else 0
+    return _Buffers(
+        states=(int(local * _PARAM_BYTES), int(local * _ADAM_BYTES)),
+        sharded_grads=int(local * _GRAD_BYTES),
+        kept=_kept_per_layer(w) * tokens * act,
+        layer_transient=(recompute + grads) * tokens * act + float8_casts,
+        logits=tokens * m.vocab_size / tp * w.logit_bytes if rank.last else 0.0,
+        # The final norm's input and output, read by the output matmul (gathered under TP).
+        head_activations=2 * m.dim * tokens * act if rank.last else 0.0,
     )
+
+
+def _fsdp_units(w: Workload, rank: PipelineRank) -> tuple[float, float]:
+    """(bytes of one block's gathered weights, of the head's: norm and output), in what FSDP
+    all-gathers: the param dtype, float8 for the linears' weights under float8 all-gather."""
+    m, tp = w.model, w.parallelism.tensor_parallel_degree
+    gathered = 1 if w.float8_all_gather else DTYPE_BYTES[w.param_dtype]
+    head = (m.vocab_size * m.dim * DTYPE_BYTES[w.param_dtype] / tp) if rank.last else 0.0
+    return layer_parameters(m) / tp * gathered, head
+
+
+def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
+    """The larger of a rank's two moments (see the module's docstring)."""
+    m, p = w.model, w.parallelism
+    b = _buffers(w, rank)
+    fsdp = w.fsdp_shards > 1
+    layer_unit, head_unit = _fsdp_units(w, rank) if fsdp else (0.0, 0.0)
+    reduce_bytes = DTYPE_BYTES[w.reduce_dtype]
+    tp = p.tensor_parallel_degree
+    # A unit's unsharded gradient (param dtype) and its reduce-scatter input (reduce dtype).
+    unreduced = layer_parameters(m) / tp * (DTYPE_BYTES[w.param_dtype] + reduce_bytes) if fsdp else 0.0
+    if not fsdp and p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets, a flat copy
+        unreduced = rank.parameters(m) / tp * reduce_bytes
+    common = {"parameters": b.states[0], "optimizer_state": b.states[1]}
+
+    if p.pipeline_parallel_degree > 1:
+        microbatches = w.local_batch_size // w.microbatch
+        chunks = pipeline_chunks_in_flight(p, microbatches, pp_rank)
+        held = rank.parameters(m) / tp
+        return RankMemory(
+            **common,
+            # Accumulated unsharded in the reduce dtype under FSDP (sharded ones come at the end).
+            gradients=int(held * reduce_bytes if fsdp else b.sharded_grads),
+            activations=int(b.kept * rank.layers / rank.stages * chunks + b.head_activations),
+            logits=int(b.logits),
+            temporaries=int(b.layer_transient),
+            communication=int(held * (1 if w.float8_all_gather else DTYPE_BYTES[w.param_dtype]) if fsdp else 0),
+            allocator=0,
+            process=0,
+            phase="pipeline steady state",
+        )
+
+    kept_all = b.kept * rank.layers + b.head_activations
+    reshard = p.fsdp_reshard_after_forward
+    gathered_after_forward = {"never": rank.layers, "always": 0}.get(reshard, 1) * layer_unit + head_unit
+    loss_backward = RankMemory(
+        **common,
+        gradients=b.sharded_grads if w.accumulation > 1 else 0,
+        activations=int(kept_all),
+        logits=int(b.logits),
+        temporaries=0,
+        communication=int(gathered_after_forward),
+        allocator=0,
+        process=0,
+        phase="loss backward",
+    )
+    end_of_backward = RankMemory(
+        **common,
+        gradients=b.sharded_grads,
+        activations=int(b.kept),
+        logits=0,
+        temporaries=int(b.layer_transient),
+        # The running and the prefetched unit, and the running one's unreduced gradient (DDP: its
+        # buckets).
+        communication=int(2 * layer_unit + unreduced),
+        allocator=0,
+        process=0,
+        phase="end of backward",
+    )
+    return max(loss_backward, end_of_backward, key=lambda r: r.total)
+
+
+def rank_memory(w: Workload, pp_rank: int | None = None) -> RankMemory:
+    """The busiest rank's peak, active and reserved (degrees resolved); or that of the first
+    (`pp_rank=0`) or the last pipeline rank."""
+    ranks = pipeline_ranks(w.parallelism, w.model.n_layers)
+    chosen = ranks if pp_rank is None else {pp_rank: ranks[pp_rank]}
+    peak = max((_rank_peak(w, rank, index) for index, rank in chosen.items()), key=lambda r: r.total)
+    if w.device == "cpu":
+        return dataclasses.replace(
+            peak, allocator=int(peak.active * _CPU_ALLOCATOR_SLACK), process=CPU_RANK_BASELINE_BYTES
+        )
+    tp = w.parallelism.tensor_parallel_degree
+    largest_transient = max(
+        w.tokens * w.model.vocab_size / tp * (DTYPE_BYTES[w.param_dtype] if w.compiled_loss else 4)
+        if peak.logits
+        else 0.0,
+        layer_parameters(w.model) / tp * DTYPE_BYTES[w.param_dtype],
+    )
+    return dataclasses.replace(peak, allocator=int(largest_transient + _stream_pools(w, peak)))
+
+
+def _stream_pools(w: Workload, peak: RankMemory) -> float:
+    """What FSDP2's own streams keep cached beyond what is live at the peak: the caching allocator
+    reuses a block only on the stream that freed it, so the all-gather stream keeps two gathered
+    units (the running one and the prefetched one) and the reduce-scatter stream a unit's gradient
+    in the reduce dtype and its input copy (torch's FSDP2 `_fsdp_collectives`, one stream each)."""
+    if w.fsdp_shards <= 1:
+        return 0.0
+    unit, _ = _fsdp_units(w, PipelineRank(1, False, False, 1))
+    gradient = layer_parameters(w.model) / w.parallelism.tensor_parallel_degree * DTYPE_BYTES[w.reduce_dtype]
+    return max(0.0, 2 * unit + 2 * gradient - peak.communication)
+
+
+def microbatches_per_step(w: Workload) -> int:
+    return (w.local_batch_size // w.microbatch) * w.accumulation
+
+
+def local_parameters(w: Workload) -> float:
+    """Parameters one rank holds after sharding (the busiest pipeline rank's)."""
+    return part_parameters(w.model, w.parallelism) / (w.parallelism.tensor_parallel_degree * max(1, w.fsdp_shards))

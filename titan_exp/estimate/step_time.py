@@ -1,20 +1,24 @@
-"""An analytic model of one training step's time on the busiest rank (torch-free): compute from
-FLOPs and the device's peak (or from times measured on this machine, plan/measure.py), plus the
-collectives each layout runs from their message sizes and the links' bandwidths, plus the
-pipeline schedule's bubble.
+"""An analytic model of one training step's time on the busiest rank (torch-free): compute per
+microbatch (modelled op by op on a GPU, estimate/gpu_compute.py, or measured on CPU ranks,
+plan/measure.py), plus the collectives each layout runs from their message sizes and the links'
+bandwidths, less what overlaps compute, plus the pipeline schedule's bubble.
 
 Per microbatch, a rank runs its layers' forward and backward (forward again for recomputation
 under activation checkpointing), and its layout's collectives:
-- FSDP: all-gather of each unit's parameters in forward and again in backward (resharded after
-  forward), reduce-scatter of its gradients (the last microbatch only);
-- DDP / HSDP's replicas: an all-reduce of the gradients (the last microbatch only);
+- FSDP: each unit's all-gather in forward and again in backward (resharded after forward), its
+  gradients' reduce-scatter in backward (the last microbatch only). On GPUs they run on their own
+  streams, prefetched one unit ahead: per unit, only what exceeds that unit's compute shows, and
+  the first all-gather and the last reduce-scatter, which nothing covers;
+- DDP / HSDP's replicas: an all-reduce of the gradients, overlapped with the backward;
 - tensor + sequence parallel: per layer, an all-gather and a reduce-scatter of the activations
-  around attention and around the MLP, in forward and in backward;
-- context parallel: an all-gather of K and V per layer, a reduce-scatter of their gradients;
+  around attention and around the MLP, in forward, in backward and in recomputation; blocking,
+  unless async TP, which splits each into chunks hidden behind the linear that consumes or
+  produces them (torch's micro-pipelined `fused_all_gather_matmul` / `fused_matmul_reduce_scatter`);
+- context parallel: K and V of the other ranks per layer (and their gradients back): the
+  all-gather attention blocks; torch's ring attention passes them on while it computes;
 - pipeline: a send and a receive of activations (forward) and of their gradients (backward) per
   stage boundary; the schedule leaves each rank idle for its bubble.
-On GPUs FSDP's and DDP's collectives overlap compute (only what exceeds it shows); on CPU ranks
-(gloo) every collective blocks.
+On CPU ranks (gloo, `overlaps_communication: false`) every collective blocks.
 """
 
 import dataclasses
@@ -22,17 +26,20 @@ import math
 from dataclasses import dataclass
 
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import layer_parameters, part_parameters
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.estimate.memory import DTYPE_BYTES, Workload, layer_parameters, part_parameters
 from titan_exp.parallel.config import ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 
-# Extra forward work of activation checkpointing, as a fraction of the forward: full recomputes
-# every layer; torchtitan's selective "op" policy recomputes what is not a matmul or attention.
-_RECOMPUTE = {"none": 0.0, "full": 1.0, "selective": 0.25}
 # Bubble of a schedule as a fraction of its useful work, with v stages per rank and m microbatches:
 # (pp - 1) / (v·m) for the 1F1B family and GPipe; the zero-bubble schedules fill most of it.
 _ZERO_BUBBLE_SHARE = {"InterleavedZeroBubble": 0.25, "ZBVZeroBubble": 0.25, "DualPipeV": 0.25}
+# Collectives per layer and microbatch under sequence parallelism: an all-gather before attention
+# and the MLP, a reduce-scatter after each, in forward and in backward.
+_TP_COLLECTIVES = 8
+# The share of the hideable TP collectives async TP hides in practice: torchtitan's published async
+# TP runs (benchmarks/asyncTP_llama3_h100_2025-06) gain 9-16%, about half of what hiding every
+# transfer behind its matmul would give on the same links.
+_ASYNC_TP_OVERLAP = 0.5
 
 
 @dataclass(frozen=True)
@@ -44,18 +51,6 @@ class ComputeTimes:
     layer: float
     head: float
     optimizer: float
-
-
-@dataclass(frozen=True)
-class StepBatch:
-    """What one rank's step processes: its local batch of sequences, the microsteps whose gradients
-    accumulate, and the bytes per element of the parameters and of the activations it sends."""
-
-    local_batch_size: int
-    seq_len: int
-    accumulation: int
-    param_bytes: int
-    activation_bytes: int
 
 
 @dataclass(frozen=True)
@@ -75,26 +70,6 @@ class StepTime:
         return dataclasses.asdict(self) | {"total": self.total}
 
 
-def modelled_compute(
-    m: Llama3Config, hw: HardwareConfig, microbatch: tuple[float, int], tp: int, matmul_dtype: str, ac_mode: str,
-    local_params: float,
-) -> ComputeTimes:  # fmt: skip
-    """From FLOPs at the device's peak × efficiency: 2 FLOPs per multiply-add in forward, twice that
-    in backward; attention's score and value matmuls over the causal sequence (counted in full, as
-    MFU counts them); `microbatch`: (tokens, sequence length). The optimizer step moves ~32 bytes
-    per local parameter at the memory bandwidth."""
-    tokens, seq_len = microbatch
-    rate = hw.peak_flops(matmul_dtype) * hw.compute_efficiency
-    attention_rate = hw.peak_flops("bfloat16" if matmul_dtype == "float8" else matmul_dtype) * hw.compute_efficiency
-    linear = 2 * tokens * layer_parameters(m) / tp / rate
-    forward = linear + 4 * tokens * seq_len * m.n_heads * m.head_dim / tp / attention_rate
-    return ComputeTimes(
-        layer=forward * (3 + _RECOMPUTE[ac_mode]),
-        head=6 * tokens * m.dim * m.vocab_size / tp / rate,
-        optimizer=32 * local_params / (hw.memory_gbps * 1e9),
-    )
-
-
 def _collective(hw: HardwareConfig, bytes_per_rank: float, group: int, spans_nodes: bool, kind: str) -> float:
     """Seconds of one collective over `group` ranks, ring algorithm: all-gather / reduce-scatter move
     (g-1)/g of the full buffer through each rank's link, an all-reduce twice that."""
@@ -106,61 +81,114 @@ def _collective(hw: HardwareConfig, bytes_per_rank: float, group: int, spans_nod
     return latency * 1e-6 + traffic / bandwidth
 
 
-def step_time(
-    m: Llama3Config,
-    p: ParallelismConfig,
-    hw: HardwareConfig,
-    compute: ComputeTimes,
-    batch: StepBatch,
-    oversubscription: float = 1.0,
-) -> StepTime:
+def step_time(w: Workload, hw: HardwareConfig, compute: ComputeTimes, oversubscription: float = 1.0) -> StepTime:
     """The busiest rank's step (degrees resolved): `compute` is per microbatch of this layout."""
-    local_batch_size, seq_len, accumulation = batch.local_batch_size, batch.seq_len, batch.accumulation
-    param_bytes, activation_bytes = batch.param_bytes, batch.activation_bytes
-    pp, tp, cp = p.pipeline_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree
-    shard, replicate = p.data_parallel_shard_degree * cp, p.data_parallel_replicate_degree
+    m, p = w.model, w.parallelism
     plan = StagePlan.from_config(p, m.n_layers)
     layers = math.ceil(m.n_layers / plan.num_stages) * plan.stages_per_rank
-    microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else local_batch_size
-    microbatches = (local_batch_size // microbatch) * accumulation
+    microbatches = (w.local_batch_size // w.microbatch) * w.accumulation
     # The busiest rank: its layers, and the output head (the last stage's; under the V schedules rank 0's).
     per_microbatch = layers * compute.layer + compute.head
     work = microbatches * per_microbatch + compute.optimizer
-
-    # Which links a group crosses: tp innermost, then cp, dp_shard, dp_replicate, pp outermost.
-    def spans(inner: int, size: int) -> bool:
-        return inner * size > hw.devices_per_node
-
-    held = part_parameters(m, pp, layers) / tp
-    blocking, overlappable = 0.0, 0.0
-    units = layers + (2 if pp == 1 else 1)  # one FSDP unit per layer, the embeddings, norm + output
-    if shard > 1:
-        unit_bytes = held * param_bytes / units
-        # Forward, and again in backward: all but the last layer and the output, kept gathered.
-        gathers = (2 * units - 2) * microbatches
-        gather = _collective(hw, unit_bytes, shard, spans(tp, shard), "all_gather")
-        scatter = _collective(hw, held * 4 / units, shard, spans(tp, shard), "reduce_scatter")
-        overlappable += gathers * gather + units * scatter
-    if replicate > 1:
-        overlappable += _collective(hw, held / shard * 4, replicate, spans(tp * shard, replicate), "all_reduce")
-    if tp > 1:
-        activation = microbatch * seq_len / cp * m.dim * activation_bytes
-        per_layer = 8 * _collective(hw, activation, tp, spans(1, tp), "all_gather")
-        blocking += microbatches * (layers * per_layer + 2 * _collective(hw, activation, tp, False, "all_gather"))
-    if cp > 1:
-        kv = microbatch * seq_len / cp * 2 * m.kv_heads * m.head_dim / tp * activation_bytes
-        blocking += microbatches * layers * 2 * _collective(hw, kv * cp, cp, spans(tp, cp), "all_gather")
-    if pp > 1:
-        boundary = microbatch * seq_len / cp / tp * m.dim * activation_bytes
+    links = _Links(hw, p)
+    blocking = _tensor_parallel(w, links, compute, layers, microbatches)
+    blocking += _context_parallel(w, links, layers, microbatches)
+    overlapped = _data_parallel(w, links, compute, layers, microbatches)
+    if p.pipeline_parallel_degree > 1:
+        boundary = w.tokens / p.tensor_parallel_degree * m.dim * DTYPE_BYTES[w.param_dtype]
         hops = 2 * plan.stages_per_rank  # send forward + receive backward, per stage held
-        latency = hw.collective_latency_us * 1e-6
-        blocking += microbatches * hops * (latency + boundary / (hw.intra_node_gbps * 1e9))
+        blocking += microbatches * hops * (hw.collective_latency_us * 1e-6 + boundary / (hw.intra_node_gbps * 1e9))
     # Step-level: the loss and grad-norm reductions.
     if math.prod(p.degrees().values()) > 1:
         blocking += 3 * hw.collective_latency_us * 1e-6
-    communication = blocking + (max(0.0, overlappable - work) if hw.overlaps_communication else overlappable)
     bubble = 0.0
-    if pp > 1:
+    if p.pipeline_parallel_degree > 1:
         share = _ZERO_BUBBLE_SHARE.get(p.pipeline_parallel_schedule, 1.0)
+        pp = p.pipeline_parallel_degree
         bubble = share * (pp - 1) / (plan.stages_per_rank * microbatches) * (work - compute.optimizer)
-    return StepTime(compute=work, communication=communication, bubble=bubble, oversubscription=oversubscription)
+    return StepTime(compute=work, communication=blocking + overlapped, bubble=bubble, oversubscription=oversubscription)
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Which links each mesh dimension's groups cross: tp innermost, then cp, dp_shard, dp_replicate,
+    pp outermost; a group spans nodes when it and the dimensions inside it exceed a node."""
+
+    hw: HardwareConfig
+    p: ParallelismConfig
+
+    def collective(self, bytes_per_rank: float, dim: str, kind: str) -> float:
+        p = self.p
+        sizes = {
+            "tp": (1, p.tensor_parallel_degree),
+            "cp": (p.tensor_parallel_degree, p.context_parallel_degree),
+            "dp_shard": (p.tensor_parallel_degree, p.data_parallel_shard_degree * p.context_parallel_degree),
+            "dp_replicate": (
+                p.tensor_parallel_degree * p.data_parallel_shard_degree * p.context_parallel_degree,
+                p.data_parallel_replicate_degree,
+            ),
+        }
+        inner, group = sizes[dim]
+        return _collective(self.hw, bytes_per_rank, group, inner * group > self.hw.devices_per_node, kind)
+
+
+def _tensor_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: int, microbatches: int) -> float:
+    """What TP's activation collectives add (async TP: what the linears do not cover)."""
+    p = w.parallelism
+    if p.tensor_parallel_degree == 1:
+        return 0.0
+    activation = w.tokens * w.model.dim * DTYPE_BYTES[w.param_dtype]
+    collectives = _TP_COLLECTIVES + (4 if w.ac.mode == "full" else 0)
+    per_layer = collectives * links.collective(activation, "tp", "all_gather")
+    if w.async_tp and links.hw.overlaps_communication:
+        # Hidden behind the linears that consume or produce them, split into tp chunks: the first
+        # chunk's transfer is never hidden, and the chunked matmuls and the copy engines' traffic
+        # slow what overlaps (torch's micro-pipelined TP reaches about half: _ASYNC_TP_OVERLAP).
+        hidden = min(per_layer * (1 - 1 / p.tensor_parallel_degree), compute.layer) * _ASYNC_TP_OVERLAP
+        per_layer -= hidden
+    head = 2 * links.collective(activation, "tp", "all_gather")
+    return microbatches * (layers * per_layer + head)
+
+
+def _context_parallel(w: Workload, links: _Links, layers: int, microbatches: int) -> float:
+    p = w.parallelism
+    if p.context_parallel_degree == 1:
+        return 0.0
+    m, cp = w.model, p.context_parallel_degree
+    kv = w.tokens * 2 * m.kv_heads * m.head_dim / p.tensor_parallel_degree * DTYPE_BYTES[w.param_dtype]
+    return microbatches * layers * 2 * links.collective(kv * cp, "cp", "all_gather")
+
+
+def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: int, microbatches: int) -> float:
+    """What FSDP's and the replicas' collectives add: all of them where they block (gloo); on GPUs
+    per unit what exceeds the unit's compute, plus the first gather and the last reduce-scatter."""
+    m, p = w.model, w.parallelism
+    shard = p.data_parallel_shard_degree * p.context_parallel_degree
+    held = part_parameters(m, p) / p.tensor_parallel_degree
+    replicas = links.collective(held / max(1, shard) * DTYPE_BYTES[w.reduce_dtype], "dp_replicate", "all_reduce")
+    param_bytes, reduce_bytes = DTYPE_BYTES[w.param_dtype], DTYPE_BYTES[w.reduce_dtype]
+    if not links.hw.overlaps_communication:
+        if shard == 1:
+            return replicas
+        # One unit per layer, the embeddings, norm + output (held evenly, as the blocks dominate);
+        # all but the last layer and the output gathered again in backward.
+        units = layers + (2 if p.pipeline_parallel_degree == 1 else 1)
+        gather = links.collective(held * param_bytes / units, "dp_shard", "all_gather")
+        scatter = links.collective(held * reduce_bytes / units, "dp_shard", "reduce_scatter")
+        return (2 * units - 2) * microbatches * gather + units * scatter + replicas
+    exposed = max(0.0, replicas - compute.layer * layers)
+    if shard == 1:
+        return exposed
+    unit = layer_parameters(m) / p.tensor_parallel_degree
+    gather = links.collective(unit * (1 if w.float8_all_gather else param_bytes), "dp_shard", "all_gather")
+    scatter = links.collective(unit * reduce_bytes, "dp_shard", "reduce_scatter")
+    outside = held - layers * unit  # embeddings and head: gathered in forward, behind the head's compute
+    head = links.collective(outside * param_bytes, "dp_shard", "all_gather")
+    head += links.collective(outside * reduce_bytes, "dp_shard", "reduce_scatter") / microbatches
+    # Per microbatch: each unit's gather behind the previous unit's forward (~1/3 of a layer's
+    # compute), the first one behind nothing; in backward each gather (the last layer stays
+    # gathered) and, on the last microbatch, each reduce-scatter behind a layer's backward (the
+    # rest, recomputation included), the last reduce-scatter behind nothing.
+    forward = gather + (layers - 1) * max(0.0, gather - compute.layer / 3)
+    backward = (layers - 1) * max(0.0, gather + scatter / microbatches - 2 * compute.layer / 3) + scatter / microbatches
+    return exposed + microbatches * (forward + backward + max(0.0, head - compute.head))

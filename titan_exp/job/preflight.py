@@ -6,14 +6,13 @@ line, exit 2), like the config's own rules (config/check.py)."""
 import contextlib
 import sqlite3
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from launchers.devices import available_memory, gpu_memory
 from titan_exp.checkpoint.layout import latest_step
-from titan_exp.config.job import ResolvedJob, changed_config
+from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
-from titan_exp.estimate.memory import RankMemory, rank_memory
+from titan_exp.job.memory import Budget, check_memory_fit
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import Store
 from titan_exp.tracking.store import is_store_busy, server_answers
@@ -112,80 +111,23 @@ def _reachable_store(store: Store) -> None:
 def _memory_fits(job: ResolvedJob) -> None:
     """One rank's estimated peak within what each rank can have, where that is known from here: a
     GPU's memory, the available memory shared by our launcher's CPU ranks, a Slurm CPU job's
-    launcher.mem_gb per node. Ranks that torchrun or srun started share the node with siblings
-    already allocating: not checked there."""
-    placement, launcher = job.placement, job.config.launcher
+    launcher.mem_gb per node (job/memory.py). Ranks that torchrun or srun started share the node
+    with siblings already allocating: not checked there."""
+    placement, cfg = job.placement, job.config
     if job.on_slurm:
-        if placement.device != "cpu" or launcher.mem_gb is None:
+        if placement.device != "cpu" or cfg.launcher.mem_gb is None:
             return
-        budget, where = (
-            launcher.mem_gb * GIB / placement.nproc_per_node,
-            f"launcher.mem_gb={launcher.mem_gb:g} per node",
-        )
+        budget = Budget.of(cfg, cfg.launcher.mem_gb * GIB, True, f"launcher.mem_gb={cfg.launcher.mem_gb:g} per node")
     elif placement.started_by:
         return
     elif placement.device == "cuda":
-        budget, where = gpu_memory(), "one GPU's memory"
+        memory = gpu_memory()
+        if memory is None:
+            return
+        budget = Budget.of(cfg, memory, False, "one GPU's memory")
     else:
-        available, ranks = available_memory(), placement.nproc_per_node
-        budget = available / ranks if available is not None else None
-        where = f"{(available or 0) / GIB:.1f} GiB available on this machine"
-        where += f" for {ranks} ranks" if ranks > 1 else ""
-    if budget is not None:
-        check_memory_fit(job, int(budget), where)
-
-
-def estimated_memory(job: ResolvedJob, cfg: JobConfig | None = None) -> RankMemory:
-    """One rank's estimated peak (estimate/memory.py), of the job or of a changed config of it."""
-    cfg = cfg or job.config
-    t = cfg.training
-    return rank_memory(
-        cfg.model, cfg.parallelism, t.local_batch_size, t.seq_len, t.mixed_precision_param,
-        cfg.activation_checkpoint, on_cpu=job.placement.device == "cpu",
-    )  # fmt: skip
-
-
-def check_memory_fit(job: ResolvedJob, budget: int, where: str) -> None:
-    """One rank's estimated peak within the `budget` bytes each rank can have (`where` says what
-    that budget is). A refusal names the fixes that the same estimate says fit."""
-    needed = estimated_memory(job)
-    if needed.total <= budget:
-        return
-    fixes = []
-    for options in _memory_fixes(job.config):
-        fitting = (fix for fix, changed in options if estimated_memory(job, changed).total <= budget)
-        fixes += [fix] if (fix := next(fitting, None)) else []
-    fixes.append(_rank_count_fix(job, needed))
-    raise ConfigError(
-        "model",
-        job.model_name,
-        f"one rank needs about {needed.total / GIB:.1f} GiB ({needed.describe()}) but each can have "
-        f"{budget / GIB:.1f} GiB ({where}); try {' or '.join(fixes)}",
-    )
-
-
-def _rank_count_fix(job: ResolvedJob, needed: RankMemory) -> str:
-    """More ranks help where sharded training state dominates; fewer where each process's own
-    footprint does."""
-    if needed.parameters + needed.gradients + needed.optimizer_state >= needed.total / 2:
-        return "more ranks to shard over" if job.dims.dp_shard > 1 else "an FSDP layout"
-    return "fewer ranks (launcher.nproc_per_node)"
-
-
-def _memory_fixes(cfg: JobConfig) -> list[Iterator[tuple[str, JobConfig]]]:
-    """Kinds of change that lower one rank's memory, each as its options mildest first (the override
-    and the changed config): full activation checkpointing, smaller local batches (whole pipeline
-    microbatches), fewer layers."""
-    mb = cfg.parallelism.pipeline_parallel_microbatch_size if cfg.parallelism.pipeline_parallel_degree > 1 else 1
-    batches = [b for b in range(cfg.training.local_batch_size - 1, 0, -1) if b % mb == 0]
-    full_ac = [_changed(cfg, "activation_checkpoint.mode", "full")] if cfg.activation_checkpoint.mode != "full" else []
-    return [
-        iter(full_ac),
-        (_changed(cfg, "training.local_batch_size", b) for b in batches),
-        (_changed(cfg, "model.n_layers", n) for n in range(cfg.model.n_layers - 1, 0, -1)),
-    ]
-
-
-def _changed(cfg: JobConfig, key: str, value: object) -> tuple[str, JobConfig]:
-    section, name = key.split(".")
-    return f"{key}={value}", changed_config(cfg, **{section: {name: value}})
+        available = available_memory()
+        if available is None:
+            return
+        budget = Budget.of(cfg, available, True, f"{available / GIB:.1f} GiB available on this machine")
+    check_memory_fit(job, budget, placement.device)

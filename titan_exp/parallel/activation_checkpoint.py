@@ -9,24 +9,29 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from titan_exp.parallel.config import ActivationCheckpointConfig
 
-# Outputs worth keeping under per-op SAC: expensive to recompute, cheap to store (torchtitan's list).
+# Outputs worth keeping under per-op SAC: expensive to recompute, cheap to store (torchtitan's list:
+# attention's kernels, TP's reduce-scatters, float8's amax).
 _SAVE_OPS = {
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
     torch.ops.aten.max.default,
 }
 
 
 def _op_sac_policy():
-    # Keep every other matmul output: half the matmuls are recomputed, half are stored.
+    # Keep every other matmul output, from the first (wq, wv, w1, w2 of a Llama block): half the
+    # matmuls are recomputed, half are stored, as torchtitan's policy does (estimate/memory.py and
+    # estimate/gpu_compute.py model exactly these).
     mm_seen: dict[str, int] = defaultdict(int)
 
     def policy(ctx, op, *args, **kwargs):
         mode = "recompute" if ctx.is_recompute else "forward"
         if op == torch.ops.aten.mm.default:
             mm_seen[mode] += 1
-            keep = mm_seen[mode] % 2 == 0
+            keep = mm_seen[mode] % 2 == 1
             return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -2,10 +2,10 @@
 (key names are torchtitan's, so its flags paste as overrides), `activation_checkpoint`, `compile`.
 Degrees are checked and resolved by ParallelDims (parallel/dims.py)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from titan_exp.rules import ConfigError, Section, one_of
+from titan_exp.rules import ConfigError, Section, check_choice, one_of
 
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 # Rank r holds stages r and 2P-1-r, so the first and the last stage sit on the same rank.
@@ -30,7 +30,8 @@ class ParallelismConfig(Section):
     # -1: whatever is left of the world size once the other degrees are taken (at most one may be -1).
     data_parallel_replicate_degree: int = 1
     data_parallel_shard_degree: int = -1
-    # default: reshard after forward except for the last block, whose params backward needs at once.
+    # default: reshard after forward except for the last block, whose params backward needs at once,
+    # and except under pipelining, where a stage's blocks stay gathered across its microbatches.
     fsdp_reshard_after_forward: str = one_of("default", "always", "never")
     tensor_parallel_degree: int = 1
     enable_async_tensor_parallel: bool = False
@@ -73,7 +74,20 @@ class ActivationCheckpointConfig(Section):
             )
 
 
+COMPILE_COMPONENTS = ("model", "loss")
+
+
 @dataclass
 class CompileConfig(Section):
     enable: bool = False
     backend: str = "inductor"
+    # What compile.enable compiles (torchtitan's key): the transformer blocks, the loss.
+    components: list[str] = field(default_factory=lambda: list(COMPILE_COMPONENTS))
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        for component in self.components:
+            check_choice(f"{key}.components", component, COMPILE_COMPONENTS)
+
+    def compiles(self, component: str) -> bool:
+        return self.enable and component in self.components

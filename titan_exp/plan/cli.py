@@ -13,9 +13,11 @@ elsewhere they are modelled from the profile.
 
 import argparse
 import csv
+import dataclasses
 import datetime
 import itertools
 import sys
+import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -27,12 +29,15 @@ from titan_exp.compare.report import to_html, to_markdown
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import register_schema
+from titan_exp.estimate.memory import local_parameters
+from titan_exp.job.memory import workload
 from titan_exp.job.preflight import preflight
 from titan_exp.plan.predict import (
     MEASURED,
     Prediction,
-    local_parameters,
+    check_plannable,
     microbatch_tokens,
+    planned_shapes,
     predict,
     resolve_for_plan,
 )
@@ -53,6 +58,7 @@ COLUMNS = [
     "TPS/device",
     "MFU %",
     "compute",
+    "fits with",
     "overrides",
 ]
 
@@ -86,21 +92,35 @@ def _cpu_ranks(job: ResolvedJob) -> tuple[int, float]:
 
 
 def plan_one(job: ResolvedJob) -> Prediction:
-    """Measure what torch can here (plan.measure): rank 0's memory by the dry run's fake pass; on the
-    `cpu` profile the device's figures and a rank's compute. Model the rest."""
+    """Model the layout; measure what torch can here: on the `cpu` profile the device's figures and
+    a rank's compute, and (plan.measure) rank 0's memory by the dry run's fake pass, the memory
+    model's cross-check."""
     cfg = job.config
     hw = cfg.hardware
     if not cfg.plan.measure and hw.name != "cpu":
-        return predict(job, hw, cfg.plan, compute=None)  # all modelled: no torch to load
+        return predict(job, hw, compute=None)  # all modelled: no torch to load
     from titan_exp.plan import measure  # torch: measuring is this command's job
 
-    memory = measure.measured_memory(job) if cfg.plan.measure else None
+    fake_pass = measure.fake_pass_memory(job) if cfg.plan.measure else None
     compute, oversubscription = None, 1.0
     if hw.name == "cpu":
         threads, oversubscription = _cpu_ranks(job)
         hw = measure.resolve_hardware(hw, threads, cfg.data.cache_dir)  # beside the measured peak FLOP/s
-        compute = measure.measured_compute(cfg, microbatch_tokens(cfg), job.dims.tp, local_parameters(cfg), threads)
-    return predict(job, hw, cfg.plan, compute, oversubscription, memory)
+        local = local_parameters(workload(cfg, "cpu"))
+        compute = measure.measured_compute(cfg, microbatch_tokens(cfg), job.dims.tp, local, threads)
+    return predict(job, hw, compute, oversubscription, fake_pass)
+
+
+def _plan_all(jobs: list[ResolvedJob]) -> list[Prediction]:
+    """Each point planned, a grid's progress on stderr (k of n, elapsed, time left at this pace)."""
+    predictions, start = [], time.monotonic()
+    for done, job in enumerate(jobs, 1):
+        predictions.append(plan_one(job))
+        if len(jobs) > 1:
+            elapsed = time.monotonic() - start
+            left = elapsed / done * (len(jobs) - done)
+            print(f"planned {done} of {len(jobs)} ({elapsed:.0f} s, ~{left:.0f} s left)", file=sys.stderr, flush=True)
+    return predictions
 
 
 def _row(rank: int, prediction: Prediction, point: list[str]) -> list[str]:
@@ -116,23 +136,36 @@ def _row(rank: int, prediction: Prediction, point: list[str]) -> list[str]:
         f"{p.tps_per_device:,.0f}",
         f"{p.mfu_pct:.1f}",
         p.sources["compute"],
+        " or ".join(p.fixes) if not p.fits else "",
         " ".join(point),
     ]
 
 
 def describe(prediction: Prediction) -> str:
-    """One prediction in full: the memory breakdown and the step's."""
+    """One prediction in full: the memory breakdown (with the fake pass's cross-check) and the step's."""
     p = prediction
+    memory = p.memory
+    rows = [f.name for f in dataclasses.fields(memory) if f.name != "phase"]
     lines = [
         f"{p.layout} ({p.mesh}), {p.world_size} ranks",
-        f"  peak memory per rank {p.peak_gib:.2f} GiB of {p.memory_budget_gib:.1f} "
-        f"({'fits' if p.fits else 'does NOT fit'}), {p.sources['memory']}:",
-        *(f"    {name.replace('_', ' '):16s} {size / GIB:10.3f} GiB" for name, size in vars(p.memory).items()),
+        f"  peak memory per rank {p.peak_gib:.2f} GiB reserved ({memory.active / GIB:.2f} GiB active) of "
+        f"{p.memory_budget_gib:.1f} ({'fits' if p.fits else 'does NOT fit'}), modelled at its {memory.phase}:",
+        *(f"    {name.replace('_', ' '):16s} {getattr(memory, name) / GIB:10.3f} GiB" for name in rows),
+    ]
+    if p.fake_pass is not None:
+        gap = 100 * (p.fake_pass.active - memory.active) / max(memory.active, 1)
+        lines.append(
+            f"  cross-check: the dry run's fake pass (eager, tensors only) finds {p.fake_pass.active / GIB:.2f} GiB "
+            f"active, {gap:+.0f}% against the model ({p.fake_pass.describe()})"
+        )
+    lines += [
         f"  step {p.step.total:.3f} s: compute {p.step.compute:.3f} ({p.sources['compute']}) + communication "
         f"{p.step.communication:.3f} + pipeline bubble {p.step.bubble:.3f} (modelled)"
         + (f", × {p.step.oversubscription:.2f} for ranks sharing cores" if p.step.oversubscription > 1 else ""),
         f"  tokens/s per device {p.tps_per_device:,.0f}, MFU {p.mfu_pct:.1f}%",
     ]
+    if not p.fits:
+        lines.append(f"  fits with: {' or '.join(p.fixes) or 'no change of AC, batch, ranks or TP/PP degree'}")
     return "\n".join(lines)
 
 
@@ -188,11 +221,18 @@ def main(argv: list[str] | None = None) -> int:
         points = grid(args.overrides)
         jobs = [compose_point(point) for point in points]
         for job in jobs:
+            check_plannable(job)
             preflight(job, memory=False)  # the points' files, folders and store, as a run's
     except (ConfigError, HydraException) as err:
         print(f"titan_exp plan: config error: {_one_line(err)}", file=sys.stderr)
         return 2
-    predictions = [plan_one(job) for job in jobs]
+    print(f"planned shapes: {planned_shapes(jobs[0])}")
+    if not any(o.startswith("training.") for o in args.overrides) and "debug" not in jobs[0].model_name:
+        print(
+            "note: no training.* override given: these are the debug training shapes, not a real run's; "
+            "give yours, e.g. training.seq_len=8192 training.local_batch_size=2 training.mixed_precision_param=bfloat16"
+        )
+    predictions = _plan_all(jobs)
     if len(points) == 1:
         print(describe(predictions[0]))
     ranked = sorted(range(len(points)), key=lambda i: (not predictions[i].fits, -predictions[i].tps_per_device))

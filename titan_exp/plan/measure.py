@@ -26,7 +26,7 @@ from launchers.devices import available_memory
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import DTYPE_BYTES, pipeline_chunks_in_flight
+from titan_exp.estimate.memory import DTYPE_BYTES, RankMemory, pipeline_chunks_in_flight
 from titan_exp.estimate.step_time import ComputeTimes
 from titan_exp.metrics.peak_flops import cached, cpu_name, cpu_peak_flops
 from titan_exp.models.llama3.model import Transformer
@@ -120,7 +120,9 @@ def resolve_hardware(hw: HardwareConfig, threads: int, cache_dir: str) -> Hardwa
     found["peak_tflops_float8"] = found["peak_tflops_bfloat16"]  # emulated: no float8 units on a CPU
     found["inter_node_gbps"] = found["intra_node_gbps"]
     found["memory_gib"] = (available_memory() or 0) / GIB
-    found["compute_efficiency"] = 1.0  # compute is timed on CPU ranks, not derived from the peak
+    # Compute is timed on CPU ranks, not modelled op by op: the kernels' figures are not used.
+    found |= dict.fromkeys(("matmul_efficiency", "float8_matmul_efficiency", "attention_efficiency"), 1.0)
+    found |= {"memory_efficiency": 1.0, "sm_count": 1}
     return dataclasses.replace(hw, **{k: v for k, v in found.items() if getattr(hw, k) == -1})
 
 
@@ -203,23 +205,26 @@ def _timed_parts(
     return layer_seconds, head_seconds, optimizer_seconds
 
 
-# The dry run's categories (MemTracker's, at rank 0's peak) as the planner's breakdown.
+# The dry run's categories (MemTracker's, at rank 0's peak) as the memory model's, and which of
+# them grow with the layers a rank holds (FSDP's gathered units and the temporaries of one layer's
+# backward do not: one or two units are gathered at a time).
 _CATEGORIES = {
-    "parameters": ("sharded_param", "parameter", "buffer"),
-    "gradients": ("sharded_grad", "gradient"),
-    "activations": ("activation",),
-    "temporaries": ("temp",),
-    "communication": ("unsharded_param", "unsharded_grad"),
+    "parameters": (("sharded_param", "parameter", "buffer"), True),
+    "gradients": (("sharded_grad", "gradient"), True),
+    "activations": (("activation",), True),
+    "temporaries": (("temp",), False),
+    "communication": (("unsharded_param", "unsharded_grad"), False),
 }
 
 
-def measured_memory(job: ResolvedJob) -> dict[str, float]:
-    """Rank 0's peak by category in bytes, measured by the dry run's pass (MemTracker over one
-    forward and backward under the fake process group and FakeTensorMode, train/dry_run.py) on the
-    layout with one and with two layers per pipeline stage, extrapolated to the model's layers
-    (each category grows linearly with the layers a rank holds). Under pipelining the pass runs one
-    stage at a time: the activations are those of a stage-microbatch, times those the schedule keeps
-    in flight (modelled, estimate/memory.py)."""
+def fake_pass_memory(job: ResolvedJob) -> RankMemory:
+    """Rank 0's active peak by category, measured by the dry run's pass (MemTracker over one forward
+    and backward under the fake process group and FakeTensorMode, train/dry_run.py) on the layout
+    with one and with two layers per pipeline stage, extrapolated to the model's layers where a
+    category grows with them. The planner's cross-check of the memory model: the pass runs eager
+    (Dynamo cannot trace under MemTracker; compile's savings are the model's alone), and under
+    pipelining one stage at a time, its activations times the stage-microbatches the schedule keeps
+    in flight (estimate/memory.py)."""
     from titan_exp.train.dry_run import fake_backend_dry_run
 
     cfg = job.config
@@ -229,16 +234,18 @@ def measured_memory(job: ResolvedJob) -> dict[str, float]:
     reports = []
     for per_stage in (1, 2):
         stages = {"pipeline_parallel_layers_per_stage": per_stage} if p.pipeline_parallel_layers_per_stage else {}
-        small = job.replaced(model={"n_layers": per_stage * plan.num_stages}, parallelism=stages)
+        layers = {"n_layers": per_stage * plan.num_stages}
+        small = job.replaced(model=layers, parallelism=stages, compile={"enable": False})
         reports.append(fake_backend_dry_run(small))
 
     def category(report: dict, names: tuple[str, ...]) -> float:
         return sum(report.get(f"rank0_step_peak_{name}_gib", 0.0) for name in names) * GIB
 
+    grows_always = p.fsdp_reshard_after_forward == "never"
     found = {}
-    for name, names in _CATEGORIES.items():
+    for name, (names, grows) in _CATEGORIES.items():
         one, two = category(reports[0], names), category(reports[1], names)
-        found[name] = max(0.0, one + (layers_here - 1) * (two - one))
+        found[name] = max(0.0, one + (layers_here - 1) * (two - one)) if grows or grows_always else two
     one, two = (r["rank0_optimizer_state_gib"] * GIB for r in reports)
     found["optimizer_state"] = one + (layers_here - 1) * (two - one)
     if p.pipeline_parallel_degree > 1:
@@ -249,4 +256,7 @@ def measured_memory(job: ResolvedJob) -> dict[str, float]:
         shard = p.data_parallel_shard_degree * p.context_parallel_degree
         param_bytes = DTYPE_BYTES[cfg.training.mixed_precision_param]
         found["gradients"] = found["parameters"] * (shard * param_bytes / 4 if shard > 1 else 1)
-    return found
+    return RankMemory(
+        **{name: int(size) for name, size in found.items()},
+        logits=0, allocator=0, process=0, phase="fake pass (eager)",
+    )  # fmt: skip

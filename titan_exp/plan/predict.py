@@ -1,6 +1,8 @@
-"""One layout's prediction: the busiest rank's peak memory and step time, tokens/s per device and
-MFU, and whether it fits the memory budget (torch-free: from estimate/memory.py and estimate/step_time.py,
-with compute times measured on this machine where the caller has them)."""
+"""One layout's prediction: the busiest rank's peak memory (active and reserved) and step time,
+tokens/s per device and MFU, and whether it fits the memory budget (torch-free: from
+estimate/memory.py through job/memory.py, the figure the pre-flight check and plan.prune print too,
+and estimate/step_time.py, with compute times measured on this machine where the caller has them).
+The dry run's fake pass, where measured, is a cross-check shown beside the model's figure."""
 
 import copy
 import dataclasses
@@ -11,11 +13,13 @@ from launchers.devices import available_memory
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.resolve import DEFAULT_CPU_RANKS, resolve
 from titan_exp.config.schema import JobConfig
-from titan_exp.config.sections import PlanConfig
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import DTYPE_BYTES, RankMemory, model_parameters, part_parameters, rank_memory
-from titan_exp.estimate.step_time import ComputeTimes, StepBatch, StepTime, modelled_compute, step_time
+from titan_exp.estimate.gpu_compute import gpu_compute
+from titan_exp.estimate.memory import RankMemory, model_parameters, rank_memory
+from titan_exp.estimate.step_time import ComputeTimes, StepTime, step_time
+from titan_exp.job.memory import Budget, memory_fixes, planned_device, workload
 from titan_exp.metrics.flops import flops_per_token
+from titan_exp.rules import ConfigError
 from titan_exp.units import GIB
 
 MEASURED, MODELLED = "measured", "modelled"
@@ -33,10 +37,15 @@ class Prediction:
     mfu_pct: float
     # Which figures were measured on this machine and which modelled.
     sources: dict[str, str]
+    # The dry run's fake pass (tensors only, no allocator): a cross-check of `memory.active`.
+    fake_pass: RankMemory | None = None
+    # Where it does not fit: the nearest changes that fit by the same model (job/memory.py).
+    fixes: tuple[str, ...] = ()
 
     @property
     def peak_gib(self) -> float:
-        return self.memory.total / GIB
+        """The reserved peak, what a fit is judged on."""
+        return self.memory.reserved / GIB
 
     @property
     def fits(self) -> bool:
@@ -44,29 +53,26 @@ class Prediction:
 
     def metrics(self) -> dict[str, float]:
         """As MLflow metrics (prediction/*), beside the measured runs' names."""
-        memory = {f"prediction/memory_{k}_gib": v / GIB for k, v in dataclasses.asdict(self.memory).items()}
+        fields = (f.name for f in dataclasses.fields(RankMemory) if f.name != "phase")
+        memory = {f"prediction/memory_{k}_gib": getattr(self.memory, k) / GIB for k in fields}
         step = {f"prediction/step_{k}_s": v for k, v in self.step.breakdown().items()}
+        cross_check = {"prediction/fake_pass_active_gib": self.fake_pass.active / GIB} if self.fake_pass else {}
         return {
             "prediction/peak_memory_gib": self.peak_gib,
+            "prediction/peak_active_gib": self.memory.active / GIB,
+            "prediction/peak_reserved_gib": self.memory.reserved / GIB,
             "prediction/memory_budget_gib": self.memory_budget_gib,
             "prediction/fits": float(self.fits),
             "prediction/tps_per_device": self.tps_per_device,
             "prediction/mfu_pct": self.mfu_pct,
             **memory,
             **step,
+            **cross_check,
         }
 
 
 def matmul_dtype(cfg: JobConfig) -> str:
     return "float8" if cfg.quantize.name in ("float8", "mxfp8") else cfg.training.mixed_precision_param
-
-
-def local_parameters(cfg: JobConfig) -> float:
-    """Parameters one rank holds after sharding (the first stage's under pipelining)."""
-    p = cfg.parallelism
-    shards = max(1, p.data_parallel_shard_degree * p.context_parallel_degree)
-    layers = math.ceil(cfg.model.n_layers / p.pipeline_parallel_degree)
-    return part_parameters(cfg.model, p.pipeline_parallel_degree, layers) / (p.tensor_parallel_degree * shards)
 
 
 def microbatch_tokens(cfg: JobConfig) -> tuple[int, int]:
@@ -88,70 +94,74 @@ def resolve_for_plan(cfg: JobConfig) -> ResolvedJob:
     return resolve(cfg, place=False)
 
 
-def memory_budget_gib(cfg: JobConfig, hw: HardwareConfig, plan: PlanConfig) -> float:
-    """What one rank may use: plan.memory_budget_gib, else the device's memory less the margin (on
-    the `cpu` profile, this machine's available memory shared by its ranks)."""
-    if plan.memory_budget_gib is not None:
-        return plan.memory_budget_gib
+def memory_budget(cfg: JobConfig, hw: HardwareConfig) -> Budget:
+    """What one rank may use on `hw` (job/memory.py's Budget): the profile's memory (on the `cpu`
+    profile, this machine's available memory, shared by its ranks)."""
     if hw.memory_gib < 0:  # to be measured: what this machine has available now
         hw = dataclasses.replace(hw, memory_gib=(available_memory() or 0) / GIB)
-    budget = hw.memory_gib * (1 - plan.memory_margin)
-    return budget / cfg.launcher.nproc_per_node if hw.name == "cpu" else budget
-
-
-def predicted_memory(cfg: JobConfig) -> RankMemory:
-    """The busiest rank's tensors at its peak, as an allocator or memory tracker counts them (the
-    pre-flight check adds a CPU process's own memory and its allocator's slack)."""
-    t = cfg.training
-    return rank_memory(
-        cfg.model, cfg.parallelism, t.local_batch_size, t.seq_len, t.mixed_precision_param,
-        cfg.activation_checkpoint, on_cpu=False,
-    )  # fmt: skip
+    return Budget.of(cfg, hw.memory_gib * GIB, hw.name == "cpu", f"hardware={hw.name}")
 
 
 def predict(
     job: ResolvedJob,
     hw: HardwareConfig,
-    plan: PlanConfig,
     compute: ComputeTimes | None,
     oversubscription: float = 1.0,
-    measured_memory: dict[str, float] | None = None,
+    fake_pass: RankMemory | None = None,
 ) -> Prediction:
-    """`cfg` resolved (degrees filled in); `hw` with nothing left to measure; `compute`: times measured
-    on this machine (CPU ranks), or None to model them from FLOPs; `measured_memory`: rank 0's peak
-    by category (bytes, RankMemory's names) from the dry run's pass, or None to model it."""
+    """`job` resolved; `hw` with nothing left to measure; `compute`: times measured on this machine
+    (CPU ranks), or None to model them op by op; `fake_pass`: rank 0's peak from the dry run's
+    pass, shown beside the model's as its cross-check."""
     cfg, dims = job.config, job.dims
-    t, p, m = cfg.training, cfg.parallelism, cfg.model
+    w = workload(cfg, planned_device(cfg))
     sources = {"memory": MODELLED, "communication": MODELLED, "bubble": MODELLED}
-    if measured_memory is None:
-        memory = predicted_memory(cfg)
-    else:  # the categories the pass has (no separate logits, no process baseline: tensors only)
-        memory = RankMemory(**{f.name: int(measured_memory.get(f.name, 0)) for f in dataclasses.fields(RankMemory)})
-        sources["memory"] = MEASURED + " (fake pass, extrapolated over layers; in-flight microbatches modelled)"
-    samples, tokens = microbatch_tokens(cfg)
-    if compute is None:
-        dtype = matmul_dtype(cfg)
-        ac_mode = cfg.activation_checkpoint.mode
-        compute = modelled_compute(m, hw, (samples * tokens, t.seq_len), dims.tp, dtype, ac_mode, local_parameters(cfg))
-        sources["compute"] = MODELLED
-    else:
-        sources["compute"] = MEASURED
-    accumulation = job.accumulation
-    param_bytes = DTYPE_BYTES[t.mixed_precision_param]
-    batch = StepBatch(t.local_batch_size, t.seq_len, accumulation, param_bytes, param_bytes)
-    step = step_time(m, p, hw, compute, batch, oversubscription)
-    tokens_per_step = t.local_batch_size * accumulation * t.seq_len
+    sources["compute"] = MODELLED if compute is None else MEASURED
+    step = step_time(w, hw, compute or gpu_compute(w, hw), oversubscription)
+    t, m = cfg.training, cfg.model
+    tokens_per_step = t.local_batch_size * w.accumulation * t.seq_len
     tps = tokens_per_step / step.total / dims.non_data_parallel_size
     per_token = flops_per_token(m, model_parameters(m), m.vocab_size * m.dim, t.seq_len)
     mfu = 100 * per_token * tps / hw.peak_flops(matmul_dtype(cfg))
+    memory, budget = rank_memory(w), memory_budget(cfg, hw)
+    per_rank = budget.per_rank(cfg.launcher.nproc_per_node)
     return Prediction(
         layout=dims.label(),
         mesh=dims.describe(),
         world_size=dims.world_size,
         memory=memory,
-        memory_budget_gib=memory_budget_gib(cfg, hw, plan),
+        memory_budget_gib=per_rank / GIB,
         step=step,
         tps_per_device=tps,
         mfu_pct=mfu,
         sources=sources,
+        fake_pass=fake_pass,
+        fixes=tuple(memory_fixes(cfg, w, budget)) if memory.reserved > per_rank else (),
+    )
+
+
+def check_plannable(job: ResolvedJob) -> None:
+    """Refuse, in one line, what the hardware profile cannot run (so the planner cannot model it)."""
+    cfg = job.config
+    hw, quantize = cfg.hardware, cfg.quantize.name
+    if quantize == "mxfp8" and not hw.mxfp8:
+        raise ConfigError(
+            "quantize", quantize, f"hardware={hw.name} has no MX float8 matmuls; plan it on hardware=b200 or gb200"
+        )
+    if quantize == "float8" and hw.name != "cpu" and hw.peak_tflops_float8 <= hw.peak_tflops_bfloat16:
+        raise ConfigError(
+            "quantize", quantize, f"hardware={hw.name} has no float8 matmuls (torchao needs sm89+); use quantize=none"
+        )
+
+
+def planned_shapes(job: ResolvedJob) -> str:
+    """What a step runs, in one line: batch, sequence, accumulation, dtypes, AC, compile, float8."""
+    cfg = job.config
+    t, w = cfg.training, workload(cfg, planned_device(cfg))
+    quantize = f"{cfg.quantize.name} {cfg.quantize.recipe}" if cfg.quantize.name == "float8" else cfg.quantize.name
+    ac = cfg.activation_checkpoint
+    return (
+        f"local batch {t.local_batch_size} × seq {t.seq_len} (global batch {t.global_batch_size}, "
+        f"accumulation {w.accumulation}), params {t.mixed_precision_param}, reduce {t.mixed_precision_reduce}, "
+        f"AC {ac.mode}{' ' + ac.selective_ac_option if ac.mode == 'selective' else ''}, "
+        f"compile {'on' if cfg.compile.enable else 'off'}, quantize {quantize}"
     )

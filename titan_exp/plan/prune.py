@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
-from titan_exp.plan.predict import memory_budget_gib, predicted_memory, resolve_for_plan
+from titan_exp.estimate.memory import rank_memory
+from titan_exp.job.memory import memory_fixes, planned_device, workload
+from titan_exp.plan.predict import memory_budget, resolve_for_plan
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.run import MlflowRun
 from titan_exp.units import GIB
@@ -30,15 +32,17 @@ def prune(cfg: JobConfig) -> Pruned | None:
     except ConfigError:
         return None
     cfg = planned.config
-    memory = predicted_memory(cfg)
-    predicted, budget = memory.total / GIB, memory_budget_gib(cfg, cfg.hardware, cfg.plan)
-    if predicted <= budget:
+    w = workload(cfg, planned_device(cfg))
+    memory, budget = rank_memory(w), memory_budget(cfg, cfg.hardware)
+    predicted, per_rank = memory.reserved / GIB, budget.per_rank(cfg.launcher.nproc_per_node) / GIB
+    if predicted <= per_rank:
         return None
+    fixes = memory_fixes(cfg, w, budget)
     reason = (
-        f"pruned: predicted {predicted:.2f} GiB per rank ({memory.describe()}) > budget {budget:.2f} GiB "
-        f"(hardware={cfg.hardware.name}; plan.memory_budget_gib, plan.memory_margin)"
+        f"pruned: predicted {predicted:.2f} GiB per rank ({memory.describe()}) > budget {per_rank:.2f} GiB "
+        f"({budget.where})" + (f"; fits with {' or '.join(fixes)}" if fixes else "")
     )
-    figures = {"prediction/peak_memory_gib": predicted, "prediction/memory_budget_gib": budget}
+    figures = {"prediction/peak_memory_gib": predicted, "prediction/memory_budget_gib": per_rank}
     return Pruned(planned, reason, figures)
 
 

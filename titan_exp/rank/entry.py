@@ -38,6 +38,12 @@ def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
         defer = _ranks_take_every_core(job, env)
         with tracked_run(job, ctx, _run_to_resume(ctx), defer) if tracking else contextlib.nullcontext() as tracker:
             startup.mark("writer_start")
+            if job.placement.device == "cuda" and not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & set(
+                os.environ
+            ):
+                # Read when CUDA's allocator starts: segments that grow in place rather than new ones
+                # per size, as torchtitan's launch script sets (estimate/memory.py models it).
+                os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
             from titan_exp.train.trainer import Trainer  # torch, after the writer has started
 
             startup.mark("torch_import")

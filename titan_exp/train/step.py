@@ -14,7 +14,7 @@ from titan_exp.data.loader import BatchLoader
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.parallel.context import build_context_parallel
 from titan_exp.parallel.mesh import ParallelMesh
-from titan_exp.train.loss import cross_entropy_loss
+from titan_exp.train.loss import compiled_loss, cross_entropy_loss
 
 if TYPE_CHECKING:  # imported by the trainer only for pp > 1 (parallel/pipeline.py)
     from titan_exp.parallel.pipeline import Pipeline
@@ -50,6 +50,7 @@ class ForwardBackward:
         self.autocast = (lambda: torch.autocast(device.type, dtype=param_dtype)) if autocast else contextlib.nullcontext
         # Under TP the logits stay sharded over the vocabulary; the loss and its backward run on the shards.
         self.loss_context = loss_parallel if dims.tp > 1 else contextlib.nullcontext
+        self.loss_fn = compiled_loss(job) or cross_entropy_loss
 
     def __call__(self, step: int) -> tuple[torch.Tensor, float]:
         data_seconds = 0.0
@@ -71,7 +72,7 @@ class ForwardBackward:
                 with self.autocast():
                     logits = self.model(inputs)
                 with self.loss_context():
-                    loss = cross_entropy_loss(logits, labels) / self.accumulation
+                    loss = self.loss_fn(logits, labels) / self.accumulation
                     loss.backward()
             step_loss += loss.detach().full_tensor() if isinstance(loss, DTensor) else loss.detach()
         return step_loss, data_seconds

@@ -49,24 +49,28 @@ def parallelize_llama(
         if parallelism.enable_async_tensor_parallel:
             _enable_async_tensor_parallel(tp_mesh)
     apply_activation_checkpointing(model.layers, ac)
-    if compile_cfg.enable:
+    if compile_cfg.compiles("model"):
         # Per block: the blocks are identical, so one compiled graph is reused for all of them.
         for block in model.layers.values():
             block.compile(backend=compile_cfg.backend, fullgraph=True)
     if dims.fsdp_enabled:
-        _apply_fsdp(model, mesh.dp_mesh, mp_policy, parallelism.fsdp_reshard_after_forward)
+        _apply_fsdp(model, mesh.dp_mesh, mp_policy, parallelism.fsdp_reshard_after_forward, pipelined=dims.pp > 1)
     elif dims.ddp_enabled:
         replicate(model, mesh=mesh.dp_mesh, mp_policy=mp_policy)
     return model
 
 
-def _apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy, reshard: str) -> None:
+def _apply_fsdp(
+    model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy, reshard: str, pipelined: bool
+) -> None:
     """One FSDP unit per block, one for the embeddings, one for norm+output; HSDP when dp_mesh is 2D.
     On gloo the all-gathers and reduce-scatters are sends that need not be waited for (see below)."""
     last = len(model.layers) - 1
     for index, block in enumerate(model.layers.values()):
         # The last block's params are needed right away by backward: keeping them saves an all-gather.
-        reshard_after = {"always": True, "never": False}.get(reshard, index < last)
+        # Under pipelining a stage's blocks run forward and backward for many microbatches
+        # interleaved: kept gathered (torchtitan's default), not gathered again for each.
+        reshard_after = {"always": True, "never": False}.get(reshard, index < last and not pipelined)
         fully_shard(block, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after)
     # A tied weight must stay in one unit (the root), or it would be sharded twice. A pipeline stage
     # may hold neither the embeddings nor the output.

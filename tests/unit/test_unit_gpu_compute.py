@@ -1,0 +1,85 @@
+"""titan_exp/estimate/gpu_compute.py: a rank's GPU compute op by op, on an H100 profile: hand-derived
+where the op is one formula, and the directions the options move it (float8, compile, AC, TP)."""
+
+import dataclasses
+
+import pytest
+from layouts import layout
+
+from titan_exp.estimate.gpu_compute import RECOMPUTED_BY_OP_AC, _gemm, _linear, block_seconds, gpu_compute, head_seconds
+from titan_exp.estimate.hardware_profiles import hardware_profiles
+from titan_exp.estimate.memory import Workload
+from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.parallel.config import ActivationCheckpointConfig
+
+H100 = hardware_profiles()["h100"]
+# Llama 3 8B's shapes, FSDP 8, one microbatch of 2 × 8192 tokens in bfloat16.
+LLAMA3_8B = Llama3Config(
+    dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128_256, ffn_dim_multiplier=1.3, multiple_of=1024
+)
+
+
+def workload(**changes) -> Workload:
+    ac = changes.pop("ac", ActivationCheckpointConfig())
+    base = Workload(LLAMA3_8B, layout(dp_shard=8), ac, 2, 8192, param_dtype="bfloat16")
+    return dataclasses.replace(base, **changes)
+
+
+def test_a_large_gemm_runs_at_the_profiles_sustained_rate() -> None:
+    """16,384 × 14,336 × 4,096 in bf16: full waves (128 × 56 tiles over 132 SMs: 54.3 waves, the last
+    partial), compute-bound: FLOPs / (989 TFLOP/s × efficiency × the waves' share)."""
+    tiles = 128 * 56
+    waves = -(-tiles // 132)
+    expected = 2 * 16_384 * 14_336 * 4096 / (989e12 * H100.matmul_efficiency * tiles / (waves * 132))
+    assert _gemm(H100, 16_384, 14_336, 4096, "bfloat16", workload()) == pytest.approx(expected)
+
+
+def test_a_gemm_too_small_to_fill_the_sms_is_less_efficient() -> None:
+    """Per FLOP, 256 output columns in one column of tiles (a TP-8 shard's K/V projection at a
+    small batch) take longer than the large shape."""
+    w = workload()
+    large = _gemm(H100, 16_384, 14_336, 4096, "bfloat16", w) / (16_384 * 14_336 * 4096)
+    thin = _gemm(H100, 1024, 128, 4096, "bfloat16", w) / (1024 * 128 * 4096)
+    assert thin > 2 * large
+
+
+def test_float8_speeds_large_linears_once_compile_fuses_its_casts() -> None:
+    bf16 = sum(_linear(H100, workload(compiled=True), 16_384, 4096, 14_336))
+    f8 = sum(_linear(H100, workload(compiled=True, quantize="tensorwise"), 16_384, 4096, 14_336))
+    rowwise = sum(_linear(H100, workload(compiled=True, quantize="rowwise"), 16_384, 4096, 14_336))
+    eager_f8 = sum(_linear(H100, workload(quantize="tensorwise"), 16_384, 4096, 14_336))
+    assert f8 < rowwise < bf16 and f8 < eager_f8
+
+
+def test_compile_removes_bandwidth_bound_work() -> None:
+    eager, compiled = block_seconds(H100, workload()), block_seconds(H100, workload(compiled=True))
+    assert compiled["forward"] < eager["forward"] and compiled["backward"] < eager["backward"]
+
+
+def test_recomputation_by_checkpointing_mode() -> None:
+    """Full: the forward again; per-op SAC: the unsaved matmuls (wk, wo, w3) and the elementwise
+    work; none: nothing; every 2nd block: half the forward."""
+    none = block_seconds(H100, workload())
+    full = block_seconds(H100, workload(ac=ActivationCheckpointConfig(mode="full")))
+    op = block_seconds(H100, workload(ac=ActivationCheckpointConfig(mode="selective")))
+    every_2 = block_seconds(H100, workload(ac=ActivationCheckpointConfig("selective", "2")))
+    assert none["recompute"] == 0 and full["recompute"] == pytest.approx(none["forward"])
+    assert every_2["recompute"] == pytest.approx(none["forward"] / 2)
+    assert 0 < op["recompute"] < full["recompute"]
+    assert RECOMPUTED_BY_OP_AC == ("wk", "wo", "w3")
+
+
+def test_tensor_parallel_splits_a_blocks_work() -> None:
+    one = sum(block_seconds(H100, workload()).values())
+    tp2 = sum(block_seconds(H100, workload(parallelism=layout(dp_shard=4, tp=2))).values())
+    assert one / 2 <= tp2 < one
+
+
+def test_a_compiled_loss_costs_less_than_the_float32_one() -> None:
+    assert head_seconds(H100, workload(loss_compiled=True)) < head_seconds(H100, workload())
+
+
+def test_the_optimizer_streams_32_bytes_a_local_parameter() -> None:
+    """AdamW over the 8B model's FSDP-8 shard: 32 bytes × 8.03e9 / 8 at 3.35 TB/s × efficiency."""
+    expected = 32 * 8_030_261_248 / 8 / (3350e9 * H100.memory_efficiency)
+    assert gpu_compute(workload(), H100).optimizer == pytest.approx(expected)

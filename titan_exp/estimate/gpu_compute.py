@@ -1,0 +1,172 @@
+"""A rank's compute on a GPU, op by op, for one microbatch (torch-free): the ops one transformer
+block runs, each timed by what bounds it, summed; the output head and loss; the optimizer step.
+
+- **Matmuls** (the block's seven linears, forward and the two of backward, each with its own
+  shape): FLOPs at the dtype's peak × the profile's efficiency for large GEMMs × wave quantization
+  (a GEMM runs in 128×256 output tiles, one per SM at a time: a last partial wave idles the rest,
+  CUTLASS/cuBLAS's Hopper tiles), or bytes over bandwidth where that is longer (thin shapes).
+- **float8** (torchao Float8Linear): the three GEMMs of a linear at the float8 peak, plus the casts
+  (an amax read and a scaled cast of the input, the weight and, in backward, the output's gradient;
+  transposed copies for the backward GEMMs); compile fuses the casts into their neighbours.
+  Rowwise scaling's GEMMs are slower (`_ROWWISE_GEMM`); mxfp8 scales 32-element blocks.
+- **Attention** (flash / cuDNN SDPA): causal, so half the score matrix; backward 2.5× the
+  forward's FLOPs at a lower efficiency (FlashAttention-2, Dao 2023, §3 and its H100 figures).
+- **Bandwidth-bound work** (norms, rotary, SwiGLU, residuals, GQA's K/V repeat, the copies SDPA
+  needs): bytes each op reads and writes (`_ELEMENTWISE`), in eager as the model's ops run them
+  (nn.RMSNorm and rotary upcast to float32), compiled as inductor fuses each region into one read
+  and one write; backward twice the forward's traffic.
+- **Activation checkpointing**: full recomputes the block's forward; torchtitan's selective "op"
+  policy keeps every other matmul's output and attention's, so it recomputes wk, wo, w3 (the
+  second, fourth and sixth matmuls) and the bandwidth-bound work.
+- **Head**: the output matmul, and cross-entropy over float32 logits (bandwidth-bound).
+- **Optimizer**: AdamW's foreach step reads and writes fp32 weights, gradients and two moments
+  (28 bytes per parameter) plus the gradient-norm clip's read (4).
+"""
+
+import dataclasses
+import math
+
+from titan_exp.estimate.config import HardwareConfig
+from titan_exp.estimate.memory import DTYPE_BYTES, Workload, local_parameters
+from titan_exp.estimate.step_time import ComputeTimes
+
+# Output tile of a large Hopper/Blackwell GEMM kernel (cuBLAS, CUTLASS): rows × columns.
+_TILE = (128, 256)
+# Attention's backward: FLOPs relative to its forward and its efficiency relative to the forward's
+# (FlashAttention-2, Dao 2023: 2.5× the matmul work, lower utilisation from the extra reductions).
+_ATTENTION_BACKWARD_FLOPS, _ATTENTION_BACKWARD_EFFICIENCY = 2.5, 0.8
+# Rowwise-scaled float8 GEMMs against tensorwise ones (torchao's float8 README, GEMM benchmarks on
+# H100: rowwise's per-row scales cost ~15% of the GEMM's throughput).
+_ROWWISE_GEMM = 0.85
+# Bytes an element costs per cast: an amax read of the high-precision tensor (2 B), a read and a
+# one-byte write for the scaled cast; compiled, the amax and cast fuse into the producer.
+_CAST_BYTES = {False: 2 + 2 + 1, True: 1 + 1}
+
+
+def _waves(hw: HardwareConfig, rows: float, cols: float) -> float:
+    """The share of a GEMM's SM-time that does work: its tiles over whole waves of SMs."""
+    tiles = math.ceil(rows / _TILE[0]) * math.ceil(cols / _TILE[1])
+    return tiles / (math.ceil(tiles / hw.sm_count) * hw.sm_count)
+
+
+def _gemm(hw: HardwareConfig, m: float, n: float, k: float, dtype: str, w: Workload) -> float:
+    """Seconds of one (m×k)·(k×n) GEMM: its FLOPs at the reachable rate, or its bytes over the
+    bandwidth where that is longer."""
+    low_precision = dtype == "float8"
+    efficiency = hw.float8_matmul_efficiency if low_precision else hw.matmul_efficiency
+    if low_precision and w.quantize in ("rowwise", "mxfp8"):
+        efficiency *= _ROWWISE_GEMM
+    rate = hw.peak_flops(dtype) * efficiency * _waves(hw, m, n)
+    element = 1 if low_precision else DTYPE_BYTES[w.param_dtype]
+    traffic = (m * k + k * n) * element + m * n * DTYPE_BYTES[w.param_dtype]
+    return max(2 * m * n * k / rate, traffic / _bandwidth(hw))
+
+
+def _bandwidth(hw: HardwareConfig) -> float:
+    return hw.memory_gbps * 1e9 * hw.memory_efficiency
+
+
+def linear_shapes(w: Workload) -> dict[str, tuple[float, float]]:
+    """Each block linear's (in, out) features on one rank, in the order the block runs them."""
+    m, tp = w.model, w.parallelism.tensor_parallel_degree
+    q, kv = m.n_heads * m.head_dim, m.kv_heads * m.head_dim
+    return {
+        "wq": (m.dim, q / tp),
+        "wk": (m.dim, kv / tp),
+        "wv": (m.dim, kv / tp),
+        "wo": (q / tp, m.dim),
+        "w1": (m.dim, m.ffn_hidden_dim / tp),
+        "w3": (m.dim, m.ffn_hidden_dim / tp),
+        "w2": (m.ffn_hidden_dim / tp, m.dim),
+    }
+
+
+# What selective "op" checkpointing recomputes: every other matmul, counting from the second.
+RECOMPUTED_BY_OP_AC = ("wk", "wo", "w3")
+
+
+def _linear(hw: HardwareConfig, w: Workload, tokens: float, fan_in: float, fan_out: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one linear over `tokens` rows, float8 casts included."""
+    dtype = "float8" if w.float8 else w.param_dtype
+    forward = _gemm(hw, tokens, fan_out, fan_in, dtype, w)
+    # Backward: the input's gradient (tokens × in) and the weight's (in × out, summed over tokens).
+    backward = _gemm(hw, tokens, fan_in, fan_out, dtype, w) + _gemm(hw, fan_in, fan_out, tokens, dtype, w)
+    if w.float8:
+        cast = _CAST_BYTES[w.compiled] / _bandwidth(hw)
+        weight = fan_in * fan_out / (w.fsdp_shards if w.float8_all_gather else 1)  # cast before the gather
+        forward += (tokens * fan_in + weight) * cast
+        # The output's gradient cast, and the transposed float8 copies the backward GEMMs read.
+        backward += (tokens * fan_out + tokens * fan_in + fan_in * fan_out) * cast
+    return forward, backward
+
+
+def _elementwise_bytes(w: Workload) -> float:
+    """Bytes one token's forward through a block reads and writes outside matmuls and attention,
+    on one rank (sequence parallel under TP: everything is split over tp)."""
+    m, tp, a = w.model, w.parallelism.tensor_parallel_degree, DTYPE_BYTES[w.param_dtype]
+    dim, kv, ffn = m.dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim
+    if w.compiled:
+        # Fused regions: residual + norm (read 2, write 2) twice; rotary on q and k; K/V repeated to
+        # every head for SDPA; attention's output made contiguous; SwiGLU (read 2, write 1).
+        elements = 8 * dim + 2 * (dim + kv) + 2 * (kv + dim) + 2 * dim + 3 * ffn
+        return elements * a / tp
+    # Eager: each RMSNorm ~20 bytes an element (upcast, square, mean, scale, cast back, weight);
+    # rotary 20 (float32 complex multiply and casts); repeat_interleave of K and V; the output's
+    # contiguous copy; two residual adds (read 2, write 1); silu then multiply (read 3, write 2).
+    norms = 2 * 20 * dim
+    rotary = 20 * (dim + kv)
+    copies = 2 * (kv + dim) * a + 2 * dim * a
+    return (norms + rotary + copies + 2 * 3 * dim * a + 5 * ffn * a) / tp
+
+
+def _attention(hw: HardwareConfig, w: Workload) -> tuple[float, float]:
+    """(forward, backward) seconds of causal attention over the microbatch on this rank: its
+    queries against the whole (causal) context, so half the score matrix."""
+    m, p = w.model, w.parallelism
+    heads = m.n_heads / p.tensor_parallel_degree
+    forward_flops = 4 * w.tokens * (w.seq_len / 2) * heads * m.head_dim
+    rate = hw.peak_flops("bfloat16" if w.param_dtype == "float32" else w.param_dtype) * hw.attention_efficiency
+    if w.param_dtype == "float32":  # no flash kernel for float32: the math path at the float32 peak
+        rate = hw.peak_flops("float32") * hw.matmul_efficiency
+    forward = forward_flops / rate
+    return forward, forward * _ATTENTION_BACKWARD_FLOPS / _ATTENTION_BACKWARD_EFFICIENCY
+
+
+def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:
+    """One block's forward, backward and recomputation for one microbatch on one rank, seconds."""
+    tokens = w.tokens
+    linears = {name: _linear(hw, w, tokens, *shape) for name, shape in linear_shapes(w).items()}
+    elementwise = tokens * _elementwise_bytes(w) / _bandwidth(hw)
+    attention = _attention(hw, w)
+    forward = sum(f for f, _ in linears.values()) + attention[0] + elementwise
+    backward = sum(b for _, b in linears.values()) + attention[1] + 2 * elementwise
+    ac = w.ac
+    if ac.mode == "full":
+        recompute = forward
+    elif ac.mode == "selective" and ac.selective_ac_option == "op":
+        recompute = sum(linears[name][0] for name in RECOMPUTED_BY_OP_AC) + elementwise
+    elif ac.mode == "selective":  # every N-th block checkpointed in full
+        recompute = forward / int(ac.selective_ac_option)
+    else:
+        recompute = 0.0
+    return {"forward": forward, "backward": backward, "recompute": recompute}
+
+
+def head_seconds(hw: HardwareConfig, w: Workload) -> float:
+    """The output projection (left in high precision, as torchtitan's float8 filter does) forward and
+    backward, and cross-entropy, bandwidth-bound."""
+    m, tp, tokens = w.model, w.parallelism.tensor_parallel_degree, w.tokens
+    high = dataclasses.replace(w, quantize="none")
+    forward, backward = _linear(hw, high, tokens, m.dim, m.vocab_size / tp)
+    # Eager: the float32 copy, log-softmax, its gradient, the cast back (~28 bytes a logit); compiled:
+    # the logits read in forward and backward and their gradient written, in the param dtype.
+    per_logit = 3 * DTYPE_BYTES[w.param_dtype] if w.compiled_loss else 28
+    loss = tokens * m.vocab_size / tp * per_logit / _bandwidth(hw)
+    return forward + backward + loss
+
+
+def gpu_compute(w: Workload, hw: HardwareConfig) -> ComputeTimes:
+    """Per microbatch: a block (forward + backward + recomputation), the head; the optimizer step."""
+    block = block_seconds(hw, w)
+    optimizer = 32 * local_parameters(w) / _bandwidth(hw)
+    return ComputeTimes(layer=sum(block.values()), head=head_seconds(hw, w), optimizer=optimizer)

@@ -18,7 +18,8 @@ from pathlib import Path
 from bench_vs_plain import env_with, stream
 from mlflow import MlflowClient
 
-from titan_exp.estimate.memory import Workload, gathered_kv, rank_memory
+from titan_exp.estimate.memory import gathered_kv, rank_memory
+from titan_exp.estimate.workload import Workload
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 from titan_exp.units import GIB

@@ -38,6 +38,7 @@ TORCHAO_FLOAT8 = "pytorch/ao torchao/float8/README.md @9e655fc7 (2025-03)"
 TORCHAO_MX = "pytorch/ao torchao/prototype/mx_formats/README.md @374601de (2025-08)"
 TT_ASYNC_TP = "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"
 TT_TRAINY = "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy.md"
+TT_PERFORMANCE = "pytorch/torchtitan docs/performance.md @4d88a8a4 (tables of 2024-04 and 2024-08)"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ GRAND_TETON = ["hardware=h100_grand_teton"]
 H100 = ["hardware=h100"]
 B200 = ["hardware=b200"]
 H200 = ["hardware=h200"]
+A100 = ["hardware=a100"]
 
 
 def layout(model: str, gpus: int, hardware: list[str], batch: int, **degrees: int) -> list[str]:
@@ -86,13 +88,14 @@ def seq(length: int) -> list[str]:
 
 
 ASYNC_TP = ["parallelism.enable_async_tensor_parallel=true"]
+ROWWISE = ["quantize=float8", "quantize.recipe=rowwise"]
 TT_8B_128 = fsdp("llama3_8b", 128, GRAND_TETON, 2)
 TT_405B = [*layout("llama3_405b", 512, GRAND_TETON, 32, tp=8, pp=8), *FULL_AC, *COMPILE_BLOCKS, *FLOAT8, *ASYNC_TP]
 TT_405B_4D = [*layout("llama3_405b", 512, GRAND_TETON, 8, tp=8, pp=8), *FULL_AC, *COMPILE_BLOCKS, *FLOAT8, *ASYNC_TP]
+TT_405B_2D = [*layout("llama3_405b", 128, GRAND_TETON, 2, tp=8), *FULL_AC, *COMPILE_BLOCKS]
 TT_70B_2D = [*layout("llama3_70b", 256, GRAND_TETON, 16, tp=8), *FULL_AC, *COMPILE_BLOCKS, *FLOAT8]
 ATP_70B = [*layout("llama3_70b", 256, GRAND_TETON, 16, tp=8), *FULL_AC, *COMPILE]
 ATP_8B = [*layout("llama3_8b", 64, GRAND_TETON, 12, tp=8), *SAC_OP, *COMPILE]
-ROWWISE = ["quantize=float8", "quantize.recipe=rowwise"]
 
 RUNS: list[Published] = [
     # TorchTitan's Dec-2024 tables (Grand Teton H100s; its torch.compile compiled the blocks only;
@@ -152,6 +155,19 @@ RUNS: list[Published] = [
               [*fsdp("llama3_8b", 8, B200, 1), *SAC_OP, *COMPILE, *FLOAT8[:2]], 10417, 33.38),
     Published("8b fsdp8 lbs1 compile mxfp8 b200", "torchao-mx", TORCHAO_MX,
               [*fsdp("llama3_8b", 8, B200, 1), *SAC_OP, *COMPILE, "quantize=mxfp8"], 9969, 33.88),
+    Published("8b fsdp8 lbs1 compile f8 rowwise b200", "torchao-mx", TORCHAO_MX,
+              [*fsdp("llama3_8b", 8, B200, 1), *SAC_OP, *COMPILE, *ROWWISE], 8640.5, 33.72),
+    # TorchTitan's older performance page: 405B on 128 H100s (94 GB: Grand Teton's), FSDP 16 × TP 8,
+    # local batch 2, full AC (compiled: its toml of the time); Llama 3 on 64 A100s, FSDP, local batch 1.
+    Published("405b fsdp16 tp8 bf16", "tt-405b-2d", TT_PERFORMANCE, TT_405B_2D, 109, None),
+    Published("405b fsdp16 tp8 f8", "tt-405b-2d", TT_PERFORMANCE, [*TT_405B_2D, *FLOAT8], 177, None),
+    Published("405b fsdp16 tp8 f8 async", "tt-405b-2d", TT_PERFORMANCE, [*TT_405B_2D, *FLOAT8, *ASYNC_TP], 185, None),
+    Published("a100 8b fsdp64 sac every 2", "tt-a100-8b", TT_PERFORMANCE,
+              [*fsdp("llama3_8b", 64, A100, 1), "activation_checkpoint.mode=selective",
+               "activation_checkpoint.selective_ac_option=2"], 2904, None),
+    Published("a100 8b fsdp64 sac op", "tt-a100-8b", TT_PERFORMANCE, [*fsdp("llama3_8b", 64, A100, 1), *SAC_OP], 2973, None),
+    Published("a100 70b fsdp64 full ac", "tt-a100-70b", TT_PERFORMANCE,
+              [*fsdp("llama3_70b", 64, A100, 1), *FULL_AC], 331, None),
     # TorchTitan + Trainy on H200: 8B, FSDP 32 / 64, local batch 2, seq 8192, compile, float8 all-gather, SAC op.
     Published("8b fsdp32 h200 compile f8", "trainy", TT_TRAINY,
               [*fsdp("llama3_8b", 32, H200, 2), *SAC_OP, *COMPILE, *FLOAT8], 10938, 47.96,

@@ -10,9 +10,14 @@ import time
 
 import pytest
 
+from titan_exp.config.compose import to_job_config
+from titan_exp.job.memory import Budget, check_memory_fit
 from titan_exp.plan import cli as plan_cli
+from titan_exp.plan.prune import prune
+from titan_exp.rules import ConfigError
+from titan_exp.units import GIB
 
-from conftest import REPO, mlflow_client, mlflow_runs, run_cli
+from conftest import REPO, compose_config, mlflow_client, mlflow_runs, run_cli
 
 H100_96GB = ["hardware=h100", "hardware.memory_gib=96", "training.mixed_precision_param=bfloat16"]
 SEQ_8K = ["training.seq_len=8192", "model.max_seq_len=8192"]
@@ -100,7 +105,8 @@ def test_published_h100_layouts_are_predicted_plausibly(tmp_path, plan):
 OPTIONS = {
     "compile": ["compile.enable=true"],
     "compile_model_only": ["compile.enable=true", "compile.components=[model]"],
-    "float8_tensorwise": ["quantize=float8", "quantize.recipe=tensorwise", "quantize.enable_fsdp_float8_all_gather=true"],
+    "float8_tensorwise": ["quantize=float8", "quantize.recipe=tensorwise",
+                          "quantize.enable_fsdp_float8_all_gather=true"],
     "float8_rowwise": ["quantize=float8", "quantize.recipe=rowwise"],
     "mxfp8": ["quantize=mxfp8", "hardware=b200"],
     "cp_32k": ["parallelism=fsdp_cp", "parallelism.context_parallel_degree=4", "training.seq_len=32768",
@@ -131,7 +137,9 @@ def test_every_option_can_be_planned(name, tmp_path, plan):
 
 def test_compile_is_planned_with_the_fake_pass_cross_check(tmp_path, plan):
     """The fake pass runs eager (Dynamo cannot trace under its memory tracker): no traceback."""
-    out, [row] = plan(["parallelism=fsdp", "launcher.nproc_per_node=2", "compile.enable=true", "tracking=none"], tmp_path)
+    out, [row] = plan(
+        ["parallelism=fsdp", "launcher.nproc_per_node=2", "compile.enable=true", "tracking=none"], tmp_path
+    )
     assert "cross-check" in out and row["fits"] == "yes"
 
 
@@ -158,3 +166,82 @@ def test_debug_shapes_are_named_and_a_grid_shows_its_progress(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "debug training shapes" in out and "planned shapes: local batch 4 × seq 256" in out
     assert "planned 1 of 2" in err and "planned 2 of 2" in err and "s left)" in err
+
+
+def test_plan_prune_and_the_preflight_print_the_same_figure_for_the_same_point(tmp_path, plan):
+    """One memory model: the planner's reserved peak, plan.prune's and the pre-flight refusal's."""
+    point = ["model=llama3_8b", *H100_96GB, *SEQ_8K, "launcher.nproc_per_node=8", "parallelism=fsdp"]
+    point += ["training.local_batch_size=4", "plan.measure=false", "tracking=none"]
+    _, [row] = plan(point, tmp_path)
+    job = plan_cli.compose_point(point)
+    pruned = prune(to_job_config(compose_config([*point, "plan.prune=true"])))
+    assert pruned is not None and f"predicted {row['peak GiB/rank']} GiB" in pruned.reason
+    budget = Budget.of(job.config, 96 * GIB, False, "one GPU's memory")
+    with pytest.raises(ConfigError) as refused:
+        check_memory_fit(job, budget, "cuda")
+    assert f"needs about {float(row['peak GiB/rank']):.1f} GiB" in str(refused.value)
+    assert f"each can have {float(row['budget GiB']):.1f} GiB" in str(refused.value)
+
+
+def test_compare_puts_the_prediction_beside_the_measured_run(tmp_path, store, plan):
+    uri, db = store
+    layout = ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=4", "training.seq_len=128"]
+    plan([*layout, uri], tmp_path)
+    trained = run_cli([*layout, "training.steps=4", "metrics.log_freq=1", "data=synthetic", uri], tmp_path / "run")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    runs = mlflow_runs(db)
+    [prediction] = [r for r in runs if r.data.tags.get("titan_exp.role") == "prediction"]
+    [measured] = [r for r in runs if r is not prediction]
+    assert prediction.data.tags["layout_key"] == measured.data.tags["layout_key"]
+    compared = subcommand(["compare", "--all", "--uri", uri.split("=", 1)[1], "--out", str(tmp_path / "cmp")])
+    assert compared.returncode == 0, compared.stderr[-3000:]
+    [row] = list(csv.DictReader(open(tmp_path / "cmp" / "strategy_table.csv")))
+    assert row["run_id"] == measured.info.run_id  # the prediction is not a training run of its own
+    predicted_tps = float(row["predicted_tps_per_device"])
+    assert predicted_tps == pytest.approx(prediction.data.metrics["prediction/tps_per_device"])
+    markdown = (tmp_path / "cmp" / "strategy_table.md").read_text()
+    assert "predicted TPS/device" in markdown and "%)" in markdown  # the prediction's error
+
+
+def test_prune_skips_points_predicted_not_to_fit_and_records_them(tmp_path, store):
+    uri, db = store
+    args = ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.steps=2", "data=synthetic"]
+    args += ["plan.prune=true", "plan.memory_budget_gib=0.5", "training.local_batch_size=1,64", uri]
+    result = run_cli(args, tmp_path, flags=("-m",), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "pruned: predicted" in result.stderr
+    runs = {r.data.params.get("training.local_batch_size", r.data.tags.get("layout_key")): r for r in mlflow_runs(db)}
+    pruned = [r for r in mlflow_runs(db) if r.data.tags.get("status") == "pruned"]
+    assert len(pruned) == 1 and "batch64x" in pruned[0].data.tags["layout_key"]
+    assert pruned[0].info.status == "KILLED" and pruned[0].data.metrics["prediction/peak_memory_gib"] > 0.5
+    trained = [r for r in runs.values() if r.data.tags.get("status") == "finished"]
+    assert [r.data.params["training.local_batch_size"] for r in trained] == ["1"]
+    assert mlflow_client(db)  # the store is readable after the sweep
+
+
+@pytest.mark.parametrize(
+    "overrides,said",
+    [
+        (
+            ["hardware=tpu"],
+            "Could not find 'hardware/tpu' (options: a100, a10g, b200, cpu, gb200, h100, h100_grand_teton, h100_nvl, "
+            "h100_pcie, h20, h200, l4, l40s, mi300x, mi325x)",
+        ),
+        (["parallelism=tp", "parallelism.tensor_parallel_degree=3"], "parallelism.tensor_parallel_degree=3"),
+        (["hardware.peak_tflops_bf16=3"], "Could not override 'hardware.peak_tflops_bf16'"),
+    ],
+)
+def test_a_bad_config_is_refused_in_one_line(overrides, said, capsys):
+    assert plan_cli.main([*overrides, "tracking=none"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith("titan_exp plan: config error:") and said in line
+
+
+def test_the_command_line_runs_the_planner():
+    result = subcommand(["plan", "hardware=tpu", "tracking=none"])
+    assert result.returncode == 2 and result.stdout == ""
+    assert (
+        result.stderr.startswith("titan_exp plan: config error:") and "Could not find 'hardware/tpu'" in result.stderr
+    )

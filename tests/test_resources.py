@@ -8,7 +8,8 @@ from test_config import PUBLISHED_PARAMS
 from launchers.devices import available_memory, cpu_cores
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
-from titan_exp.estimate.memory import RankMemory, model_parameters, rank_memory
+from titan_exp.estimate.memory import RankMemory, rank_memory
+from titan_exp.estimate.workload import model_parameters
 from titan_exp.job.memory import Budget, check_memory_fit, workload
 from titan_exp.rules import ConfigError
 from titan_exp.units import GIB

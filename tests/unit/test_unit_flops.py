@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from titan_exp.estimate.memory import model_parameters
+from titan_exp.estimate.workload import model_parameters
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.models.llama3.model import Transformer

@@ -8,7 +8,7 @@ from layouts import layout
 
 from titan_exp.estimate.gpu_compute import RECOMPUTED_BY_OP_AC, _gemm, _linear, block_seconds, gpu_compute, head_seconds
 from titan_exp.estimate.hardware_profiles import hardware_profiles
-from titan_exp.estimate.memory import Workload
+from titan_exp.estimate.workload import Workload
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import ActivationCheckpointConfig
 

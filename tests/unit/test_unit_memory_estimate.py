@@ -13,14 +13,12 @@ from titan_exp.estimate.memory import (
     CPU_RANK_BASELINE_BYTES,
     GIB,
     RankMemory,
-    Workload,
-    layer_parameters,
-    model_parameters,
-    part_parameters,
+    layer_activations,
     pipeline_chunks_in_flight,
     pipeline_in_flight,
     rank_memory,
 )
+from titan_exp.estimate.workload import Workload, layer_parameters, model_parameters, part_parameters
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import split_into_stages
@@ -96,6 +94,17 @@ def test_part_parameters_is_the_whole_model_without_a_pipeline_else_the_busiest_
     assert part_parameters(DEBUG, layout(pp=2)) == 3 * DEBUG_LAYER + DEBUG_EMBEDDING + 256
 
 
+@pytest.mark.parametrize("pp", [2, 3, 6])
+def test_pipeline_stages_hold_fewer_parameters(pp: int) -> None:
+    """1F1B over 6 layers: each rank 6/pp layers; the first adds the embedding, the last the final
+    norm and the output (fp32 master weights, 4 bytes each)."""
+    w = Workload(DEBUG, layout(pp=pp), NO_AC, pp, 256)
+    first, last = rank_memory(w, pp_rank=0), rank_memory(w, pp_rank=pp - 1)
+    assert first.parameters == 4 * (6 // pp * DEBUG_LAYER + DEBUG_EMBEDDING)
+    assert last.parameters == 4 * (6 // pp * DEBUG_LAYER + DEBUG_EMBEDDING + 256)
+    assert rank_memory(w).parameters < memory(layout()).parameters
+
+
 def test_single_rank_holds_fp32_weights_and_two_adam_moments_and_gradients_at_the_end() -> None:
     """4 + 8 bytes per parameter always; the 4 bytes of gradients where the peak is the end of
     backward (they do not exist at the loss's backward without accumulation)."""
@@ -122,6 +131,24 @@ def test_fsdp_divides_parameters_and_optimizer_state(shard: int) -> None:
     for name in ("parameters", "optimizer_state"):
         assert getattr(sharded, name) == pytest.approx(getattr(one, name) / shard, abs=1), name
     assert sharded.activations == one.activations and sharded.communication > 0
+    # At the end of backward (states dominate a tiny batch) the gradients are sharded too; FSDP
+    # holds the running and the prefetched unit gathered (2 · 4 bytes a parameter of a block), the
+    # running unit's unsharded gradient and its reduce-scatter input (4 + 4): 16 bytes, any shard.
+    end_one, end_sharded = memory(layout(), batch=1, seq_len=16), memory(layout(dp_shard=shard), batch=1, seq_len=16)
+    assert end_one.phase == end_sharded.phase == "end of backward"
+    assert end_sharded.gradients == pytest.approx(end_one.gradients / shard, abs=1)
+    assert end_sharded.communication == 16 * DEBUG_LAYER
+
+
+@pytest.mark.parametrize("reshard,gathered_layers", [("always", 0), ("default", 1), ("never", 6)])
+def test_fsdp_buffers_by_hand_at_the_loss_backward(reshard: str, gathered_layers: int) -> None:
+    """fp32, dp_shard 2, batch 4 × 256: at the loss's backward the head's output weight stays
+    gathered (2048·256·4 bytes), and the blocks FSDP left gathered after forward: none when it
+    always reshards, the last one by default (torchtitan's), all six when it never does."""
+    p = dataclasses.replace(layout(dp_shard=2), fsdp_reshard_after_forward=reshard)
+    loss = memory(p)
+    assert loss.phase == "loss backward"
+    assert loss.communication == gathered_layers * DEBUG_LAYER * 4 + DEBUG_EMBEDDING * 4
 
 
 def test_context_parallel_ranks_shard_like_fsdp_ranks() -> None:
@@ -153,12 +180,38 @@ def test_activation_checkpointing_full_keeps_less_than_selective_less_than_none(
         for mode in ("full", "selective", "none")
     }
     assert kept["full"] < kept["selective"] < kept["none"]
+    tp2 = Workload(DEBUG, layout(tp=2), NO_AC, 4, 256)  # per layer, under TP too
+    assert layer_activations(tp2, "full") < layer_activations(tp2, "op") < layer_activations(tp2, "none")
     # Full, 32 layers (the loss's backward is the peak): the block's input (dim) per token and
     # layer, and the head's two dim-wide tensors.
     deep = dataclasses.replace(DEBUG, n_layers=32)
     full = memory(layout(), m=deep, ac=ActivationCheckpointConfig(mode="full"), batch=8, seq_len=1024)
     assert full.phase == "loss backward"
     assert full.activations == 32 * 8 * 1024 * 256 * 4 + 2 * 256 * 8 * 1024 * 4
+
+
+@pytest.mark.parametrize(
+    "ac,compiled,per_token",
+    [
+        # 2·dim (norms' outputs) + 7·dim + 4·ffn
+        (NO_AC, False, 2 * 256 + 7 * 256 + 4 * 768),  # 5,376
+        # w2's whole output (dim); the block's input, wq's and attention's outputs (3·dim); wv's (kv
+        # 4·16 = 64) and w1's (ffn)
+        (ActivationCheckpointConfig("selective", "op"), False, 256 + 3 * 256 + 64 + 768),  # 1,856
+        # every 2nd block keeps only its input: (dim + 5,376) / 2
+        (ActivationCheckpointConfig("selective", "2"), False, (256 + 5_376) // 2),  # 2,816
+        # compiled: the block's input, q and k/v before rotary (dim + 2·kv), attention's output,
+        # the residual, w1's and w3's outputs (2·ffn)
+        (NO_AC, True, 4 * 256 + 2 * 64 + 2 * 768),  # 2,688
+    ],
+    ids=["none", "op", "every_2", "compiled"],
+)
+def test_kept_activations_per_layer_by_hand(ac: ActivationCheckpointConfig, compiled: bool, per_token: int) -> None:
+    """Batch 8 × 1024 tokens, fp32, at the loss's backward: 6 layers × `per_token` elements a token,
+    and the head's two dim-wide tensors."""
+    kept = memory(layout(), ac=ac, compiled=compiled, batch=8, seq_len=1024)
+    assert kept.phase == "loss backward"
+    assert kept.activations == 6 * 8 * 1024 * per_token * 4 + 2 * 256 * 8 * 1024 * 4
 
 
 def test_compile_keeps_less_without_checkpointing_and_a_compiled_loss_shrinks_the_logits() -> None:
@@ -209,14 +262,28 @@ def test_pipeline_chunks_in_flight_per_schedule(schedule: str, expected: int) ->
     # The last rank keeps fewer under 1F1B (one) and the interleaved schedules.
     if schedule in ("1F1B", "Interleaved1F1B"):
         assert pipeline_chunks_in_flight(p, 8, pp_rank=3) < expected
+    # Without a pipeline, one microbatch whatever the schedule.
+    assert pipeline_chunks_in_flight(layout(schedule=schedule), 8) == 1
 
 
-def test_interleaving_keeps_more_stage_microbatches_in_flight_than_1f1b() -> None:
-    """The issue's report: Interleaved1F1B predicted below 1F1B. Its warm-up holds more chunks of
-    half the layers: at least as many microbatches' activations as 1F1B."""
+@pytest.mark.parametrize("microbatches", [4, 8, 16])
+def test_interleaving_keeps_more_stage_microbatches_in_flight_than_1f1b(microbatches: int) -> None:
+    """pp 4, rank 0: 1F1B min(pp, m) = 4; Interleaved1F1B min(2·m, (2-1)·4 + 2·3 + 1 = 11)."""
+    one = pipeline_chunks_in_flight(layout(pp=4), microbatches)
+    interleaved = pipeline_chunks_in_flight(layout(pp=4, schedule="Interleaved1F1B"), microbatches)
+    assert (one, interleaved) == (4, min(2 * microbatches, 11))
+    assert interleaved > one
+
+
+def test_interleaving_keeps_at_least_1f1bs_activations() -> None:
+    """The issue's report: Interleaved1F1B predicted below 1F1B. pp 4 over 16 layers, 8
+    microbatches, rank 0: 1F1B keeps 4 microbatches through its 4 layers (16 layer-microbatches);
+    interleaved, 11 chunks of one 2-layer stage (22)."""
     deep = dataclasses.replace(DEBUG, n_layers=16)
-    one, interleaved = (memory(layout(pp=4, schedule=s), m=deep, batch=8) for s in ("1F1B", "Interleaved1F1B"))
-    assert interleaved.activations >= one.activations
+    w = {s: Workload(deep, layout(pp=4, schedule=s), NO_AC, 8, 256) for s in ("1F1B", "Interleaved1F1B")}
+    one, interleaved = (rank_memory(w[s], pp_rank=0).activations for s in ("1F1B", "Interleaved1F1B"))
+    assert interleaved == pytest.approx(one * 22 / 16, abs=2)
+    assert rank_memory(w["Interleaved1F1B"]).activations >= rank_memory(w["1F1B"]).activations
 
 
 def test_gpipe_keeps_every_microbatch_1f1b_one_per_stage() -> None:
@@ -227,9 +294,21 @@ def test_gpipe_keeps_every_microbatch_1f1b_one_per_stage() -> None:
     assert gpipe.parameters == one_f_one_b.parameters
 
 
-def test_the_last_pipeline_rank_holds_the_logits() -> None:
+def test_the_first_and_the_last_pipeline_rank_are_both_modelled() -> None:
+    """pp 2 (1F1B): the last rank holds the logits (8 microbatches of 1 × 256 tokens: one at a time,
+    256·2048·12 bytes), the first none; the estimate is the larger of the two."""
     w = Workload(DEBUG, layout(pp=2), NO_AC, 8, 256)
-    assert rank_memory(w, pp_rank=1).logits > 0 and rank_memory(w, pp_rank=0).logits == 0
+    first, last = rank_memory(w, pp_rank=0), rank_memory(w, pp_rank=1)
+    assert last.logits == 256 * 2048 * 12 and first.logits == 0
+    assert rank_memory(w).total == max(first.total, last.total)
+
+
+@pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "DualPipeV"])
+def test_v_shaped_schedules_put_the_logits_on_the_first_rank(schedule: str) -> None:
+    """pp 2 over 8 layers: rank 0 holds stages 0 and 3 (the embedding and the head), rank 1 stages
+    1 and 2."""
+    w = Workload(dataclasses.replace(DEBUG, n_layers=8), layout(pp=2, schedule=schedule), NO_AC, 8, 256)
+    assert rank_memory(w, pp_rank=0).logits > 0 and rank_memory(w, pp_rank=1).logits == 0
 
 
 def test_context_parallel_keeps_gathered_kv_only_where_layers_keep_attention_inputs() -> None:
@@ -252,6 +331,15 @@ def test_reserved_is_above_active_on_a_gpu_and_on_a_cpu() -> None:
     gpu, cpu = memory(layout(dp_shard=2)), memory(layout(dp_shard=2), device="cpu")
     assert gpu.reserved > gpu.active and gpu.allocator > 0 and gpu.process == 0
     assert cpu.process == CPU_RANK_BASELINE_BYTES and cpu.allocator == int(cpu.active * 0.1)
+
+
+def test_a_gpus_allocator_keeps_its_largest_transient_block() -> None:
+    """One GPU, fp32, no FSDP: at the loss's backward (batch 4 × 256) the float32 logits, 1024·2048·4
+    bytes; at the end of backward (batch 1 × 16) a block's weights, 754,176·4."""
+    loss, end = memory(layout()), memory(layout(), batch=1, seq_len=16)
+    assert (loss.phase, end.phase) == ("loss backward", "end of backward")
+    assert loss.allocator == 1024 * 2048 * 4 and end.allocator == DEBUG_LAYER * 4
+    assert loss.reserved == loss.active + loss.allocator
 
 
 def test_total_is_the_sum_and_describe_leaves_out_empty_parts() -> None:
@@ -293,3 +381,10 @@ def test_the_estimate_holds_the_busiest_pipeline_rank(n_layers: int, pp: int, sc
     m = dataclasses.replace(DEBUG, n_layers=n_layers)
     p = layout(pp=pp, schedule=schedule)
     assert part_parameters(m, p) == max(_held_by_each_pp_rank(m, p))
+
+
+def test_the_estimate_covers_a_busier_middle_pipeline_rank() -> None:
+    """1F1B rank r keeps pp - r microbatches; no checkpointing, fp32: each layer-microbatch is
+    5,376 elements × 256 tokens × 4 bytes."""
+    w = Workload(DEBUG, layout(pp=4), NO_AC, 8, 256)
+    assert rank_memory(w).activations >= 3 * 2 * 5_376 * 256 * 4

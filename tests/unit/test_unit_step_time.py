@@ -8,8 +8,10 @@ import pytest
 from layouts import layout
 
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import Workload, model_parameters
+from titan_exp.estimate.gpu_compute import gpu_compute
+from titan_exp.estimate.hardware_profiles import hardware_profiles
 from titan_exp.estimate.step_time import ComputeTimes, StepTime, _collective, step_time
+from titan_exp.estimate.workload import Workload, model_parameters
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 
@@ -35,6 +37,11 @@ HW = HardwareConfig(
     overlaps_communication=True,
 )
 BLOCKING = dataclasses.replace(HW, overlaps_communication=False)
+# The cpu profile (gloo between rank processes) with the made-up links in place of its measured ones.
+CPU = dataclasses.replace(
+    hardware_profiles()["cpu"],
+    **{name: getattr(HW, name) for name in ("intra_node_gbps", "collective_latency_us", "reduce_latency_us")},
+)
 # Per microbatch: a layer's forward + backward, the output head's; the optimizer step once.
 COMPUTE = ComputeTimes(layer=0.01, head=0.02, optimizer=0.05)
 
@@ -118,12 +125,25 @@ def test_a_shard_group_beyond_a_node_runs_on_the_slower_link() -> None:
     assert step(layout(dp_shard=16), across).communication > step(layout(dp_shard=16), within).communication
 
 
+def test_on_the_cpu_profile_fsdp_blocks() -> None:
+    """gloo's collectives block (conf/hardware/cpu.yaml): the same by hand as test_fsdp_by_hand."""
+    assert not CPU.overlaps_communication
+    n = model_parameters(DEBUG)
+    gather = 10e-6 + n * 2 / 8 / 2 / 100e9
+    scatter = 20e-6 + n * 4 / 8 / 2 / 100e9
+    assert step(layout(dp_shard=2), CPU, param_bytes=2).communication == pytest.approx(14 * gather + 8 * scatter + 3e-5)
+
+
 def test_overlapped_fsdp_shows_only_what_nothing_covers() -> None:
-    """With overlap and compute that dwarfs the collectives, FSDP leaves exposed only the first
-    all-gather, the last reduce-scatter, the embeddings' and head's (gathered once) and the step's
-    3 small reductions; blocking, every collective adds up."""
+    """One microbatch, fp32, dp_shard 2, a layer's compute (10 ms) far above a unit's collectives:
+    no layer's gather or reduce-scatter shows, nor the head's (behind its 20 ms); only the first
+    all-gather and the last reduce-scatter of a block (754,176 · 4 bytes, half through each link)
+    and the step's 3 small reductions, however many layers. Blocking, every collective adds up."""
     overlapped, blocking = step(layout(dp_shard=2), HW), step(layout(dp_shard=2), BLOCKING)
-    assert 3 * 10e-6 < overlapped.communication < blocking.communication
+    unit = 754_176 * 4 / 2 / 100e9
+    assert overlapped.communication == pytest.approx((10e-6 + unit) + (20e-6 + unit) + 3 * 10e-6)
+    assert step(layout(dp_shard=2), HW, m=DEEP).communication == pytest.approx(overlapped.communication)
+    assert overlapped.communication < blocking.communication
     assert overlapped.compute == blocking.compute
 
 
@@ -136,6 +156,40 @@ def test_overlap_cannot_hide_more_than_compute() -> None:
     bare = step_time(w, slow, ComputeTimes(layer=0.0, head=0.0, optimizer=0.0))
     hidden = bare.communication - overlapped.communication
     assert 0 < hidden <= overlapped.compute
+
+
+# A TP collective over 2 ranks of one microbatch's activations, batch 4 × 256 × dim 256, fp32.
+TP2_COLLECTIVE = 10e-6 + 4 * 256 * 256 * 4 / 2 / 100e9
+
+
+def test_tensor_parallel_by_hand() -> None:
+    """Per layer 8 collectives (an all-gather and a reduce-scatter around attention and the MLP, in
+    forward and backward), 4 more with full checkpointing's recomputation; the head's 2; the step's
+    3 small reductions."""
+    assert step(layout(tp=2)).communication == pytest.approx((6 * 8 + 2) * TP2_COLLECTIVE + 3e-5)
+    w = Workload(DEBUG, layout(tp=2), ActivationCheckpointConfig(mode="full"), 4, 256)
+    assert step_time(w, HW, COMPUTE).communication == pytest.approx((6 * 12 + 2) * TP2_COLLECTIVE + 3e-5)
+
+
+def test_async_tensor_parallel_hides_a_quarter_of_a_layers_collectives() -> None:
+    """Hideable: all but the first of tp = 2 chunks (half), of which async TP hides half in practice:
+    a quarter of each layer's 8 collectives, well within its 10 ms of compute."""
+    hidden = step(layout(tp=2)).communication - step(layout(tp=2), async_tp=True).communication
+    assert hidden == pytest.approx(6 * 8 * TP2_COLLECTIVE / 4)
+
+
+def test_pipeline_sends_by_hand() -> None:
+    """pp 2, 4 microbatches of 1 × 256 tokens, fp32: per microbatch a send forward and a receive
+    backward of 256 · 256 · 4 bytes on the 100 GB/s link; the step's 3 small reductions."""
+    assert step(layout(pp=2)).communication == pytest.approx(4 * 2 * (10e-6 + 256 * 256 * 4 / 100e9) + 3e-5)
+
+
+def test_context_parallel_by_hand() -> None:
+    """cp 4 shards FSDP as dp_shard 4 does; beyond that, per layer an all-gather of K and V (256 of
+    the 1024 tokens a rank, 2 · 4 kv heads · 16 · 4 bytes, 4 ranks' worth) and its gradients back."""
+    kv = 256 * 2 * 4 * 16 * 4 * 4
+    extra = step(layout(cp=4)).communication - step(layout(dp_shard=4)).communication
+    assert extra == pytest.approx(6 * 2 * (10e-6 + kv * 3 / 4 / 100e9))
 
 
 def test_tensor_parallel_collectives_are_blocking_unless_async() -> None:
@@ -184,3 +238,28 @@ def test_pipeline_rank_computes_its_layers_and_the_head_per_microbatch() -> None
 def test_impossible_pipeline_split_is_refused() -> None:
     with pytest.raises(ValueError):
         step(layout(pp=8), batch=8)  # 8 stages, 6 layers
+
+
+def test_async_tensor_parallel_is_no_slower_on_an_h100() -> None:
+    """Llama 3 8B's shapes, TP 8 × FSDP 8, 2 × 8192 tokens in bfloat16, compute modelled op by op on
+    the h100 profile: async TP shortens the step, and changes neither compute nor bubble."""
+    h100 = hardware_profiles()["h100"]
+    m = Llama3Config(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128_256, multiple_of=1024)
+    plain = Workload(m, layout(dp_shard=8, tp=8), ActivationCheckpointConfig(), 2, 8192, param_dtype="bfloat16")
+    overlapped = dataclasses.replace(plain, async_tp=True)
+    before, after = (step_time(w, h100, gpu_compute(w, h100)) for w in (plain, overlapped))
+    assert after.total < before.total
+    assert (after.compute, after.bubble) == (before.compute, before.bubble)
+
+
+def test_pipeline_sends_between_nodes_run_on_the_slower_link() -> None:
+    """dp_shard 8 fits a node of 8 either way; the pp peers (8 ranks apart) share a node of 16 only."""
+    p = layout(dp_shard=8, pp=2)
+    across, within = BLOCKING, dataclasses.replace(BLOCKING, devices_per_node=16)
+    assert step(p, across).communication > step(p, within).communication
+
+
+def test_v_shaped_ranks_compute_the_layers_they_hold() -> None:
+    """pp 2 over 6 layers, 4 microbatches: rank 0 holds stages 0 and 3 (3 layers and the head):
+    4·(3·0.01 + 0.02) + 0.05."""
+    assert step(layout(pp=2, schedule="ZBVZeroBubble"), batch=4).compute == pytest.approx(4 * (3 * 0.01 + 0.02) + 0.05)

@@ -8,7 +8,10 @@ block runs, each timed by what bounds it, summed; the output head and loss; the 
 - **float8** (torchao Float8Linear): the three GEMMs of a linear at the float8 peak, plus the casts
   (an amax read and a scaled cast of the input, the weight and, in backward, the output's gradient;
   transposed copies for the backward GEMMs); compile fuses the casts into their neighbours.
-  Rowwise scaling's GEMMs are slower (`_ROWWISE_GEMM`); mxfp8 scales 32-element blocks.
+  Rowwise scaling's GEMMs are slower (`_ROWWISE_GEMM`); mxfp8's block-scaled GEMMs run at the
+  float8 rate where the tensor cores take MX scales (Blackwell: the `mxfp8` profiles). Tensorwise
+  scales transpose their float8 copies for backward; rowwise and MX scales run along one axis, so
+  backward casts the high-precision tensors again along the other.
 - **Attention** (flash / cuDNN SDPA): causal, so half the score matrix; backward 2.5× the
   forward's FLOPs at a lower efficiency (FlashAttention-2, Dao 2023, §3 and its H100 figures).
 - **Bandwidth-bound work** (norms, rotary, SwiGLU, residuals, GQA's K/V repeat, the copies SDPA
@@ -27,8 +30,8 @@ import dataclasses
 import math
 
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import DTYPE_BYTES, Workload, local_parameters
 from titan_exp.estimate.step_time import ComputeTimes
+from titan_exp.estimate.workload import DTYPE_BYTES, Workload, local_parameters
 
 # Output tile of a large Hopper/Blackwell GEMM kernel (cuBLAS, CUTLASS): rows × columns.
 _TILE = (128, 256)
@@ -54,7 +57,7 @@ def _gemm(hw: HardwareConfig, m: float, n: float, k: float, dtype: str, w: Workl
     bandwidth where that is longer."""
     low_precision = dtype == "float8"
     efficiency = hw.float8_matmul_efficiency if low_precision else hw.matmul_efficiency
-    if low_precision and w.quantize in ("rowwise", "mxfp8"):
+    if low_precision and w.quantize == "rowwise":
         efficiency *= _ROWWISE_GEMM
     rate = hw.peak_flops(dtype) * efficiency * _waves(hw, m, n)
     element = 1 if low_precision else DTYPE_BYTES[w.param_dtype]
@@ -95,8 +98,11 @@ def _linear(hw: HardwareConfig, w: Workload, tokens: float, fan_in: float, fan_o
         cast = _CAST_BYTES[w.compiled] / _bandwidth(hw)
         weight = fan_in * fan_out / (w.fsdp_shards if w.float8_all_gather else 1)  # cast before the gather
         forward += (tokens * fan_in + weight) * cast
-        # The output's gradient cast, and the transposed float8 copies the backward GEMMs read.
-        backward += (tokens * fan_out + tokens * fan_in + fan_in * fan_out) * cast
+        # The output's gradient cast, and the float8 copies the backward GEMMs read along the other
+        # axis: tensorwise transposes its float8 data (a byte read and written), the others cast again.
+        # (a re-cast reads the saved high-precision tensor: no producer to fuse into).
+        transposed = (2 if w.quantize == "tensorwise" else 2 + 1 + (0 if w.compiled else 2)) / _bandwidth(hw)
+        backward += tokens * fan_out * cast + (tokens * fan_in + fan_in * fan_out) * transposed
     return forward, backward
 
 

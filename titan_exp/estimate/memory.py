@@ -14,8 +14,8 @@ The peak is the larger of two moments of a step, each summed term by term (`Phas
   pipelining);
 - *end of backward*: the first layer's backward (its recomputation, gradient temporaries, FSDP's
   gathered and unreduced buffers) beside the full sharded gradients.
-Under pipelining a rank's peak is its steady state, with the schedule's microbatches in flight; the
-first and the last pipeline rank are both modelled and the larger kept.
+Under pipelining a rank's peak is its steady state, with the schedule's microbatches in flight;
+every pipeline rank is modelled (its stages as the trainer cuts them) and the largest kept.
 
 Each term, with its source:
 - float32 master weights, gradients and AdamW's two moments, sharded over dp_shard × cp (FSDP2
@@ -52,18 +52,22 @@ Each term, with its source:
 import dataclasses
 from dataclasses import dataclass
 
+from titan_exp.estimate.workload import (
+    DTYPE_BYTES,
+    PipelineRank,
+    Workload,
+    layer_parameters,
+    pipeline_ranks,
+)
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.parallel.config import (
     SINGLE_STAGE_SCHEDULES,
     V_SHAPED_SCHEDULES,
-    ActivationCheckpointConfig,
     ParallelismConfig,
     resolved_context_parallel_impl,
 )
-from titan_exp.parallel.stages import StagePlan
 from titan_exp.units import GIB
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
 # fp32 master weights (4), their gradients (4), AdamW's two moments (8).
 _PARAM_BYTES, _GRAD_BYTES, _ADAM_BYTES = 4, 4, 8
 # What a rank holds before any tensor on a CPU: the interpreter, torch, the process group.
@@ -72,65 +76,6 @@ CPU_RANK_BASELINE_BYTES = int(0.4 * GIB)
 _CPU_ALLOCATOR_SLACK = 0.1
 # float32 logits, their log-softmax and its gradient, live together in the loss's backward.
 _LOGITS_BYTES = 3 * 4
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What a step asks of each rank: the model, the resolved layout, the step's shapes and dtypes,
-    and the device kind (cuda or cpu: attention kernels and allocators differ)."""
-
-    model: Llama3Config
-    parallelism: ParallelismConfig
-    ac: ActivationCheckpointConfig
-    local_batch_size: int
-    seq_len: int
-    accumulation: int = 1
-    param_dtype: str = "float32"
-    reduce_dtype: str = "float32"
-    # The linears' low-precision recipe: none, tensorwise or rowwise (float8), mxfp8.
-    quantize: str = "none"
-    float8_all_gather: bool = False
-    compiled: bool = False  # the blocks
-    loss_compiled: bool = False
-    async_tp: bool = False
-    device: str = "cuda"
-
-    @property
-    def float8(self) -> bool:
-        return self.quantize != "none"
-
-    @property
-    def compiled_loss(self) -> bool:
-        """The loss compiled (train/loss.py: not under TP or pipelining)."""
-        p = self.parallelism
-        return self.loss_compiled and p.tensor_parallel_degree == 1 and p.pipeline_parallel_degree == 1
-
-    @property
-    def logit_bytes(self) -> int:
-        """Bytes per logit at the loss's backward: eager, the float32 copy, its log-softmax and the
-        gradient; compiled, the logits and their gradient in the param dtype (one fused kernel
-        computes the log-sum-exp without a float32 copy)."""
-        if self.compiled_loss:
-            return 2 * DTYPE_BYTES[self.param_dtype]
-        # Under TP, loss_parallel's log-softmax (torch's tensor/parallel/loss.py) keeps the shifted
-        # logits and their exponentials beside the float32 copy and the result: four float32 copies.
-        return _LOGITS_BYTES + (4 if self.parallelism.tensor_parallel_degree > 1 else 0)
-
-    @property
-    def microbatch(self) -> int:
-        """Samples per forward: a pipeline microbatch, else the local batch."""
-        p = self.parallelism
-        return p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else self.local_batch_size
-
-    @property
-    def tokens(self) -> float:
-        """Tokens of one microbatch on one rank (context parallelism splits the sequence)."""
-        return self.microbatch * self.seq_len / self.parallelism.context_parallel_degree
-
-    @property
-    def fsdp_shards(self) -> int:
-        p = self.parallelism
-        return p.data_parallel_shard_degree * p.context_parallel_degree
 
 
 @dataclass(frozen=True)
@@ -165,53 +110,6 @@ class RankMemory:
     def describe(self) -> str:
         parts = {f.name.replace("_", " "): getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "phase"}
         return " + ".join(f"{name} {size / GIB:.1f}" for name, size in parts.items() if size) + " GiB"
-
-
-def layer_parameters(m: Llama3Config) -> int:
-    attention = m.dim * m.n_heads * m.head_dim * 2 + 2 * m.dim * m.kv_heads * m.head_dim
-    return attention + 3 * m.dim * m.ffn_hidden_dim + 2 * m.dim
-
-
-def model_parameters(m: Llama3Config) -> int:
-    """Every parameter of the model (a tied output counted once)."""
-    outside_layers = m.vocab_size * m.dim * (1 if m.tie_word_embeddings else 2) + m.dim
-    return m.n_layers * layer_parameters(m) + outside_layers
-
-
-@dataclass(frozen=True)
-class PipelineRank:
-    """What one pipeline rank holds: its layers, whether its stages include the first (embeddings)
-    and the last (norm, output, loss), and its stages' count."""
-
-    layers: int
-    first: bool
-    last: bool
-    stages: int
-
-    def parameters(self, m: Llama3Config) -> int:
-        embedding = m.vocab_size * m.dim if self.first else 0
-        # The final norm and the output projection (a tied output is the embedding, counted once).
-        shares_embedding = m.tie_word_embeddings and self.first
-        head = m.dim + (0 if shares_embedding else m.vocab_size * m.dim) if self.last else 0
-        return self.layers * layer_parameters(m) + embedding + head
-
-
-def pipeline_ranks(p: ParallelismConfig, n_layers: int) -> dict[int, PipelineRank]:
-    """The first and the last pipeline rank (the busiest candidates), as the trainer cuts stages."""
-    pp = p.pipeline_parallel_degree
-    plan = StagePlan.from_config(p, n_layers)
-    ranks = {}
-    for rank in sorted({0, pp - 1}):
-        stages = plan.stage_ids(rank, pp, p.pipeline_parallel_schedule)
-        layers = sum(len(plan.layers(s, n_layers)) for s in stages)
-        ranks[rank] = PipelineRank(layers, 0 in stages, plan.num_stages - 1 in stages, len(stages))
-    return ranks
-
-
-def part_parameters(m: Llama3Config, p: ParallelismConfig) -> int:
-    """Parameters of the busiest pipeline rank's parts before sharding (the whole model without a
-    pipeline)."""
-    return max(rank.parameters(m) for rank in pipeline_ranks(p, m.n_layers).values())
 
 
 def pipeline_chunks_in_flight(p: ParallelismConfig, microbatches: int, pp_rank: int = 0) -> int:
@@ -298,6 +196,17 @@ def _kept_per_layer(w: Workload) -> float:
     return kept
 
 
+def _logit_bytes(w: Workload) -> int:
+    """Bytes per logit at the loss's backward: eager, the float32 copy, its log-softmax and the
+    gradient; compiled, the logits and their gradient in the param dtype (one fused kernel computes
+    the log-sum-exp without a float32 copy)."""
+    if w.compiled_loss:
+        return 2 * DTYPE_BYTES[w.param_dtype]
+    # Under TP, loss_parallel's log-softmax (torch's tensor/parallel/loss.py) keeps the shifted
+    # logits and their exponentials beside the float32 copy and the result: four float32 copies.
+    return _LOGITS_BYTES + (4 if w.parallelism.tensor_parallel_degree > 1 else 0)
+
+
 @dataclass(frozen=True)
 class _Buffers:
     """Per-rank sizes (bytes) the phases are summed from."""
@@ -317,16 +226,17 @@ def _buffers(w: Workload, rank: PipelineRank) -> _Buffers:
     act = DTYPE_BYTES[w.param_dtype]
     tokens = w.tokens
     recompute = 0.0 if w.ac.mode == "none" else layer_activations(w, "none")
-    # Gradients of a layer's activations during its backward: at most what an eager layer keeps;
-    # compiled, its fused backward kernels write about half of that.
-    grads = layer_activations(dataclasses.replace(w, compiled=False), "none") * (0.5 if w.compiled else 1)
+    # Gradients of a layer's activations during its backward: an eager layer's kept tensors in size,
+    # of which about half are alive at once (each op's saved inputs are freed as its backward runs,
+    # while the gradients of earlier ones appear); compiled, fused backward kernels write half that.
+    grads = layer_activations(dataclasses.replace(w, compiled=False), "none") * (0.25 if w.compiled else 0.5)
     float8_casts = (layer_parameters(m) / tp + tokens * m.ffn_hidden_dim / tp) if w.float8 else 0
     return _Buffers(
         states=(int(local * _PARAM_BYTES), int(local * _ADAM_BYTES)),
         sharded_grads=int(local * _GRAD_BYTES),
         kept=_kept_per_layer(w) * tokens * act,
         layer_transient=(recompute + grads) * tokens * act + float8_casts,
-        logits=tokens * m.vocab_size / tp * w.logit_bytes if rank.last else 0.0,
+        logits=tokens * m.vocab_size / tp * _logit_bytes(w) if rank.last else 0.0,
         # The final norm's input and output, read by the output matmul (gathered under TP).
         head_activations=2 * m.dim * tokens * act if rank.last else 0.0,
     )
@@ -351,8 +261,8 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
     tp = p.tensor_parallel_degree
     # A unit's unsharded gradient (param dtype) and its reduce-scatter input (reduce dtype).
     unreduced = layer_parameters(m) / tp * (DTYPE_BYTES[w.param_dtype] + reduce_bytes) if fsdp else 0.0
-    if not fsdp and p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets, a flat copy
-        unreduced = rank.parameters(m) / tp * reduce_bytes
+    # DDP's gradient buckets: a flat copy of the gradients, allocated once and kept (its Reducer).
+    buckets = rank.parameters(m) / tp * reduce_bytes if not fsdp and p.data_parallel_replicate_degree > 1 else 0.0
     common = {"parameters": b.states[0], "optimizer_state": b.states[1]}
 
     if p.pipeline_parallel_degree > 1:
@@ -366,7 +276,7 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
             activations=int(b.kept * rank.layers / rank.stages * chunks + b.head_activations),
             logits=int(b.logits),
             temporaries=int(b.layer_transient),
-            communication=int(held * (1 if w.float8_all_gather else DTYPE_BYTES[w.param_dtype]) if fsdp else 0),
+            communication=int(held * (1 if w.float8_all_gather else DTYPE_BYTES[w.param_dtype]) if fsdp else buckets),
             allocator=0,
             process=0,
             phase="pipeline steady state",
@@ -381,7 +291,7 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
         activations=int(kept_all),
         logits=int(b.logits),
         temporaries=0,
-        communication=int(gathered_after_forward),
+        communication=int(gathered_after_forward + buckets),
         allocator=0,
         process=0,
         phase="loss backward",
@@ -392,9 +302,8 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
         activations=int(b.kept),
         logits=0,
         temporaries=int(b.layer_transient),
-        # The running and the prefetched unit, and the running one's unreduced gradient (DDP: its
-        # buckets).
-        communication=int(2 * layer_unit + unreduced),
+        # The running and the prefetched unit, and the running one's unreduced gradient.
+        communication=int(2 * layer_unit + unreduced + buckets),
         allocator=0,
         process=0,
         phase="end of backward",
@@ -403,8 +312,7 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
 
 
 def rank_memory(w: Workload, pp_rank: int | None = None) -> RankMemory:
-    """The busiest rank's peak, active and reserved (degrees resolved); or that of the first
-    (`pp_rank=0`) or the last pipeline rank."""
+    """The busiest rank's peak, active and reserved (degrees resolved); or pipeline rank `pp_rank`'s."""
     ranks = pipeline_ranks(w.parallelism, w.model.n_layers)
     chosen = ranks if pp_rank is None else {pp_rank: ranks[pp_rank]}
     peak = max((_rank_peak(w, rank, index) for index, rank in chosen.items()), key=lambda r: r.total)
@@ -432,12 +340,3 @@ def _stream_pools(w: Workload, peak: RankMemory) -> float:
     unit, _ = _fsdp_units(w, PipelineRank(1, False, False, 1))
     gradient = layer_parameters(w.model) / w.parallelism.tensor_parallel_degree * DTYPE_BYTES[w.reduce_dtype]
     return max(0.0, 2 * unit + 2 * gradient - peak.communication)
-
-
-def microbatches_per_step(w: Workload) -> int:
-    return (w.local_batch_size // w.microbatch) * w.accumulation
-
-
-def local_parameters(w: Workload) -> float:
-    """Parameters one rank holds after sharding (the busiest pipeline rank's)."""
-    return part_parameters(w.model, w.parallelism) / (w.parallelism.tensor_parallel_degree * max(1, w.fsdp_shards))

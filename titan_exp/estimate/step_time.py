@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import DTYPE_BYTES, Workload, layer_parameters, part_parameters
+from titan_exp.estimate.workload import DTYPE_BYTES, Workload, layer_parameters, part_parameters, pipeline_ranks
 from titan_exp.parallel.config import ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 
@@ -85,7 +85,8 @@ def step_time(w: Workload, hw: HardwareConfig, compute: ComputeTimes, oversubscr
     """The busiest rank's step (degrees resolved): `compute` is per microbatch of this layout."""
     m, p = w.model, w.parallelism
     plan = StagePlan.from_config(p, m.n_layers)
-    layers = math.ceil(m.n_layers / plan.num_stages) * plan.stages_per_rank
+    # The busiest rank's layers (all of them without a pipeline), as the trainer cuts stages.
+    layers = max(rank.layers for rank in pipeline_ranks(p, m.n_layers).values())
     microbatches = (w.local_batch_size // w.microbatch) * w.accumulation
     # The busiest rank: its layers, and the output head (the last stage's; under the V schedules rank 0's).
     per_microbatch = layers * compute.layer + compute.head
@@ -97,7 +98,7 @@ def step_time(w: Workload, hw: HardwareConfig, compute: ComputeTimes, oversubscr
     if p.pipeline_parallel_degree > 1:
         boundary = w.tokens / p.tensor_parallel_degree * m.dim * DTYPE_BYTES[w.param_dtype]
         hops = 2 * plan.stages_per_rank  # send forward + receive backward, per stage held
-        blocking += microbatches * hops * (hw.collective_latency_us * 1e-6 + boundary / (hw.intra_node_gbps * 1e9))
+        blocking += microbatches * hops * links.send(boundary)
     # Step-level: the loss and grad-norm reductions.
     if math.prod(p.degrees().values()) > 1:
         blocking += 3 * hw.collective_latency_us * 1e-6
@@ -116,6 +117,13 @@ class _Links:
 
     hw: HardwareConfig
     p: ParallelismConfig
+
+    def send(self, size: float) -> float:
+        """One pipeline send: to the next pp rank, across nodes once the inner dimensions fill one."""
+        p, hw = self.p, self.hw
+        inner = math.prod(p.degrees().values()) // p.pipeline_parallel_degree
+        gbps = hw.inter_node_gbps if inner * 2 > hw.devices_per_node else hw.intra_node_gbps
+        return hw.collective_latency_us * 1e-6 + size / (gbps * 1e9)
 
     def collective(self, bytes_per_rank: float, dim: str, kind: str) -> float:
         p = self.p

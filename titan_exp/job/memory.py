@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
-from titan_exp.estimate.memory import Workload, rank_memory
+from titan_exp.estimate.memory import rank_memory
+from titan_exp.estimate.workload import Workload
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.rules import ConfigError

@@ -29,7 +29,7 @@ from titan_exp.compare.report import to_html, to_markdown
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import register_schema
-from titan_exp.estimate.memory import local_parameters
+from titan_exp.estimate.workload import local_parameters
 from titan_exp.job.memory import workload
 from titan_exp.job.preflight import preflight
 from titan_exp.plan.predict import (

@@ -26,8 +26,9 @@ from launchers.devices import available_memory
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import DTYPE_BYTES, RankMemory, pipeline_chunks_in_flight
+from titan_exp.estimate.memory import RankMemory, pipeline_chunks_in_flight
 from titan_exp.estimate.step_time import ComputeTimes
+from titan_exp.estimate.workload import DTYPE_BYTES
 from titan_exp.metrics.peak_flops import cached, cpu_name, cpu_peak_flops
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import apply_tensor_parallel

@@ -15,8 +15,9 @@ from titan_exp.config.resolve import DEFAULT_CPU_RANKS, resolve
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.gpu_compute import gpu_compute
-from titan_exp.estimate.memory import RankMemory, model_parameters, rank_memory
+from titan_exp.estimate.memory import RankMemory, rank_memory
 from titan_exp.estimate.step_time import ComputeTimes, StepTime, step_time
+from titan_exp.estimate.workload import model_parameters
 from titan_exp.job.memory import Budget, memory_fixes, planned_device, workload
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.rules import ConfigError

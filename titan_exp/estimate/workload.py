@@ -1,0 +1,114 @@
+"""What a training step asks of each rank, as the estimates read it (torch-free): the model's shape,
+the resolved layout, the step's shapes and dtypes, the options that change its kernels (compile,
+float8, async TP) and the device kind; and which parts of the model a rank holds (its pipeline
+stages, as the trainer cuts them: parallel/stages.py)."""
+
+from dataclasses import dataclass
+
+from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
+from titan_exp.parallel.stages import StagePlan
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a step asks of each rank: the model, the resolved layout, the step's shapes and dtypes,
+    and the device kind (cuda or cpu: attention kernels and allocators differ)."""
+
+    model: Llama3Config
+    parallelism: ParallelismConfig
+    ac: ActivationCheckpointConfig
+    local_batch_size: int
+    seq_len: int
+    accumulation: int = 1
+    param_dtype: str = "float32"
+    reduce_dtype: str = "float32"
+    # The linears' low-precision recipe: none, tensorwise or rowwise (float8), mxfp8.
+    quantize: str = "none"
+    float8_all_gather: bool = False
+    compiled: bool = False  # the blocks
+    loss_compiled: bool = False
+    async_tp: bool = False
+    device: str = "cuda"
+
+    @property
+    def float8(self) -> bool:
+        return self.quantize != "none"
+
+    @property
+    def compiled_loss(self) -> bool:
+        """The loss compiled (train/loss.py: not under TP or pipelining)."""
+        p = self.parallelism
+        return self.loss_compiled and p.tensor_parallel_degree == 1 and p.pipeline_parallel_degree == 1
+
+    @property
+    def microbatch(self) -> int:
+        """Samples per forward: a pipeline microbatch, else the local batch."""
+        p = self.parallelism
+        return p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else self.local_batch_size
+
+    @property
+    def tokens(self) -> float:
+        """Tokens of one microbatch on one rank (context parallelism splits the sequence)."""
+        return self.microbatch * self.seq_len / self.parallelism.context_parallel_degree
+
+    @property
+    def fsdp_shards(self) -> int:
+        p = self.parallelism
+        return p.data_parallel_shard_degree * p.context_parallel_degree
+
+
+def layer_parameters(m: Llama3Config) -> int:
+    """One transformer block's: attention's four projections, the SwiGLU's three, two norms."""
+    attention = m.dim * m.n_heads * m.head_dim * 2 + 2 * m.dim * m.kv_heads * m.head_dim
+    return attention + 3 * m.dim * m.ffn_hidden_dim + 2 * m.dim
+
+
+def model_parameters(m: Llama3Config) -> int:
+    """Every parameter of the model (a tied output counted once)."""
+    outside_layers = m.vocab_size * m.dim * (1 if m.tie_word_embeddings else 2) + m.dim
+    return m.n_layers * layer_parameters(m) + outside_layers
+
+
+@dataclass(frozen=True)
+class PipelineRank:
+    """What one pipeline rank holds: its layers, whether its stages include the first (embeddings)
+    and the last (norm, output, loss), and its stages' count."""
+
+    layers: int
+    first: bool
+    last: bool
+    stages: int
+
+    def parameters(self, m: Llama3Config) -> int:
+        embedding = m.vocab_size * m.dim if self.first else 0
+        # The final norm and the output projection (a tied output is the embedding, counted once).
+        shares_embedding = m.tie_word_embeddings and self.first
+        head = m.dim + (0 if shares_embedding else m.vocab_size * m.dim) if self.last else 0
+        return self.layers * layer_parameters(m) + embedding + head
+
+
+def pipeline_ranks(p: ParallelismConfig, n_layers: int) -> dict[int, PipelineRank]:
+    """Every pipeline rank's parts, as the trainer cuts stages (uneven stages can make a middle
+    rank the busiest)."""
+    pp = p.pipeline_parallel_degree
+    plan = StagePlan.from_config(p, n_layers)
+    ranks = {}
+    for rank in range(pp):
+        stages = plan.stage_ids(rank, pp, p.pipeline_parallel_schedule)
+        layers = sum(len(plan.layers(s, n_layers)) for s in stages)
+        ranks[rank] = PipelineRank(layers, 0 in stages, plan.num_stages - 1 in stages, len(stages))
+    return ranks
+
+
+def part_parameters(m: Llama3Config, p: ParallelismConfig) -> int:
+    """Parameters of the busiest pipeline rank's parts before sharding (the whole model without a
+    pipeline)."""
+    return max(rank.parameters(m) for rank in pipeline_ranks(p, m.n_layers).values())
+
+
+def local_parameters(w: Workload) -> float:
+    """Parameters one rank holds after sharding (the busiest pipeline rank's)."""
+    return part_parameters(w.model, w.parallelism) / (w.parallelism.tensor_parallel_degree * max(1, w.fsdp_shards))

@@ -165,7 +165,8 @@ RUNS: list[Published] = [
     Published("a100 8b fsdp64 sac every 2", "tt-a100-8b", TT_PERFORMANCE,
               [*fsdp("llama3_8b", 64, A100, 1), "activation_checkpoint.mode=selective",
                "activation_checkpoint.selective_ac_option=2"], 2904, None),
-    Published("a100 8b fsdp64 sac op", "tt-a100-8b", TT_PERFORMANCE, [*fsdp("llama3_8b", 64, A100, 1), *SAC_OP], 2973, None),
+    Published("a100 8b fsdp64 sac op", "tt-a100-8b", TT_PERFORMANCE,
+              [*fsdp("llama3_8b", 64, A100, 1), *SAC_OP], 2973, None),
     Published("a100 70b fsdp64 full ac", "tt-a100-70b", TT_PERFORMANCE,
               [*fsdp("llama3_70b", 64, A100, 1), *FULL_AC], 331, None),
     # TorchTitan + Trainy on H200: 8B, FSDP 32 / 64, local batch 2, seq 8192, compile, float8 all-gather, SAC op.

@@ -133,12 +133,6 @@ def pipeline_chunks_in_flight(p: ParallelismConfig, microbatches: int, pp_rank: 
     return min(microbatches * v, (v - 1) * pp + 2 * (pp - 1 - pp_rank) + 1)
 
 
-def pipeline_in_flight(p: ParallelismConfig, microbatches: int, pp_rank: int = 0) -> float:
-    """The same in microbatches through all of the rank's layers (a stage holds 1/v of them)."""
-    single = p.pipeline_parallel_schedule in SINGLE_STAGE_SCHEDULES or p.pipeline_parallel_degree == 1
-    return pipeline_chunks_in_flight(p, microbatches, pp_rank) / (1 if single else 2)
-
-
 def gathered_kv(m: Llama3Config, batch: int, seq_len: int, cp: int) -> float:
     """Elements of other cp ranks' K and V one attention layer holds under the all-gather context
     parallelism: gathered over the cp ranks and repeated to every query head, kept for the layer's

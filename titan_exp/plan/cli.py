@@ -36,7 +36,6 @@ from titan_exp.plan.predict import (
     MEASURED,
     Prediction,
     check_plannable,
-    microbatch_tokens,
     planned_shapes,
     predict,
     resolve_for_plan,
@@ -106,8 +105,9 @@ def plan_one(job: ResolvedJob) -> Prediction:
     if hw.name == "cpu":
         threads, oversubscription = _cpu_ranks(job)
         hw = measure.resolve_hardware(hw, threads, cfg.data.cache_dir)  # beside the measured peak FLOP/s
-        local = local_parameters(workload(cfg, "cpu"))
-        compute = measure.measured_compute(cfg, microbatch_tokens(cfg), job.dims.tp, local, threads)
+        w = workload(cfg, "cpu")
+        shape = (w.microbatch, w.seq_len // w.parallelism.context_parallel_degree)  # this rank's microbatch
+        compute = measure.measured_compute(cfg, shape, job.dims.tp, local_parameters(w), threads)
     return predict(job, hw, compute, oversubscription, fake_pass)
 
 

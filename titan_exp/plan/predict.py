@@ -76,13 +76,6 @@ def matmul_dtype(cfg: JobConfig) -> str:
     return "float8" if cfg.quantize.name in ("float8", "mxfp8") else cfg.training.mixed_precision_param
 
 
-def microbatch_tokens(cfg: JobConfig) -> tuple[int, int]:
-    """(samples, sequence length) one rank runs per microbatch."""
-    p, t = cfg.parallelism, cfg.training
-    samples = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else t.local_batch_size
-    return samples, t.seq_len // p.context_parallel_degree
-
-
 def resolve_for_plan(cfg: JobConfig) -> ResolvedJob:
     """`cfg` resolved as for a dry run: the world as the launcher spells it out, or as the degrees do
     (on the `cpu` profile, the local default of 2 ranks where neither does), checked, nothing placed."""

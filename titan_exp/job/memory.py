@@ -117,7 +117,7 @@ _Change = tuple[str, Workload, int | None]
 
 
 def _changes(cfg: JobConfig, w: Workload) -> list[Iterator[_Change]]:
-    return [_full_ac(w), _smaller_batches(cfg, w), _more_ranks(cfg, w), _more_tp(w), _more_pp(w)]
+    return [_full_ac(w), _smaller_batches(w), _more_ranks(cfg, w), _more_tp(w), _more_pp(w)]
 
 
 def _full_ac(w: Workload) -> Iterator[_Change]:
@@ -126,15 +126,14 @@ def _full_ac(w: Workload) -> Iterator[_Change]:
         yield "activation_checkpoint.mode=full", dataclasses.replace(w, ac=full), None
 
 
-def _smaller_batches(cfg: JobConfig, w: Workload) -> Iterator[_Change]:
+def _smaller_batches(w: Workload) -> Iterator[_Change]:
     """Whole pipeline microbatches, the global batch kept by accumulating more microbatches."""
     p = w.parallelism
     step = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else 1
     samples = w.local_batch_size * w.accumulation
-    for batch in range(w.local_batch_size - step, 0, -step):
-        if batch % step == 0:
-            changed = dataclasses.replace(w, local_batch_size=batch, accumulation=max(1, samples // batch))
-            yield f"training.local_batch_size={batch}", changed, None
+    for batch in range(w.local_batch_size - step, 0, -step):  # the local batch is whole microbatches
+        changed = dataclasses.replace(w, local_batch_size=batch, accumulation=max(1, samples // batch))
+        yield f"training.local_batch_size={batch}", changed, None
 
 
 def _more_ranks(cfg: JobConfig, w: Workload) -> Iterator[_Change]:

@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import submitit
 
 from launchers import signals
 from launchers.env import RankEnv, export, free_port
+from launchers.heartbeat import heartbeat_file, silent_for, start_beating
 from launchers.tasks import LogFollower, RankFailure, log_tail, read_result, run_recording_failures
 
 # How long the supervisor sleeps at most between two looks at the ranks: rank 0's output and the
@@ -51,6 +53,7 @@ def _rank_entry(
     partial = pid_file.with_suffix(".partial")
     partial.write_text(str(os.getpid()))
     partial.replace(pid_file)
+    start_beating(heartbeat_file(Path(pid_dir), job.job_id, job.global_rank))
     return run_recording_failures(fn, arg)
 
 
@@ -99,6 +102,15 @@ def _environment(**values: str):
                 os.environ[key] = old
 
 
+@dataclass(frozen=True)
+class Limits:
+    """How long the ranks may run (submitit kills them past it), and how long one may stay silent
+    (launchers/heartbeat.py) before the job is stopped, naming it."""
+
+    timeout_min: int
+    heartbeat_timeout_s: float
+
+
 def launch_local(
     fn: Callable[[Any], Any],
     arg: Any,
@@ -106,20 +118,20 @@ def launch_local(
     folder: Path,
     *,
     use_gpus: bool,
-    timeout_min: int,
+    limits: Limits,
     threads_per_rank: int,
 ) -> Any:
     """Run fn(arg) in `nproc` rank processes on this machine, each with the torch.distributed
     environment of its rank, `threads_per_rank` intra-op threads (OMP_NUM_THREADS) and, with
-    `use_gpus`, one GPU; their logs, pid files and results go under `folder`. Returns rank 0's
-    result or raises RankFailure; past `timeout_min` submitit kills the ranks."""
+    `use_gpus`, one GPU; their logs, pid files, heartbeats and results go under `folder`. Returns
+    rank 0's result or raises RankFailure: a rank failed, or stopped beating (`limits`)."""
     folder.mkdir(parents=True, exist_ok=True)
     executor = submitit.LocalExecutor(folder=folder)
     executor.update_parameters(
         tasks_per_node=nproc,
         nodes=1,
         gpus_per_node=nproc if use_gpus else 0,
-        timeout_min=timeout_min,
+        timeout_min=limits.timeout_min,
         stderr_to_stdout=True,
     )
     # submitit's controller process inherits an ignored SIGINT: on a terminal's Ctrl-C it would
@@ -127,12 +139,13 @@ def launch_local(
     # below stops them instead, with a grace period.
     with _environment(OMP_NUM_THREADS=str(threads_per_rank)), signals.ignored(signal.SIGINT):
         job = executor.submit(_rank_entry, fn, arg, free_port(), nproc, str(folder), os.getpid())
-    return _Supervisor(job, nproc, folder).run()
+    return _Supervisor(job, nproc, folder, limits.heartbeat_timeout_s).run()
 
 
 class _Supervisor:
-    def __init__(self, job: submitit.local.local.LocalJob, nproc: int, folder: Path):
+    def __init__(self, job: submitit.local.local.LocalJob, nproc: int, folder: Path, heartbeat_timeout_s: float):
         self.job, self.nproc, self.folder = job, nproc, folder
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.logs = [job.task(rank).paths.stdout for rank in range(nproc)]
         self.rank0_output = LogFollower(self.logs[0], lambda line: print(line, flush=True))
         self.wakeups = _Wakeups(self.logs[0])
@@ -179,7 +192,29 @@ class _Supervisor:
                 killed.append(RankFailure(rank, reason, self.logs[rank]))
         if killed:
             return killed[0]
-        return min(raised, key=lambda pair: pair[0])[1] if raised else None
+        if raised:
+            return min(raised, key=lambda pair: pair[0])[1]
+        return self._silent_rank()
+
+    def _silent_rank(self) -> RankFailure | None:
+        """A live rank whose heartbeat stopped for longer than the limit: killed at once (a stopped
+        process takes no SIGINT, and its peers wait for it in a collective until theirs time out)."""
+        for rank in range(self.nproc):
+            silent = silent_for(heartbeat_file(self.folder, self.job.job_id, rank))
+            pid_file = self.folder / _pid_file_name(self.job.job_id, rank)
+            if silent is None or silent <= self.heartbeat_timeout_s or not pid_file.exists():
+                continue
+            pid = int(pid_file.read_text())
+            if not process_alive(pid):  # done (its result is read) or dead (found as killed)
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            reason = (
+                f"stopped answering: no heartbeat for {silent:.0f} s (stopped, or hung where no Python thread "
+                f"runs; launcher.heartbeat_timeout_s={self.heartbeat_timeout_s:g}); killed"
+            )
+            return RankFailure(rank, reason, self.logs[rank])
+        return None
 
     def _stop_all(self) -> None:
         """Stop every rank (SIGINT, then SIGKILL after a grace period); the controller then exits.

@@ -49,13 +49,18 @@ def test_semantic_errors_exit_2_with_one_line_and_nothing_tracked(tmp_path, new_
 
 @pytest.mark.parametrize(
     "override,expected",
-    [("model=llama3_7b", "Could not find 'model/llama3_7b'"), ("training.foo=1", "Key 'foo' not in 'TrainingConfig'")],
+    [
+        ("model=llama3_7b", "Could not find 'model/llama3_7b'"),
+        ("training.foo=1", "Key 'foo' not in 'TrainingConfig'"),
+        ("training.steps=abc", "Value 'abc' of type 'str' could not be converted to Integer"),
+    ],
 )
-def test_hydra_composition_errors_exit_2(tmp_path, new_store, override, expected):
+def test_hydra_composition_errors_exit_2_in_one_line(tmp_path, new_store, override, expected):
     uri, db = new_store
     result = run_cli([override, uri], tmp_path)
     assert result.returncode == 2
-    assert expected in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not db.exists()
 
@@ -97,3 +102,17 @@ def test_sweep_goes_on_past_a_point_that_fails_at_run_time(tmp_path, store):
     [parent] = mlflow_runs(db, sweeps=True)
     assert {run.data.tags["mlflow.parentRunId"] for run in (failed, finished)} == {parent.info.run_id}
     assert parent.info.status == "FAILED" and parent.data.tags["failure_reason"] == "1 sweep point(s) failed"
+
+
+def test_a_run_whose_gradients_stop_being_finite_fails_naming_the_step(tmp_path, store):
+    """A learning rate that blows the weights up: the run stops before that step's update, FAILED."""
+    uri, db = store
+    blow_up = ["parallelism=single", "optimizer.lr=1e30", "training.steps=8", "data=synthetic", "metrics.log_freq=1"]
+    result = run_cli([*blow_up, uri, "launcher.device=cpu", *SMALL_MODEL], tmp_path)
+    assert result.returncode == 1
+    [run] = mlflow_runs(db)
+    assert run.info.status == "FAILED"
+    reason = run.data.tags["failure_reason"]
+    step = int(re.search(r"NonFiniteTraining: step (\d+): the gradient norm is (nan|inf)", reason).group(1))
+    assert 1 < step <= 8
+    assert "stopped before the optimizer update" in reason

@@ -98,3 +98,43 @@ def test_bad_config_names_key_value_and_fix(case: dict):
     assert err.value.key == case["key"]
     assert case["fix"] in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("content,fix", [(b"", "empty"), (b"\x00\x01\xff\xfe", "not UTF-8"), (b"ab\x00cd", "binary")])
+def test_a_corpus_that_is_not_text_is_refused_before_training(tmp_path: Path, content: bytes, fix: str):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(content)
+    with pytest.raises(ConfigError, match=fix) as err:
+        resolved(["launcher.device=cpu", f"data.corpus_path={corpus}"])
+    assert err.value.key == "data.corpus_path"
+
+
+@pytest.mark.parametrize("key", ["launcher.partition", "launcher.additional_parameters", "tracking.run_name"])
+def test_a_line_break_in_a_value_for_the_batch_script_is_refused(key: str):
+    """A newline in a value from a YAML file would add #SBATCH and shell lines to the rendered script."""
+    composed = compose_config(["launcher=slurm", "launcher.nproc_per_node=1", "launcher.device=cpu"])
+    value = {"mail": "x\n#SBATCH --uid=0"} if key.endswith("parameters") else "debug\nrm -rf ~"
+    OmegaConf.update(composed, key, value, merge=False)
+    with pytest.raises(ConfigError, match="line break") as err:
+        resolve(to_job_config(composed))
+    assert err.value.key == key
+
+
+def test_a_warmup_longer_than_the_run_is_said_before_it_starts():
+    from titan_exp.config.check import cautions
+
+    assert cautions(resolved(["launcher.device=cpu", "lr_scheduler.warmup_steps=10", "training.steps=20"])) == []
+    (said,) = cautions(resolved(["launcher.device=cpu", "lr_scheduler.warmup_steps=100", "training.steps=10"]))
+    assert "lr_scheduler.warmup_steps=100 exceeds training.steps=10" in said
+
+
+def test_a_checkpoint_folder_without_room_for_one_checkpoint_is_refused(tmp_path: Path, monkeypatch):
+    import shutil
+
+    folder = tmp_path / "ckpt"
+    overrides = ["launcher.device=cpu", "checkpoint.enable=true", f"checkpoint.folder={folder}"]
+    resolved(overrides)  # this disk has room for the debug model's weights and AdamW's moments
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
+    with pytest.raises(ConfigError, match="needs 0.06 GiB") as err:
+        resolved(overrides)
+    assert err.value.key == "checkpoint.folder"

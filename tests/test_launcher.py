@@ -10,12 +10,14 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from launchers.local import launch_local, process_alive
+from launchers.local import Limits, launch_local, process_alive
 from launchers.tasks import RankFailure
 
 from conftest import REPO, SMALL_MODEL, mlflow_client, mlflow_runs, run_cli, start_as_in_a_terminal, stopped_for_good
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+LIMITS = Limits(timeout_min=5, heartbeat_timeout_s=60)
 
 
 def _rank_pids(folder: Path) -> list[int]:
@@ -48,7 +50,7 @@ def echo_rank(_: None) -> str:
 
 
 def test_ranks_get_the_torch_distributed_environment(tmp_path, capsys):
-    result = launch_local(echo_rank, None, 3, tmp_path, use_gpus=False, timeout_min=5, threads_per_rank=1)
+    result = launch_local(echo_rank, None, 3, tmp_path, use_gpus=False, limits=LIMITS, threads_per_rank=1)
     assert result == "0"  # rank 0's return value
     out = capsys.readouterr().out
     assert "hello from rank 0 of 3" in out
@@ -59,10 +61,37 @@ def test_ranks_get_the_torch_distributed_environment(tmp_path, capsys):
 def test_exception_in_one_rank_stops_all_and_names_the_rank(tmp_path):
     start = time.monotonic()
     with pytest.raises(RankFailure) as err:
-        launch_local(fail_on_rank_1, 120.0, 3, tmp_path, use_gpus=False, timeout_min=5, threads_per_rank=1)
+        launch_local(fail_on_rank_1, 120.0, 3, tmp_path, use_gpus=False, limits=LIMITS, threads_per_rank=1)
     assert err.value.rank == 1
     assert "ValueError: rank one gives up" in str(err.value)
     assert time.monotonic() - start < 60
+    assert not any(process_alive(pid) for pid in _rank_pids(tmp_path))
+    assert _processes_using(tmp_path) == []
+
+
+def stop_on_rank_1(seconds: float) -> int:
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # as a debugger, a ^Z or a hung host would
+    time.sleep(seconds)  # the healthy ranks wait: their heartbeats go on
+    return rank
+
+
+def test_a_stopped_rank_is_named_by_its_heartbeat_and_nothing_is_left(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as err:
+        launch_local(
+            stop_on_rank_1,
+            300.0,
+            3,
+            tmp_path,
+            use_gpus=False,
+            limits=Limits(5, heartbeat_timeout_s=8),
+            threads_per_rank=1,
+        )
+    assert err.value.rank == 1
+    assert "no heartbeat for" in err.value.reason
+    assert time.monotonic() - start < 60  # not the 300 s the others wait, nor a collective's timeout
     assert not any(process_alive(pid) for pid in _rank_pids(tmp_path))
     assert _processes_using(tmp_path) == []
 
@@ -89,24 +118,29 @@ def _start_two_ranks(tmp_path, uri: str, **popen) -> subprocess.Popen:
         "launcher.nproc_per_node=2",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([*command, uri], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen([*command, *uri.split()], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True, **popen)
 
 
-def test_killed_rank_fails_the_run_and_leaves_no_process(tmp_path, store):
+@pytest.mark.parametrize(
+    "sig,reason", [(signal.SIGKILL, "exited without a result"), (signal.SIGSTOP, "no heartbeat for")]
+)
+def test_killed_or_stopped_rank_fails_the_run_and_leaves_no_process(tmp_path, store, sig, reason):
     uri, db = store
-    proc = _start_two_ranks(tmp_path, uri, stderr=subprocess.PIPE)
+    proc = _start_two_ranks(tmp_path, f"{uri} launcher.heartbeat_timeout_s=20", stderr=subprocess.PIPE)
     try:
         for line in proc.stdout:
             if line.startswith("step     3"):
                 break
         [victim_file] = (tmp_path / "run" / "ranks").glob("*_1.pid")
         victim = int(victim_file.read_text())
-        os.kill(victim, signal.SIGKILL)
+        start = time.monotonic()
+        os.kill(victim, sig)
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 1
-    assert "rank 1 failed" in err and "exited without a result" in err, err
+    assert "rank 1 failed" in err and reason in err, err
+    assert time.monotonic() - start < 75  # a stopped rank: the heartbeat's 20 s, not gloo's minutes
     assert not any(process_alive(pid) for pid in _rank_pids(tmp_path / "run" / "ranks"))
     assert _processes_using(tmp_path / "run" / "ranks") == []
     [run] = mlflow_runs(db)

@@ -5,23 +5,26 @@
 
 Nothing here (nor anything it imports) loads torch: the ranks do (tests/test_architecture.py)."""
 
+import os
 import signal
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launchers import signals
 from titan_exp import ui
 from titan_exp.compare import cli as compare_cli
+from titan_exp.config.check import cautions
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import register_schema
 from titan_exp.job.launch import run_job
-from titan_exp.job.outcome import EXIT_BAD_CONFIG, EXIT_RUN_FAILED, exit_status, say
+from titan_exp.job.outcome import EXIT_BAD_CONFIG, EXIT_RUN_FAILED, composition_error, exit_status, say
 from titan_exp.job.parity import run_parity
 from titan_exp.job.preflight import preflight
 from titan_exp.job.sweep import active_sweep, end_active_sweep, join_sweep
@@ -54,6 +57,8 @@ def _task(composed: DictConfig) -> bool:
             return True
         job = resolve(cfg)
         preflight(job)
+        for caution in cautions(job.config):
+            say(caution)
         startup.mark("compose")
         run_job(job, job_dir)
         return True
@@ -69,9 +74,19 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in _SUBCOMMANDS:
         sys.exit(_SUBCOMMANDS[sys.argv[1]](sys.argv[2:]))
     register_schema()
+    # Hydra then raises a config it cannot compose to us (one line below) rather than printing
+    # several; a user who set it keeps Hydra's full traceback.
+    full_error = "HYDRA_FULL_ERROR" in os.environ
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:
         with signals.handled(signals.raise_interrupted, signal.SIGTERM):
             _task()
+    except HydraException as err:
+        end_active_sweep(err)
+        if full_error:
+            raise
+        say(f"config error: {composition_error(err)}")
+        sys.exit(EXIT_BAD_CONFIG)
     except BaseException as err:
         # A sweep that stops early (interrupted, or Hydra rejects a later point's overrides) still
         # ends its parent run.

@@ -48,6 +48,25 @@ def check_in_range(key: str, value: float, low: float, high: float) -> None:
         raise ConfigError(key, value, f"must lie in [{low:g}, {high:g}]")
 
 
+def check_one_line(key: str, value: object) -> None:
+    """Text that lands in a line of a script or a file name (a Slurm option, a run name): no line
+    breaks or other control characters, which would start a line of their own. Lists and mappings
+    are checked item by item."""
+    items = value.items() if isinstance(value, dict) else value if isinstance(value, list) else [value]
+    for item in items:
+        for text in item if isinstance(item, tuple) else (item,):
+            if isinstance(text, str) and any(ord(c) < 32 or ord(c) == 127 for c in text):
+                raise ConfigError(key, repr(text), "must not hold a line break or other control character")
+
+
+def check_folder_name(key: str, name: str) -> None:
+    """A name that becomes one folder's name: nothing that could leave the parent folder, and short
+    enough for any file system (255 bytes a component)."""
+    check_one_line(key, name)
+    if not name or name in (".", "..") or "/" in name or "\\" in name or len(name.encode()) > 200:
+        raise ConfigError(key, repr(name), "must be 1-200 bytes without / or \\ and not . or .., e.g. titan_exp")
+
+
 def check_count_or_auto(key: str, value: int, auto: str) -> None:
     """A positive count, or -1 for `auto`."""
     if value == 0 or value < -1:

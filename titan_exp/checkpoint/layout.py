@@ -3,6 +3,7 @@ it is there (saved as `step-N.saving`, renamed when the save has ended). Torch-f
 checks read it."""
 
 import re
+import shutil
 from pathlib import Path
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -30,3 +31,30 @@ def complete_steps(folder: str) -> list[int]:
 def latest_step(folder: str) -> int | None:
     steps = complete_steps(folder)
     return steps[-1] if steps else None
+
+
+class NotEnoughSpaceError(OSError):
+    """The disk cannot hold the checkpoint about to be saved."""
+
+
+def check_free_space(folder: str, needed_bytes: int) -> None:
+    """Raise NotEnoughSpaceError if the disk of `folder` (of its nearest existing parent: the folder
+    may not exist before the first save) has fewer than `needed_bytes` free."""
+    where = Path(folder).absolute()
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free < needed_bytes:
+        raise NotEnoughSpaceError(
+            f"checkpoint folder {folder} needs {_size(needed_bytes)} for a checkpoint but its disk has "
+            f"{_size(free)} free; free some space or point checkpoint.folder elsewhere"
+        )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB ({n} bytes)"
+
+
+def folder_bytes(folder: Path) -> int:
+    """What the files under `folder` take (a saved step: what the next save will take again)."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())

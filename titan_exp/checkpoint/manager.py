@@ -19,15 +19,29 @@ from torch.distributed.checkpoint.state_dict import (
 
 from launchers.tasks import last_line
 from titan_exp.checkpoint.config import CheckpointConfig
-from titan_exp.checkpoint.layout import complete_steps, saving_dir, step_dir
+from titan_exp.checkpoint.errors import UntrustedCheckpointError, unwrapped
+from titan_exp.checkpoint.layout import NotEnoughSpaceError, complete_steps, saving_dir, step_dir
+from titan_exp.checkpoint.space import SpaceCheckingPlanner
+from titan_exp.checkpoint.trusted import load_trusted, open_checkpoint
 
 
 def save_whole(state: dict, folder: str, step: int, is_writer: bool) -> None:
     """Save `state` as step-N of `folder` (every rank takes part), written under another name and
     renamed by the writer once DCP has finished (its .metadata last): a save cut short is never
-    taken for a checkpoint."""
+    taken for a checkpoint. A save the disk cannot hold is refused before anything is written
+    (space.py); one that fails leaves no step-N.saving behind."""
     partial, done = saving_dir(folder, step), step_dir(folder, step)
-    dcp.save(state, checkpoint_id=str(partial))
+    try:
+        dcp.save(state, checkpoint_id=str(partial), planner=SpaceCheckingPlanner(folder))
+    except (Exception, CheckpointException) as err:  # DCP's is a BaseException
+        # DCP fails a save on every rank once all have stopped writing: the writer removes what they
+        # wrote, which nothing would ever read and which would only fill the disk.
+        if is_writer:
+            shutil.rmtree(partial, ignore_errors=True)
+        short = unwrapped(err, NotEnoughSpaceError)
+        if short is not None and short is not err:
+            raise short from err  # its one line, not DCP's per-rank report
+        raise
     if is_writer:
         if done.exists():  # the same step saved again (a job that resumed and stopped there)
             shutil.rmtree(done)
@@ -42,19 +56,13 @@ def save_model(model: torch.nn.Module, folder: str) -> Path:
 
 def load_model(model: torch.nn.Module, path: str) -> None:
     """The weights of a checkpoint: a seed checkpoint, or a training one (its optimizer state and
-    step left out)."""
+    step left out). Read without running code from it (trusted.py): it may come from anyone."""
+    reader = open_checkpoint(path)
+    # Saved by TrainCheckpointer: model, optimizer, ... under their names.
+    training = any(key.startswith("model.") for key in reader.metadata.state_dict_metadata)
     state = get_model_state_dict(model)
-    dcp.load({"model": state} if _holds_training_state(path) else state, checkpoint_id=path)
+    load_trusted({"model": state} if training else state, reader)
     set_model_state_dict(model, state)
-
-
-def _holds_training_state(path: str) -> bool:
-    """Whether `path` was saved by TrainCheckpointer (model, optimizer, ... under their names)."""
-    try:
-        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    except Exception as err:
-        raise ValueError(f"{path} is not a readable checkpoint: {type(err).__name__}: {err}") from err
-    return any(key.startswith("model.") for key in saved)
 
 
 class TrainCheckpointer:
@@ -98,12 +106,15 @@ class TrainCheckpointer:
     def resume(self) -> int:
         """Load the newest readable checkpoint of cfg.folder; returns its step (0 when there is
         none). One that cannot be read (a file cut short) is passed over, with a warning, for the
-        one before; if none can be read, the first failure is raised."""
+        one before; if none can be read, the first failure is raised. One that holds more than DCP
+        writes (code to run when read) stops the run."""
         steps = complete_steps(self.cfg.folder) if self.cfg.enable else []
         failures = []
         for step in reversed(steps):
             try:
                 return self._load(step)
+            except UntrustedCheckpointError:
+                raise  # a planted payload, not a file cut short: never passed over for an older one
             except (Exception, CheckpointException) as err:  # DCP's is a BaseException
                 failures.append(err)
                 why = last_line(str(err) or type(err).__name__)
@@ -113,9 +124,10 @@ class TrainCheckpointer:
         return 0
 
     def _load(self, step: int) -> int:
+        reader = open_checkpoint(str(step_dir(self.cfg.folder, step)))
         part_states = self._part_states()
         state = self._merged(part_states, 0)
-        dcp.load(state, checkpoint_id=str(step_dir(self.cfg.folder, step)))
+        load_trusted(state, reader)
         # DCP loads tensors in place but replaces plain values (such as an lr) in the merged dicts:
         # hand each part its entries from there.
         for part, optimizer, (model_state, optim_state) in zip(self.parts, self.optimizers, part_states):

@@ -30,6 +30,17 @@ def check_job(cfg: JobConfig, dims: ParallelDims, placement: Placement, placed: 
         check_local_tensor_layout(cfg, dims)
 
 
+def cautions(cfg: JobConfig) -> list[str]:
+    """What a job may run with but is rarely meant (said before it starts; torchtitan warns of the same)."""
+    said = []
+    if cfg.lr_scheduler.warmup_steps > cfg.training.steps:
+        said.append(
+            f"lr_scheduler.warmup_steps={cfg.lr_scheduler.warmup_steps} exceeds training.steps={cfg.training.steps}: "
+            "the learning rate never reaches optimizer.lr"
+        )
+    return said
+
+
 def check_model_fit(cfg: JobConfig, dims: ParallelDims) -> None:
     """Degrees that must divide the model's heads, kv-heads and layers, and the sequence."""
     m = cfg.model

@@ -22,7 +22,7 @@ from titan_exp.data.config import DataConfig
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.models.llama3.args import Llama3Config
 from titan_exp.optim.config import LRSchedulerConfig, OptimizerConfig
-from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
+from titan_exp.parallel.config import ActivationCheckpointConfig, CommConfig, CompileConfig, ParallelismConfig
 from titan_exp.profiling.config import ProfilingConfig
 from titan_exp.quantize.config import QuantizeConfig
 from titan_exp.rules import Section
@@ -42,6 +42,7 @@ class JobConfig(Section):
     lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
     activation_checkpoint: ActivationCheckpointConfig = field(default_factory=ActivationCheckpointConfig)
     compile: CompileConfig = field(default_factory=CompileConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from launchers.heartbeat import BEAT_SECONDS
 from launchers.slurm import SlurmOptions
 from titan_exp.rules import (
     ConfigError,
@@ -16,6 +17,7 @@ from titan_exp.rules import (
     check_choice,
     check_count_or_auto,
     check_in_range,
+    check_one_line,
     check_positive,
     choices,
     one_of,
@@ -63,6 +65,8 @@ class DebugConfig(Section):
     comm_mode: str = one_of("real", "fake_backend", "local_tensor")
 
     def check(self, key: str) -> None:
+        if not 0 <= self.seed < 2**63:  # what every generator the ranks seed takes
+            raise ConfigError(f"{key}.seed", self.seed, "must be an integer in [0, 2**63)")
         # The environment's COMM_MODE may be where a wrong value came from.
         check_choice(f"{key}.comm_mode (or COMM_MODE)", self.comm_mode, choices(DebugConfig, "comm_mode"))
 
@@ -80,6 +84,10 @@ class _PlacementKeys(Section):
     device: str = one_of("auto", "cpu", "cuda")
     # Wall-clock limit of the job (slurm: its --time); the ranks are killed past it.
     timeout_min: int = 24 * 60
+    # launcher=local: a rank whose heartbeat (a thread of its own, every 2 s) stops this long is
+    # named and the job stopped FAILED (a stopped or hung rank; its peers would wait in a
+    # collective until comm.train_timeout_seconds).
+    heartbeat_timeout_s: float = 60.0
     # Per-rank intra-op threads on CPU; -1: the host's cores shared evenly among the local ranks
     # (slurm: launcher.cpus_per_task, or 1).
     cpu_threads_per_rank: int = -1
@@ -101,7 +109,9 @@ class LauncherConfig(SlurmOptions, _PlacementKeys):
         super().check(key)
         check_count_or_auto(f"{key}.nproc_per_node", self.nproc_per_node, "auto")
         check_positive(f"{key}.timeout_min", self.timeout_min)
+        check_at_least(f"{key}.heartbeat_timeout_s", self.heartbeat_timeout_s, 10 * BEAT_SECONDS)
         check_count_or_auto(f"{key}.max_parallel", self.max_parallel, "as many as fit")
+        check_count_or_auto(f"{key}.cpu_threads_per_rank", self.cpu_threads_per_rank, "the cores shared evenly")
         if self.name == "slurm":
             self._check_slurm(key)
             return
@@ -127,6 +137,8 @@ class LauncherConfig(SlurmOptions, _PlacementKeys):
         for name in ("cpus_per_task", "mem_gb"):
             if getattr(self, name) is not None:
                 check_positive(f"{key}.{name}", getattr(self, name))
+        for name in ("partition", "account", "qos", "constraint", "srun_args", "additional_parameters"):
+            check_one_line(f"{key}.{name}", getattr(self, name))
 
     def slurm_options(self) -> SlurmOptions:
         return SlurmOptions(**{name: getattr(self, name) for name in slurm_defaults()})
@@ -165,3 +177,11 @@ class PlanConfig(Section):
     # Measure rank 0's memory with the dry run's pass (fake process group, fake tensors: any size,
     # a few seconds) rather than model it; false: model everything (instant).
     measure: bool = True
+
+    def check(self, key: str) -> None:
+        if self.memory_budget_gib is not None:
+            check_positive(f"{key}.memory_budget_gib", self.memory_budget_gib)
+        if not 0 <= self.memory_margin < 1:  # also refuses nan
+            raise ConfigError(
+                f"{key}.memory_margin", self.memory_margin, "must lie in [0, 1): a fraction of the memory"
+            )

@@ -1,8 +1,10 @@
 """The `hardware` group: a device profile the planner predicts for. Torch-free."""
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
-from titan_exp.rules import Section
+from titan_exp.rules import ConfigError, Section
 
 
 @dataclass
@@ -45,6 +47,17 @@ class HardwareConfig(Section):
     devices_per_node: int = 8
     # Whether FSDP/DDP's collectives run beside compute (nccl's streams) or block it (gloo on CPU).
     overlaps_communication: bool = True
+
+    def check(self, key: str) -> None:
+        """Each figure finite and > 0, or -1 (measured on this machine); the efficiencies fractions."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if type(value) not in (int, float) or value == -1:
+                continue
+            if f.name.endswith("_efficiency") and not 0 < value <= 1:  # also refuses nan
+                raise ConfigError(f"{key}.{f.name}", value, "must lie in (0, 1] (a fraction of the peak) or be -1")
+            if not value > 0 or math.isinf(value):
+                raise ConfigError(f"{key}.{f.name}", value, "must be a finite number > 0, or -1 (measured here)")
 
     def peak_flops(self, dtype: str) -> float:
         return {"float32": self.peak_tflops_float32, "bfloat16": self.peak_tflops_bfloat16}.get(

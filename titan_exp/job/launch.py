@@ -8,7 +8,7 @@ from pathlib import Path
 
 from launchers import slurm
 from launchers.entrypoint import Entrypoint
-from launchers.local import launch_local
+from launchers.local import Limits, launch_local
 from titan_exp.config.job import ResolvedJob
 from titan_exp.job.context import RunContext
 from titan_exp.job.result import RankResult, StoppedBySlurm
@@ -50,7 +50,7 @@ def run_job(job: ResolvedJob, job_dir: Path) -> dict[str, object]:
             placement.nproc_per_node,
             job_dir / "ranks",
             use_gpus=placement.device == "cuda",
-            timeout_min=job.config.launcher.timeout_min,
+            limits=Limits(job.config.launcher.timeout_min, job.config.launcher.heartbeat_timeout_s),
             threads_per_rank=placement.threads_per_rank,
         )
     except BaseException as err:

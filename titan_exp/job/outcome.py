@@ -14,6 +14,17 @@ def say(line: str) -> None:
     print(f"titan_exp: {line}", file=sys.stderr, flush=True)
 
 
+def composition_error(err: Exception) -> str:
+    """Hydra's report of a config it could not compose, in one line: its first line, the reason
+    OmegaConf gives (a value of the wrong type, an unknown key) and a group's options (listed one a line)."""
+    said = []
+    for part in (err, err.__cause__):  # OmegaConf's reason is the cause: "Key 'foo' not in 'TrainingConfig'"
+        lines = [line.strip() for line in str(part or "").splitlines() if line.strip()]
+        said += [line.rstrip(".") for line in lines[:1] if not line.startswith(("full_key", "object_type"))]
+    options = getattr(err, "options", None)
+    return ": ".join(said) + (f" (options: {', '.join(options)})" if options else "")
+
+
 def exit_status(err: BaseException) -> int:
     """Say how `err` ended the job, in one line; the status to exit with. Re-raises what is not a
     job's end (SystemExit and the like)."""

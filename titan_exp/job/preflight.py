@@ -3,15 +3,17 @@ spawned (or any store written): folders it writes, files it reads, the tracking 
 rank's estimated peak memory against what each rank can have. Each refusal is a ConfigError (one
 line, exit 2), like the config's own rules (config/check.py)."""
 
+import codecs
 import contextlib
 import sqlite3
 import tempfile
 from pathlib import Path
 
 from launchers.devices import available_memory, gpu_memory
-from titan_exp.checkpoint.layout import latest_step
+from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, folder_bytes, latest_step, step_dir
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
+from titan_exp.estimate.workload import model_parameters
 from titan_exp.job.memory import Budget, check_memory_fit
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import Store
@@ -26,11 +28,8 @@ def preflight(job: ResolvedJob, memory: bool = True) -> None:
     """Everything below, in order; `memory=False` leaves out the memory estimate (the planner predicts instead)."""
     cfg = job.config
     _writable_folder("data.cache_dir", cfg.data.cache_dir)  # tokenized corpora, the measured CPU peak FLOP/s
-    d = cfg.data
-    if d.source == "text" and d.corpus_path is not None and not Path(d.corpus_path).is_file():
-        raise ConfigError(
-            "data.corpus_path", d.corpus_path, "no such file; point it at a UTF-8 text file or set it to null"
-        )
+    if cfg.data.source == "text" and cfg.data.corpus_path is not None:
+        _text_file("data.corpus_path", Path(cfg.data.corpus_path))
     _checkpoint_folders(cfg)
     if job.store is not None:
         _reachable_store(job.store)
@@ -38,11 +37,30 @@ def preflight(job: ResolvedJob, memory: bool = True) -> None:
         _memory_fits(job)
 
 
+def _text_file(key: str, path: Path) -> None:
+    """A file that holds UTF-8 text, by its first bytes (a corpus may be large)."""
+    fix = "point it at a UTF-8 text file or set it to null"
+    if not path.is_file():
+        raise ConfigError(key, path, f"no such file; {fix}")
+    with open(path, "rb") as file:
+        head = file.read(1 << 16)
+    if not head.strip():
+        raise ConfigError(key, path, f"the file is empty; {fix}")
+    try:  # an incremental decoder accepts a character cut at the end of the chunk
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as err:
+        raise ConfigError(key, path, f"not UTF-8 text (byte {err.start}); {fix}") from None
+    if "\x00" in text:
+        raise ConfigError(key, path, f"a binary file (it holds NUL bytes); {fix}")
+
+
 def _checkpoint_folders(cfg: JobConfig) -> None:
     c = cfg.checkpoint
     if c.enable or c.create_seed_checkpoint:
         _writable_folder("checkpoint.folder", c.folder)
     resumes_at = latest_step(c.folder) if c.enable else None
+    if c.enable or c.create_seed_checkpoint:
+        _room_for_a_checkpoint(cfg, resumes_at)
     if resumes_at is not None and resumes_at >= cfg.training.steps:
         raise ConfigError(
             "training.steps",
@@ -56,6 +74,21 @@ def _checkpoint_folders(cfg: JobConfig) -> None:
             c.initial_load_path,
             "not a checkpoint folder (no .metadata); point it at a step-N folder, e.g. a seed checkpoint's step-0",
         )
+
+
+def _room_for_a_checkpoint(cfg: JobConfig, resumes_at: int | None) -> None:
+    """Free space for one checkpoint in checkpoint.folder (a save checks again before it writes):
+    the size of the step a resumed run saved, or the model's fp32 weights and, when training,
+    AdamW's two fp32 moments."""
+    c = cfg.checkpoint
+    if resumes_at is not None:
+        needed = folder_bytes(step_dir(c.folder, resumes_at))
+    else:
+        needed = model_parameters(cfg.model) * (4 if c.create_seed_checkpoint else 12)
+    try:
+        check_free_space(c.folder, needed)
+    except NotEnoughSpaceError as err:
+        raise ConfigError("checkpoint.folder", c.folder, str(err)) from None
 
 
 def _writable_folder(key: str, folder: str, value: str | None = None) -> None:

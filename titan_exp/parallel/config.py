@@ -5,7 +5,7 @@ Degrees are checked and resolved by ParallelDims (parallel/dims.py)."""
 from dataclasses import dataclass, field
 from typing import Optional
 
-from titan_exp.rules import ConfigError, Section, check_choice, one_of
+from titan_exp.rules import ConfigError, Section, check_choice, check_positive, one_of
 
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 # Rank r holds stages r and 2P-1-r, so the first and the last stage sit on the same rank.
@@ -46,6 +46,12 @@ class ParallelismConfig(Section):
     # allgather (K/V all-gathered over the cp ranks; any device, any backend) | auto (torch on CUDA).
     context_parallel_impl: str = one_of("auto", "torch", "allgather")
 
+    def check(self, key: str) -> None:
+        super().check(key)
+        check_positive(f"{key}.pipeline_parallel_microbatch_size", self.pipeline_parallel_microbatch_size)
+        if self.pipeline_parallel_layers_per_stage is not None:
+            check_positive(f"{key}.pipeline_parallel_layers_per_stage", self.pipeline_parallel_layers_per_stage)
+
     def degrees(self) -> dict[str, int]:
         """Every degree keyed by its config key, in mesh order (outermost first)."""
         return {key: getattr(self, key) for key in MESH_DIMS}
@@ -74,13 +80,28 @@ class ActivationCheckpointConfig(Section):
             )
 
 
+@dataclass
+class CommConfig(Section):
+    """How long a collective waits for the other ranks before it fails (torchtitan's keys): up to
+    and through the first step (the rendezvous, model building, compilation), then in training."""
+
+    init_timeout_seconds: int = 300
+    train_timeout_seconds: int = 100
+
+    def check(self, key: str) -> None:
+        for name in ("init_timeout_seconds", "train_timeout_seconds"):
+            check_positive(f"{key}.{name}", getattr(self, name))
+
+
 COMPILE_COMPONENTS = ("model", "loss")
 
 
 @dataclass
 class CompileConfig(Section):
     enable: bool = False
-    backend: str = "inductor"
+    # torch.compile's backend: inductor (generated kernels), or one of Dynamo's for debugging a
+    # compile problem (eager: graph capture only; aot_eager: also AOTAutograd).
+    backend: str = one_of("inductor", "aot_eager", "eager", "aot_eager_decomp_partition", "cudagraphs")
     # What compile.enable compiles (torchtitan's key): the transformer blocks, the loss.
     components: list[str] = field(default_factory=lambda: list(COMPILE_COMPONENTS))
 

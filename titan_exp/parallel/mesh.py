@@ -5,6 +5,8 @@ Mesh dims are torchtitan's, outermost first: pp, dp_replicate, dp_shard, cp, tp 
 losses are averaged) are flattened once, when the mesh is built. Needs an initialized process group.
 """
 
+from datetime import timedelta
+
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -90,3 +92,13 @@ class ParallelMesh:
         """This rank's index among the data-parallel ranks: which slice of the global batch it reads."""
         group = self.dp_group
         return 0 if group is None else dist.get_rank(group)
+
+
+def set_collective_timeout(seconds: int) -> None:
+    """Every process group's collectives wait `seconds` for the other ranks from now on (torchtitan
+    shortens the timeout once the first step is done: compiling and building are behind)."""
+    if not dist.is_initialized():
+        return
+    dist.barrier()  # no rank changes it while another is still in a collective of the first step
+    for group in list(dist.distributed_c10d._world.pg_map):  # the mesh's groups, flattened ones included
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds), group)

@@ -31,6 +31,7 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import register_schema
 from titan_exp.estimate.workload import local_parameters
 from titan_exp.job.memory import workload
+from titan_exp.job.outcome import composition_error
 from titan_exp.job.preflight import preflight
 from titan_exp.plan.predict import (
     MEASURED,
@@ -201,13 +202,6 @@ def _record(
     print(f"recorded in MLflow ({tracking.uri}, experiment {tracking.experiment}): {where}")
 
 
-def _one_line(err: Exception) -> str:
-    """A config error in one line (Hydra's own list the options of a group on lines of their own)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    options = getattr(err, "options", None)
-    return lines[0] + (f" (options: {', '.join(options)})" if options else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="titan_exp plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--multirun", action="store_true", help="a grid (implied by comma lists)")
@@ -224,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             check_plannable(job)
             preflight(job, memory=False)  # the points' files, folders and store, as a run's
     except (ConfigError, HydraException) as err:
-        print(f"titan_exp plan: config error: {_one_line(err)}", file=sys.stderr)
+        print(f"titan_exp plan: config error: {composition_error(err)}", file=sys.stderr)
         return 2
     print(f"planned shapes: {planned_shapes(jobs[0])}")
     if not any(o.startswith("training.") for o in args.overrides) and "debug" not in jobs[0].model_name:

@@ -5,7 +5,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
-from titan_exp.rules import ConfigError, Section, check_positive
+from titan_exp.rules import ConfigError, Section, check_at_least, check_folder_name, check_one_line, check_positive
 
 SQLITE_PREFIX = "sqlite:///"
 STORE_FORMS = "sqlite:///path/to/mlflow.db or http(s)://host:port of an MLflow server (or tracking=none)"
@@ -38,7 +38,8 @@ class Store:
 
     def artifact_location(self, experiment: str) -> str | None:
         """Where a new experiment's artifacts go: beside a SQLite database (MLflow would use ./mlruns
-        of the working directory); a server decides for itself."""
+        of the working directory), in a folder the name cannot lead out of; a server decides for itself."""
+        check_folder_name("tracking.experiment", experiment)
         return (self.db.parent / "mlartifacts" / experiment).as_uri() if self.db else None
 
 
@@ -70,7 +71,10 @@ class TrackingConfig(Section):
             return
         if not self.experiment:
             raise ConfigError(f"{key}.experiment", "''", "must name an MLflow experiment, e.g. titan_exp")
+        check_folder_name(f"{key}.experiment", self.experiment)  # its artifacts' folder in a SQLite store
+        check_one_line(f"{key}.run_name", self.run_name)
         check_positive(f"{key}.close_timeout_s", self.close_timeout_s)
+        check_at_least(f"{key}.system_metrics_interval_s", self.system_metrics_interval_s, 1.0)
         if not self.uri:
             raise ConfigError(f"{key}.uri", "''", f"must name a store: {STORE_FORMS}")
         try:

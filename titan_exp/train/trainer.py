@@ -31,13 +31,17 @@ from titan_exp.metrics.throughput import ThroughputMeter
 from titan_exp.optim.grad_clip import clip_grad_norm_
 from titan_exp.optim.lr_schedule import build_lr_scheduler
 from titan_exp.optim.optimizer import build_optimizer
-from titan_exp.parallel.mesh import ParallelMesh
+from titan_exp.parallel.mesh import ParallelMesh, set_collective_timeout
 from titan_exp.profiling.profiler import RankProfiler
 from titan_exp.quantize.float8 import after_optimizer_step
 from titan_exp.tracking.writer import BackgroundTracker
 from titan_exp.train.loss import cross_entropy_loss
 from titan_exp.train.model_parts import ModelParts, build_model_parts
 from titan_exp.train.step import ForwardBackward, global_loss
+
+
+class NonFiniteTraining(RuntimeError):
+    """The loss or the gradients stopped being finite numbers; the weights are left as they were."""
 
 
 @dataclass
@@ -113,7 +117,7 @@ class Trainer:
             with tracker.paused() if tracker else contextlib.nullcontext():
                 leader = Leader(tracker, _peak_flops(job, device))
         startup.mark("peak_flops")
-        with _process_group(env, device):
+        with _process_group(env, device, job.config.comm.init_timeout_seconds):
             startup.mark("process_group")
             return cls._build_and_train(job, env, device, job_dir, leader)
 
@@ -146,8 +150,10 @@ class Trainer:
             if self.leader:
                 self.leader.count(self, step, outcome)
             self._log(step, outcome)
-            if self.leader and step == self.resumed_step + 1:
-                self.leader.report_startup(step)
+            if step == self.resumed_step + 1:
+                set_collective_timeout(self.job.config.comm.train_timeout_seconds)
+                if self.leader:
+                    self.leader.report_startup(step)
             saved = self.checkpointer.maybe_save(step, steps, is_writer=self.leader is not None)
             if self.watch_stop and step < steps and self._stop_agreed():
                 if self.job.config.checkpoint.enable and not saved:
@@ -161,6 +167,12 @@ class Trainer:
         """Forward and backward over the step's microbatches, clip, update."""
         loss, data_seconds = self.forward_backward(step)
         grad_norm = clip_grad_norm_(self.parameters, self.job.config.training.max_norm, self.mesh.pp_group)
+        if not torch.isfinite(grad_norm):  # the global norm: every rank stops at the same step
+            raise NonFiniteTraining(
+                f"step {step}: the gradient norm is {grad_norm.item()} (this rank's loss {loss.item():.4g}); "
+                "stopped before the optimizer update. Lower optimizer.lr, check the model's config, "
+                "or resume from the last checkpoint"
+            )
         lr = self.optimizers.lr
         self.optimizers.step()
         for part in self.model.parts:
@@ -318,11 +330,12 @@ def _peak_flops(job: ResolvedJob, device: torch.device) -> float:
 
 
 @contextlib.contextmanager
-def _process_group(env: RankEnv, device: torch.device) -> Iterator[None]:
-    """Joined (nccl on CUDA, gloo on CPU) while inside, for a world of more than one."""
+def _process_group(env: RankEnv, device: torch.device, timeout_s: int) -> Iterator[None]:
+    """Joined (nccl on CUDA, gloo on CPU) while inside, for a world of more than one; its
+    collectives (and the rendezvous) wait `timeout_s` for the other ranks."""
     if env.world_size > 1:
         backend = "nccl" if device.type == "cuda" else "gloo"
-        timeout = timedelta(minutes=10)
+        timeout = timedelta(seconds=timeout_s)
         if env.rank != 0:
             wait_for_rendezvous(timeout.total_seconds())
         dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)

@@ -3,7 +3,22 @@
 from dataclasses import dataclass
 from typing import Optional
 
-from titan_exp.rules import Section
+from titan_exp.rules import ConfigError, Section, check_positive
+
+# Fields that must be finite and > 0.
+_POSITIVE = (
+    "dim",
+    "n_layers",
+    "n_heads",
+    "vocab_size",
+    "multiple_of",
+    "max_seq_len",
+    "norm_eps",
+    "rope_theta",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_seq_len",
+)
 
 
 @dataclass
@@ -28,6 +43,37 @@ class Llama3Config(Section):
     rope_original_max_seq_len: int = 8192
     max_seq_len: int = 2048
     tie_word_embeddings: bool = False
+
+    def check(self, key: str) -> None:
+        """Shapes that would fail inside the ranks, or silently build a different model (an attention
+        width that is not `dim`, a kv-head count of 0 read as "as many as heads")."""
+        for name in _POSITIVE:
+            check_positive(f"{key}.{name}", getattr(self, name))
+        for name in ("ffn_dim_multiplier", "rope_scaling_factor"):
+            if getattr(self, name) is not None:
+                check_positive(f"{key}.{name}", getattr(self, name))
+        if self.dim % self.n_heads:
+            raise ConfigError(
+                f"{key}.n_heads", self.n_heads, f"must divide model dim={self.dim} (each head takes dim / n_heads)"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(
+                f"{key}.n_heads",
+                self.n_heads,
+                f"leaves an odd head dim {self.head_dim}; rotary embeddings need it even",
+            )
+        if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
+            raise ConfigError(
+                f"{key}.n_kv_heads",
+                self.n_kv_heads,
+                f"must divide n_heads={self.n_heads} (null: as many as heads, multi-head attention)",
+            )
+        if self.rope_scaling_factor is not None and not self.rope_high_freq_factor > self.rope_low_freq_factor:
+            raise ConfigError(
+                f"{key}.rope_high_freq_factor",
+                self.rope_high_freq_factor,
+                f"must exceed rope_low_freq_factor={self.rope_low_freq_factor} when rope_scaling_factor is set",
+            )
 
     @property
     def kv_heads(self) -> int:

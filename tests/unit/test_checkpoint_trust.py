@@ -1,0 +1,152 @@
+"""Checkpoints from untrusted hands and saves onto a full disk, in one process (DCP needs no process
+group): a planted pickle payload is refused without running, a genuine checkpoint still loads, a
+save that fails leaves no partial folder, and one the disk cannot hold is refused before writing."""
+
+import errno
+import os
+import pickle
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+
+from titan_exp.checkpoint.config import CheckpointConfig
+from titan_exp.checkpoint.errors import UntrustedCheckpointError
+from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, step_dir
+from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model
+
+# DCP warns, on every call, that it saves and loads in a single process without a process group.
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+REFUSED = "which a DCP checkpoint never does; refusing to load it (a checkpoint from someone else is not trusted)"
+
+
+class Payload:
+    """What an attacker pickles: unpickling it calls `call(*args)`."""
+
+    def __init__(self, call, *args):
+        self.call, self.args = call, args
+
+    def __reduce__(self):
+        return self.call, self.args
+
+
+def model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+
+
+def checkpointer(folder: Path, seed: int) -> TrainCheckpointer:
+    """A model trained one step, with its optimizer and LR schedule."""
+    net = model(seed)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)
+    net(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    return TrainCheckpointer(CheckpointConfig(enable=True, folder=str(folder)), [net], [optimizer], [scheduler])
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), name
+
+
+def test_a_genuine_seed_checkpoint_loads(tmp_path: Path) -> None:
+    saved, loaded = model(0), model(1)
+    load_model(loaded, str(save_model(saved, str(tmp_path))))
+    assert_same_weights(saved, loaded)
+
+
+def test_a_genuine_training_checkpoint_resumes_and_gives_its_weights(tmp_path: Path) -> None:
+    saved = checkpointer(tmp_path, 0)
+    saved.save(7, is_writer=True)
+    resumed = checkpointer(tmp_path, 1)
+    assert resumed.resume() == 7
+    assert_same_weights(saved.parts[0], resumed.parts[0])
+    assert resumed.schedulers[0].state_dict() == saved.schedulers[0].state_dict()
+    assert resumed.optimizers[0].param_groups[0]["lr"] == saved.optimizers[0].param_groups[0]["lr"]
+    weights = model(2)
+    load_model(weights, str(step_dir(str(tmp_path), 7)))
+    assert_same_weights(saved.parts[0], weights)
+
+
+@pytest.mark.parametrize("kind", ["os.system", "builtins.exec"])
+def test_a_payload_in_metadata_is_refused_without_running(tmp_path: Path, kind: str) -> None:
+    marker = tmp_path / "MARKER"
+    payload = Payload(os.system, f"touch {marker}")
+    if kind == "builtins.exec":
+        payload = Payload(exec, f"open({str(marker)!r}, 'w').close()")
+    folder = save_model(model(0), str(tmp_path / "ckpt"))
+    (folder / ".metadata").write_bytes(pickle.dumps(payload))
+    refused = f"{'posix.system' if kind == 'os.system' else kind}, {REFUSED}"
+    with pytest.raises(UntrustedCheckpointError) as err:
+        load_model(model(1), str(folder))
+    assert str(err.value) == f"checkpoint {folder}/.metadata refers to {refused}"
+    with pytest.raises(UntrustedCheckpointError):  # resuming: not passed over for an older checkpoint
+        checkpointer(tmp_path / "ckpt", 1).resume()
+    assert not marker.exists()
+
+
+def test_a_payload_among_the_values_is_refused_without_running(tmp_path: Path) -> None:
+    """.metadata genuine, the LR schedule's state in the .distcp file a pickle payload."""
+    marker = tmp_path / "MARKER"
+    planted = checkpointer(tmp_path, 0)
+    state = planted._merged(planted._part_states(), 7)
+    state["lr_scheduler"]["last_epoch"] = Payload(os.system, f"touch {marker}")
+    dcp.save(state, checkpoint_id=str(step_dir(str(tmp_path), 7)))
+    with pytest.raises(UntrustedCheckpointError) as err:
+        checkpointer(tmp_path, 1).resume()
+    where = f"checkpoint {step_dir(str(tmp_path), 7)}: lr_scheduler.last_epoch"
+    assert str(err.value) == f"{where} refers to posix.system, {REFUSED}"
+    assert not marker.exists()
+
+
+def test_what_is_no_checkpoint_is_still_said_to_be_unreadable(tmp_path: Path) -> None:
+    (tmp_path / ".metadata").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=f"^{tmp_path} is not a readable checkpoint: UnpicklingError"):
+        load_model(model(0), str(tmp_path))
+
+
+def test_a_save_that_fails_midway_leaves_no_partial_folder(tmp_path: Path, monkeypatch) -> None:
+    saver = checkpointer(tmp_path, 0)
+    saver.save(5, is_writer=True)
+    write_data = FileSystemWriter.write_data
+
+    def disk_full(self, plan, planner):
+        write_data(self, plan, planner).wait()  # the shard files are there when the disk runs out
+        assert any(Path(self.path).glob("*.distcp"))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", disk_full)
+    with pytest.raises(CheckpointException, match="No space left on device"):
+        saver.save(10, is_writer=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5"]
+
+
+def test_a_save_the_disk_cannot_hold_is_refused_before_writing(tmp_path: Path, monkeypatch) -> None:
+    saver = checkpointer(tmp_path, 0)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
+    monkeypatch.setattr(FileSystemWriter, "write_data", lambda *args: pytest.fail("wrote"))
+    with pytest.raises(NotEnoughSpaceError) as err:
+        saver.save(5, is_writer=True)
+    said = str(err.value)
+    assert said.startswith(f"checkpoint folder {tmp_path} needs 0.00 GiB (") and "\n" not in said
+    assert said.endswith(
+        "but its disk has 0.00 GiB (1000 bytes) free; free some space or point checkpoint.folder elsewhere"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_free_space_is_checked_on_the_nearest_folder_there_is(tmp_path: Path, monkeypatch) -> None:
+    """As the pre-flight may ask: a folder not made yet."""
+    asked = []
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: asked.append(path) or SimpleNamespace(free=4))
+    check_free_space(str(tmp_path / "new" / "ckpt"), 4)
+    with pytest.raises(NotEnoughSpaceError, match=r"needs 0.00 GiB \(5 bytes\) .* has 0.00 GiB \(4 bytes\) free"):
+        check_free_space(str(tmp_path / "new" / "ckpt"), 5)
+    assert asked == [tmp_path, tmp_path]

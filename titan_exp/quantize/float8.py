@@ -1,6 +1,8 @@
 """Float8 / MXFP8 training of the Linear layers through torchao, applied to the model on meta
 before it is parallelized (torchtitan's model-converter step)."""
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -28,6 +30,11 @@ def convert_linears(model: nn.Module, cfg: QuantizeConfig, device: torch.device)
         config = Float8LinearConfig.from_recipe_name(cfg.recipe)
         if cfg.enable_fsdp_float8_all_gather:
             config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)  # a tensorwise option
+        if device.type == "cpu":
+            # torch's CPU _scaled_mm is a reference kernel (a 1024×256×768 matmul: 7 s, the debug
+            # model's step: minutes); torchao's emulation casts to float8 alike and multiplies the
+            # float8 values in high precision, as a GPU's float8 GEMM accumulates (0.07 s).
+            config = dataclasses.replace(config, emulate=True)
         convert_to_float8_training(model, config=config, module_filter_fn=_keep(cfg))
     elif cfg.name == "mxfp8":
         if device.type != "cuda" or torch.cuda.get_device_capability(device) < (10, 0):

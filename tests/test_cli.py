@@ -116,3 +116,20 @@ def test_a_run_whose_gradients_stop_being_finite_fails_naming_the_step(tmp_path,
     step = int(re.search(r"NonFiniteTraining: step (\d+): the gradient norm is (nan|inf)", reason).group(1))
     assert 1 < step <= 8
     assert "stopped before the optimizer update" in reason
+
+
+@pytest.mark.parametrize(
+    "sweep,said",
+    [
+        (["training.steps=3,3"], "these points are the same job; drop one of them"),
+        (["training.steps=range(1,10)", "launcher.max_sweep_points=8"], "the sweep has 9 points"),
+    ],
+    ids=["duplicate", "above_the_cap"],
+)
+def test_a_sweep_with_a_duplicate_or_too_many_points_starts_nothing(tmp_path, new_store, sweep, said):
+    uri, db = new_store
+    result = run_cli([*sweep, uri, "launcher.device=cpu"], tmp_path, flags=("-m",))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], result.stderr
+    assert not db.exists() and not [p for p in (tmp_path / "multirun").glob("*") if p.is_dir()]

@@ -2,6 +2,7 @@
 titan_exp.job.sweep_points (each resolved and checked once, here), report each point's end to
 Hydra's callbacks (the sweep's parent run: titan_exp.job.sweep)."""
 
+import contextlib
 import copy
 import sys
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ class TitanExpLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         setup_globals()
+        _check_sweep_size(len(job_overrides), self.config.launcher.max_sweep_points)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         configs = [self._point_config(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         points, pruned = [], {}
@@ -47,12 +49,8 @@ class TitanExpLauncher(Launcher):
             else:
                 point = prepare_point(point.number, point.overrides, job_dir, task)
             points.append(point)
-        try:
+        with _refusal_exits():
             check_every_point(points)  # a refused point refuses the sweep before anything starts
-        except ConfigError as err:
-            # Exit here, as a single run does: Hydra would print a traceback for an exception.
-            print(f"titan_exp: config error: {err}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
         sweep_dir.mkdir(parents=True, exist_ok=True)
         for point, config in zip(points, configs):
             _save_hydra_files(config, point.job_dir)
@@ -86,6 +84,27 @@ class TitanExpLauncher(Launcher):
         result.return_value = ok
         self.hydra_context.callbacks.on_job_end(config=config, job_return=result)
         return result
+
+
+@contextlib.contextmanager
+def _refusal_exits():
+    """A refused sweep exits here, as a single run does: Hydra would print a traceback for an exception."""
+    try:
+        yield
+    except ConfigError as err:
+        print(f"titan_exp: config error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def _check_sweep_size(points: int, cap: int) -> None:
+    """Before any point is composed: a grid larger than meant (a typo in a range) starts nothing."""
+    if cap != -1 and points > cap:
+        with _refusal_exits():
+            raise ConfigError(
+                "launcher.max_sweep_points",
+                cap,
+                f"the sweep has {points} points; raise it (or -1: no limit) if you mean to run them all",
+            )
 
 
 def _save_hydra_files(config: DictConfig, job_dir: Path) -> None:

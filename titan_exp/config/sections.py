@@ -93,6 +93,8 @@ class _PlacementKeys(Section):
     cpu_threads_per_rank: int = -1
     # Sweep points running side by side (-m): -1 as many as fit.
     max_parallel: int = -1
+    # A sweep of more points is refused before it starts (-1: no limit).
+    max_sweep_points: int = 64
     # launcher=local on CPU: allow more ranks than this process has cores (they then time-share them;
     # fine for parity checks, meaningless for speed).
     oversubscribe: bool = False
@@ -111,6 +113,7 @@ class LauncherConfig(SlurmOptions, _PlacementKeys):
         check_positive(f"{key}.timeout_min", self.timeout_min)
         check_at_least(f"{key}.heartbeat_timeout_s", self.heartbeat_timeout_s, 10 * BEAT_SECONDS)
         check_count_or_auto(f"{key}.max_parallel", self.max_parallel, "as many as fit")
+        check_count_or_auto(f"{key}.max_sweep_points", self.max_sweep_points, "no limit")
         check_count_or_auto(f"{key}.cpu_threads_per_rank", self.cpu_threads_per_rank, "the cores shared evenly")
         if self.name == "slurm":
             self._check_slurm(key)

@@ -90,6 +90,16 @@ def check_every_point(points: list[SweepPoint]) -> None:
         if point.refused is not None:
             err = point.refused
             raise ConfigError(err.key, err.value, f"{err.fix} (sweep point [{point.number}]: {point.label})")
+    seen: dict[str, SweepPoint] = {}  # by the resolved config's text: its sections are not hashable
+    for point in points:
+        if point.job is None:  # pruned before it was resolved
+            continue
+        if (first := seen.setdefault(repr(point.job.config), point)) is not point:
+            raise ConfigError(
+                "sweep",
+                f"[{first.number}] {' '.join(first.overrides)}, [{point.number}] {' '.join(point.overrides)}",
+                "these points are the same job; drop one of them",
+            )
 
 
 def label_points(points: list[SweepPoint]) -> None:

@@ -193,6 +193,22 @@ class SlurmJob:
         subprocess.run(["scancel", *flags, self.job_id], check=True)
 
 
+def refusal(spec: SlurmJobSpec, folder: Path) -> str | None:
+    """Why Slurm would refuse this job (an unknown partition, more memory than a node has, an
+    option sbatch does not know), asked with `sbatch --test-only`, which submits nothing; None if
+    it would take it."""
+    try:
+        asked = subprocess.run(
+            ["sbatch", "--test-only"], input=batch_script(spec, folder), capture_output=True, text=True, timeout=60
+        )
+    except FileNotFoundError:
+        return "sbatch is not on this machine's PATH (launcher=slurm submits from a Slurm login node)"
+    if asked.returncode == 0:
+        return None
+    said = [line.strip().removeprefix("sbatch: error: ") for line in asked.stderr.splitlines() if line.strip()]
+    return "; ".join(said) or f"sbatch --test-only exited with {asked.returncode}"
+
+
 def submit(fn: Callable[[Any], Any], arg: Any, spec: SlurmJobSpec, folder: Path) -> SlurmJob:
     """Submit fn(arg) as one task per rank; the job's files go under `folder` (on a file system
     every node sees)."""

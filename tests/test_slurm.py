@@ -236,3 +236,24 @@ def test_warned_job_without_checkpoints_ends_killed_with_timeout(slurm_env, tmp_
     reason = run.data.tags["failure_reason"]
     assert "TIMEOUT" in reason and "checkpoint.enable=false" in reason, reason
     assert "requeued" not in (tmp_path / "out.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "option,said",
+    [
+        ("launcher.partition=nope", "invalid partition"),
+        ("launcher.mem_gb=100000", "node configuration is not available"),
+        ("+launcher.additional_parameters.bogus=1", "unrecognized option"),
+    ],
+    ids=["unknown_partition", "more_memory_than_a_node", "unknown_option"],
+)
+def test_a_job_slurm_would_refuse_is_refused_in_one_line_before_anything_is_written(
+    slurm_env, tmp_path, new_store, option, said
+):
+    uri, db = new_store
+    steps = ["training.steps=2", "lr_scheduler.warmup_steps=1"]
+    result = run_cli([*JOB, *SLURM, option, *steps, uri], tmp_path, env=slurm_env)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Slurm would refuse this job" in lines[0] and said in lines[0].lower(), result.stderr
+    assert not db.exists() and not (tmp_path / "run" / "slurm").exists()

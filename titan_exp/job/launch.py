@@ -13,6 +13,7 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.job.context import RunContext
 from titan_exp.job.result import RankResult, StoppedBySlurm
 from titan_exp.metrics import startup
+from titan_exp.rules import ConfigError
 from titan_exp.tracking.journal import close_run_from_outside
 from titan_exp.tracking.store import ensure_store
 
@@ -101,6 +102,8 @@ def _run_on_slurm(job: ResolvedJob, job_dir: Path) -> dict[str, object]:
     if not launcher.submit:
         print(slurm.batch_script(spec, folder), end="", flush=True)
         return {}
+    if refused := slurm.refusal(spec, folder):  # before the store is touched: a refusal writes nothing
+        raise ConfigError("launcher", "slurm", f"Slurm would refuse this job: {refused}")
     if job.store is not None:
         ensure_store(job.config.tracking)
     ctx = RunContext(job_dir=str(job_dir), started_by="slurm")

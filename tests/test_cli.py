@@ -44,7 +44,7 @@ def test_semantic_errors_exit_2_with_one_line_and_nothing_tracked(tmp_path, new_
     assert len(lines) == 1 and expected in lines[0], result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert not db.exists()
-    assert not (tmp_path / "run" / "ranks").exists()
+    assert not (tmp_path / "run").exists()  # no run folder either: not even Hydra's .hydra/ and log
 
 
 @pytest.mark.parametrize(

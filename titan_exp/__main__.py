@@ -6,6 +6,7 @@
 Nothing here (nor anything it imports) loads torch: the ranks do (tests/test_architecture.py)."""
 
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -65,8 +66,25 @@ def _task(composed: DictConfig) -> bool:
     except Exception as err:  # a failed run is reported; in a sweep the other points still run
         status = exit_status(err)
         if not sweeping:
+            if status == EXIT_BAD_CONFIG:
+                _forget_run_dir(job_dir, hydra_cfg.job.name)
             raise TaskExit(status) from None
     return False
+
+
+def _forget_run_dir(job_dir: Path, job_name: str) -> None:
+    """A refused job leaves no run folder: what Hydra wrote before the task ran (.hydra/, the job's
+    log) goes, then the folder and the folders above it that this left empty (outputs/runs/<date>),
+    up to the working directory (the folder alone when it lies elsewhere)."""
+    shutil.rmtree(job_dir / ".hydra", ignore_errors=True)
+    (job_dir / f"{job_name}.log").unlink(missing_ok=True)
+    job_dir = job_dir.absolute()
+    above = [p for p in job_dir.parents if p.is_relative_to(Path.cwd()) and p != Path.cwd()]
+    for folder in (job_dir, *above):
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else is there, and so above it
+            return
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from titan_exp.tracking.writer import BackgroundTracker
 def test_tracker_writes_every_queued_step_from_its_own_process(tmp_path):
     cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
     ensure_store(cfg)
-    tracker = BackgroundTracker(cfg, "burst", {"model": "test"}, tmp_path / "run_id")
+    tracker = BackgroundTracker(cfg, "burst", {"model": "test"}, (tmp_path / "run_id",))
     tracker.log_params({"a.b": 1})
     for step in range(1, 301):  # far faster than one log_batch each: the writer merges them
         tracker.log_metrics(step, {"loss": 1.0 / step, "lr": 0.1})
@@ -39,7 +39,7 @@ def test_tracker_starts_at_normal_priority_steps_down_when_training_starts_and_c
 
     cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
     ensure_store(cfg)
-    tracker = BackgroundTracker(cfg, "priority", {}, tmp_path / "run_id")
+    tracker = BackgroundTracker(cfg, "priority", {}, (tmp_path / "run_id",))
     pid = tracker._process.pid
     # Its start-up competes on equal terms with the rank's own.
     assert os.sched_getscheduler(pid) == os.SCHED_OTHER
@@ -71,7 +71,7 @@ def test_a_deferred_writer_starts_when_asked_and_a_run_that_ends_first_is_still_
     cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
     ensure_store(cfg)
     asked_ms = now_ms()
-    waiting = BackgroundTracker(cfg, "waits", {}, tmp_path / "waits_id", defer_start=True)
+    waiting = BackgroundTracker(cfg, "waits", {}, (tmp_path / "waits_id",), defer_start=True)
     waiting.log_params({"queued": "before the start"})
     with waiting.paused():  # nothing to pause yet
         pass
@@ -83,7 +83,7 @@ def test_a_deferred_writer_starts_when_asked_and_a_run_that_ends_first_is_still_
     waiting.close("FINISHED")
     closed_ms = now_ms()
     # One that never got to start() (a job that failed before its first step): close() starts it.
-    failed = BackgroundTracker(cfg, "fails", {}, tmp_path / "fails_id", defer_start=True)
+    failed = BackgroundTracker(cfg, "fails", {}, (tmp_path / "fails_id",), defer_start=True)
     failed.close("FAILED", "boom")
     store = client(cfg.uri)
     waited = store.get_run((tmp_path / "waits_id").read_text())
@@ -92,3 +92,18 @@ def test_a_deferred_writer_starts_when_asked_and_a_run_that_ends_first_is_still_
     assert asked_ms <= waited.info.start_time < started_ms - 900 and waited.info.end_time <= closed_ms
     failed_run = store.get_run((tmp_path / "fails_id").read_text())
     assert failed_run.info.status == "FAILED" and failed_run.data.tags["failure_reason"] == "boom"
+
+
+def test_a_run_that_ended_is_reopened_running_and_an_unknown_one_is_not(tmp_path):
+    """How a job resumed from its checkpoint goes on in the run that saved it (after a failure, too)."""
+    from titan_exp.tracking.config import TrackingConfig
+    from titan_exp.tracking.run import MlflowRun
+
+    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
+    run = MlflowRun.create(cfg, "failed", {})
+    run.finish("FAILED", "rank 1 failed: killed")
+    reopened = MlflowRun.reopen(cfg.uri, run.run_id)
+    found = reopened.client.get_run(run.run_id)
+    assert found.info.status == "RUNNING"
+    assert found.data.tags["status"] == "running" and "failure_reason" not in found.data.tags
+    assert MlflowRun.reopen(cfg.uri, "0" * 32) is None

@@ -28,6 +28,12 @@ def complete_steps(folder: str) -> list[int]:
     return sorted(steps)
 
 
+def run_id_beside(folder: str) -> Path:
+    """Where rank 0's writer names the MLflow run that saves into `folder`: a job resumed from these
+    checkpoints goes on writing it (rank/entry.py), so no step is counted in two runs."""
+    return Path(folder) / "mlflow_run_id"
+
+
 def latest_step(folder: str) -> int | None:
     steps = complete_steps(folder)
     return steps[-1] if steps else None

@@ -83,8 +83,10 @@ def latest_prediction(client, run):
 
 
 def loss_curve(client, run_id: str) -> list[tuple[int, float]]:
-    """(step, global average loss) of every logged step, in step order."""
-    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, LOSS_KEY))
+    """(step, global average loss) of every logged step, in step order. A step logged twice (a run
+    resumed from a checkpoint older than its last steps) counts once, as its latest logging."""
+    latest = {m.step: m.value for m in sorted(client.get_metric_history(run_id, LOSS_KEY), key=lambda m: m.timestamp)}
+    return sorted(latest.items())
 
 
 def summarize(client, run) -> RunSummary:

@@ -16,6 +16,7 @@ from launchers.devices import cpu_cores
 from launchers.env import RankEnv, export_slurm_environment
 from launchers.signals import StopRequested
 from launchers.slurm import leave_for_requeue
+from titan_exp.checkpoint.layout import latest_step, run_id_beside
 from titan_exp.config.job import ResolvedJob
 from titan_exp.job.context import RunContext
 from titan_exp.job.result import RankResult, StoppedBySlurm
@@ -35,8 +36,8 @@ def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
     startup.mark("rank_imports")
     tracking = env.rank == 0 and job.store is not None
     try:
-        defer = _ranks_take_every_core(job, env)
-        with tracked_run(job, ctx, _run_to_resume(ctx), defer) if tracking else contextlib.nullcontext() as tracker:
+        defer, resumed = _ranks_take_every_core(job, env), _run_to_resume(job, ctx)
+        with tracked_run(job, ctx, resumed, defer) if tracking else contextlib.nullcontext() as tracker:
             startup.mark("writer_start")
             if job.placement.device == "cuda" and not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & set(
                 os.environ
@@ -98,9 +99,13 @@ def _after_stop(job: ResolvedJob, ctx: RunContext, stop: StopRequested, elapsed_
     return Requeued(f"{what}; requeued to resume from its checkpoint")
 
 
-def _run_to_resume(ctx: RunContext) -> str | None:
-    """The MLflow run a requeued Slurm job goes on writing: the one its first run created."""
+def _run_to_resume(job: ResolvedJob, ctx: RunContext) -> str | None:
+    """The MLflow run a job goes on writing: a requeued Slurm job's first run's, a job that resumes
+    from a checkpoint the run that saved it (if the store has it; otherwise a new run)."""
     restarted = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
     if ctx.started_by == "slurm" and restarted and ctx.run_id_file.exists():
         return ctx.run_id_file.read_text().strip()
+    folder = job.config.checkpoint.folder
+    if job.config.checkpoint.enable and latest_step(folder) is not None and run_id_beside(folder).exists():
+        return run_id_beside(folder).read_text().strip()
     return None

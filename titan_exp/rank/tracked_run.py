@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from launchers import signals
 from launchers.local import launcher_gone
+from titan_exp.checkpoint.layout import run_id_beside
 from titan_exp.config.job import ResolvedJob
 from titan_exp.job.context import RunContext
 from titan_exp.tracking.run import outcome
@@ -40,7 +41,7 @@ def tracked_run(
             job.config.tracking,
             job.run_name(),
             tags,
-            ctx.run_id_file,
+            (ctx.run_id_file, *([run_id_beside(job.config.checkpoint.folder)] if job.config.checkpoint.enable else [])),
             resume_run_id,
             journal_file=ctx.journal_file,
             defer_start=defer_writer,

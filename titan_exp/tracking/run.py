@@ -43,6 +43,24 @@ class MlflowRun:
         self.run_id = run_id
 
     @classmethod
+    def reopen(cls, uri: str, run_id: str) -> "MlflowRun | None":
+        """That run of this store, RUNNING again if it had ended (a job resumed from its checkpoint
+        after a failure goes on in the run that saved it); None if the store has no such run."""
+        from mlflow.exceptions import MlflowException
+
+        run = cls(uri, run_id)
+        try:
+            found = with_retries(lambda: run.client.get_run(run_id))
+        except MlflowException:
+            return None
+        if found.info.status != "RUNNING":
+            with_retries(lambda: run.client.update_run(run_id, status="RUNNING"))
+            run.set_tag("status", "running")
+        if "failure_reason" in found.data.tags:  # the earlier end's reason no longer holds
+            with_retries(lambda: run.client.delete_tag(run_id, "failure_reason"))
+        return run
+
+    @classmethod
     def create(
         cls, cfg: TrackingConfig, run_name: str, tags: dict[str, str], start_ms: int | None = None
     ) -> "MlflowRun":

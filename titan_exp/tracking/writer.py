@@ -35,9 +35,10 @@ _EXIT_INCOMPLETE = 3
 
 
 class BackgroundTracker:
-    """Rank 0's writer: a separate process creates the run, records its id in `run_id_file` for
-    the launching process, then writes what the training loop queues, in order, the metrics of every
-    ~2 s in one batch. A store that fails is reported once and training goes on untracked.
+    """Rank 0's writer: a separate process creates the run, records its id in `run_id_files` (for
+    the launching process, and beside the job's checkpoints for a later resume), then writes what
+    the training loop queues, in order, the metrics of every ~2 s in one batch. A store that fails
+    is reported once and training goes on untracked.
 
     Why a process and not a thread: MLflow's client is pure Python (SQLAlchemy, HTTP) and a thread
     running it holds the interpreter lock that the training loop needs between every two torch ops;
@@ -61,7 +62,7 @@ class BackgroundTracker:
         cfg: TrackingConfig,
         run_name: str,
         tags: dict[str, str],
-        run_id_file: Path | None,
+        run_id_files: tuple[Path, ...],
         resume_run_id: str | None = None,
         journal_file: Path | None = None,
         defer_start: bool = False,
@@ -84,7 +85,7 @@ class BackgroundTracker:
             self._queue = context.Queue()
             self._process = context.Process(
                 target=_write_run,
-                args=(self._queue, cfg, created, run_id_file, os.getpid()),
+                args=(self._queue, cfg, created, run_id_files, os.getpid()),
                 name="mlflow-tracker",
                 daemon=True,
             )
@@ -165,7 +166,7 @@ def interrupts_ignored() -> contextlib.AbstractContextManager[None]:
     return signals.ignored(signal.SIGINT, signal.SIGTERM)
 
 
-def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_file: Path | None, parent_pid: int) -> None:
+def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_files: tuple[Path, ...], parent_pid: int) -> None:
     """The writer process's body; `created`: the run to create or resume, as journaled."""
     _die_with_parent(parent_pid)
     # The rank decides when writing ends (close), and the writer dies with it anyway.
@@ -174,16 +175,13 @@ def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_file: Path | No
     error, monitor = None, None
     try:
         resume_run_id, run_name = created["resume_run_id"], created["run_name"]
-        run = (
-            MlflowRun(cfg.uri, resume_run_id)
-            if resume_run_id
-            else MlflowRun.create(cfg, run_name, created["tags"], created["start_ms"])
-        )
+        run = MlflowRun.reopen(cfg.uri, resume_run_id) if resume_run_id else None
+        run = run or MlflowRun.create(cfg, run_name, created["tags"], created["start_ms"])
     except Exception:
         error, run = _last_line(traceback.format_exc()), None
     if run is not None:
-        if run_id_file is not None:
-            run_id_file.write_text(run.run_id)
+        for path in run_id_files:
+            path.write_text(run.run_id)
         print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
         monitor = start_system_metrics(cfg, run.run_id) if cfg.system_metrics else None
     training = False

@@ -8,6 +8,7 @@ hanging in a collective and no process outlives the launch.
 import _thread
 import contextlib
 import ctypes
+import faulthandler
 import os
 import select
 import signal
@@ -24,7 +25,7 @@ import submitit
 from launchers import signals
 from launchers.env import RankEnv, export, free_port
 from launchers.heartbeat import heartbeat_file, silent_for, start_beating
-from launchers.tasks import LogFollower, RankFailure, log_tail, read_result, run_recording_failures
+from launchers.tasks import LogFollower, RankFailure, oom_kills, read_result, run_recording_failures, why_gone
 
 # How long the supervisor sleeps at most between two looks at the ranks: rank 0's output and the
 # end of the controller or of a rank wake it at once (_Wakeups), so on CPU ranks that fill every
@@ -46,6 +47,7 @@ def _rank_entry(
     fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int, pid_dir: str, launcher_pid: int
 ) -> Any:
     _stop_when_gone(launcher_pid)  # also listens to SIGINT, which the controller ignores
+    faulthandler.enable()  # a crash (SIGSEGV, SIGABRT, ...) names itself in the rank's log
     job = submitit.JobEnvironment()
     export(RankEnv(job.global_rank, job.local_rank, job.num_tasks, nproc), "127.0.0.1", master_port)
     # Written whole or not at all: the supervisor polls these files (an empty one read once: int('')).
@@ -146,6 +148,7 @@ class _Supervisor:
     def __init__(self, job: submitit.local.local.LocalJob, nproc: int, folder: Path, heartbeat_timeout_s: float):
         self.job, self.nproc, self.folder = job, nproc, folder
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.oom_kills_before = oom_kills()
         self.logs = [job.task(rank).paths.stdout for rank in range(nproc)]
         self.rank0_output = LogFollower(self.logs[0], lambda line: print(line, flush=True))
         self.wakeups = _Wakeups(self.logs[0])
@@ -188,7 +191,7 @@ class _Supervisor:
                 continue
             pid_file = self.folder / _pid_file_name(self.job.job_id, rank)
             if (pid_file.exists() and not process_alive(int(pid_file.read_text()))) or final:
-                reason = f"exited without a result (killed by a signal?); {log_tail(self.logs[rank])}"
+                reason = f"exited without a result: {why_gone(self.logs[rank], self.oom_kills_before)}"
                 killed.append(RankFailure(rank, reason, self.logs[rank]))
         if killed:
             return killed[0]

@@ -1,6 +1,7 @@
 """What the launchers read back from the rank tasks that submitit ran, locally or on Slurm: their
 outcome (the result pickle each task leaves) and their console output (rank 0's, streamed)."""
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,30 @@ def read_result(rank: int, result_pickle: Path, log_path: Path) -> tuple[bool, o
 def last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else "unknown error"
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed on this machine since boot (None
+    where /proc/vmstat does not say)."""
+    try:
+        found = re.search(r"^oom_kill (\d+)$", Path("/proc/vmstat").read_text(), re.M)
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
+
+
+def why_gone(log_path: Path, oom_kills_before: int | None) -> str:
+    """Why a rank exited without a result, as far as this machine tells: a crash its log names
+    (faulthandler's "Fatal Python error: Segmentation fault"), the OOM killer (its count rose while
+    the job ran), else SIGKILL, the one signal that leaves no word (kill -9, a time limit)."""
+    tail = log_path.read_text(errors="replace")[-65536:] if log_path.exists() else ""  # a traceback follows
+    if crash := re.search(r"Fatal Python error: (.+)", tail):
+        return f"crashed: {crash.group(1).strip()}"
+    now = oom_kills()
+    if oom_kills_before is not None and now is not None and now > oom_kills_before:
+        rose = now - oom_kills_before
+        return f"killed by the kernel's OOM killer (out of memory: /proc/vmstat oom_kill rose by {rose})"
+    return f"killed by SIGKILL (kill -9 or a time limit; it left no word); its log ends: {log_tail(log_path)}"
 
 
 def log_tail(path: Path) -> str:

@@ -122,7 +122,12 @@ def _start_two_ranks(tmp_path, uri: str, **popen) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize(
-    "sig,reason", [(signal.SIGKILL, "exited without a result"), (signal.SIGSTOP, "no heartbeat for")]
+    "sig,reason",
+    [
+        (signal.SIGKILL, "exited without a result: killed by SIGKILL"),
+        (signal.SIGSEGV, "exited without a result: crashed: Segmentation fault"),
+        (signal.SIGSTOP, "no heartbeat for"),
+    ],
 )
 def test_killed_or_stopped_rank_fails_the_run_and_leaves_no_process(tmp_path, store, sig, reason):
     uri, db = store

@@ -138,3 +138,17 @@ def test_a_checkpoint_folder_without_room_for_one_checkpoint_is_refused(tmp_path
     with pytest.raises(ConfigError, match="needs 0.06 GiB") as err:
         resolved(overrides)
     assert err.value.key == "checkpoint.folder"
+
+
+def test_a_parent_run_the_store_does_not_have_is_refused(tmp_path: Path):
+    from titan_exp.tracking.config import TrackingConfig
+    from titan_exp.tracking.run import MlflowRun
+
+    uri = f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(ConfigError, match="no such run") as err:
+        resolved(["launcher.device=cpu", uri, "tracking.parent_run_id=0123abcd"])  # no store yet
+    assert err.value.key == "tracking.parent_run_id"
+    parent = MlflowRun.create(TrackingConfig(uri=uri.split("=", 1)[1]), "parent", {})
+    with pytest.raises(ConfigError, match="no such run"):
+        resolved(["launcher.device=cpu", uri, "tracking.parent_run_id=0123abcd"])
+    resolved(["launcher.device=cpu", uri, f"tracking.parent_run_id={parent.run_id}"])

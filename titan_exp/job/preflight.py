@@ -7,6 +7,9 @@ import codecs
 import contextlib
 import sqlite3
 import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from launchers.devices import available_memory, gpu_memory
@@ -33,6 +36,8 @@ def preflight(job: ResolvedJob, memory: bool = True) -> None:
     _checkpoint_folders(cfg)
     if job.store is not None:
         _reachable_store(job.store)
+        if cfg.tracking.parent_run_id:
+            _parent_run_exists(job.store, cfg.tracking.parent_run_id)
     if memory and not job.dry_run:
         _memory_fits(job)
 
@@ -139,6 +144,29 @@ def _reachable_store(store: Store) -> None:
             store.uri,
             f"{store.db} is not a readable SQLite database ({err}); move it away or name another file",
         ) from None
+
+
+def _parent_run_exists(store: Store, run_id: str) -> None:
+    """The run a job is to be a child of is in its store (MLflow would take any id, and the job's
+    run would hang under nothing)."""
+    if store.is_server:
+        url = f"{store.uri.rstrip('/')}/api/2.0/mlflow/runs/get?{urllib.parse.urlencode({'run_id': run_id})}"
+        try:
+            with urllib.request.urlopen(url, timeout=SERVER_ANSWER_S):
+                return
+        except urllib.error.HTTPError as err:
+            found = err.code != 404
+        except OSError:  # it answered its health check a moment ago: let the run's writer retry
+            return
+    elif store.db.exists():
+        with contextlib.closing(sqlite3.connect(f"{store.db.as_uri()}?mode=ro", uri=True, timeout=5)) as db:
+            found = db.execute("SELECT 1 FROM runs WHERE run_uuid = ?", (run_id,)).fetchone() is not None
+    else:
+        found = False
+    if not found:
+        raise ConfigError(
+            "tracking.parent_run_id", run_id, f"no such run in {store.uri}; give the id of a run there, or drop it"
+        )
 
 
 def _memory_fits(job: ResolvedJob) -> None:

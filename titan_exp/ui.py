@@ -17,7 +17,7 @@ import time
 import webbrowser
 
 from titan_exp.compare.ui_view import CHARTS_VIEW, comparison_link
-from titan_exp.tracking.config import Store, TrackingConfig
+from titan_exp.tracking.config import Store, TrackingConfig, masked, not_sqlite
 from titan_exp.tracking.store import client, server_answers
 
 
@@ -48,6 +48,19 @@ def server_command(backend_uri: str, host: str, port: int) -> list[str]:
     return command
 
 
+def _refused(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, in one line (None: nothing)."""
+    if not 1 <= args.port <= 65535:
+        return f"--port={args.port}: a port lies in 1-65535"
+    try:
+        store = Store.parse(args.uri)
+    except ValueError as err:
+        return f"--uri={masked(args.uri)}: {err}"
+    if store.db is not None and (why := not_sqlite(store.db)):
+        return f"--uri={args.uri}: {why}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     defaults = TrackingConfig()
     parser = argparse.ArgumentParser(prog="titan_exp ui", description=__doc__.split("\n\n")[0])
@@ -60,11 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print-link", action="store_true", help="print the link and exit (start no server)")
     parser.add_argument("--open", action="store_true", help="open the link in a browser once the server is up")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        Store.parse(args.uri)
-    except ValueError as err:
-        print(f"titan_exp ui: --uri={args.uri}: {err}", file=sys.stderr)
+    if refused := _refused(args):
+        print(f"titan_exp ui: {refused}", file=sys.stderr)
         return 2
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.print_link:
+        print(
+            f"titan_exp ui: warning: --host={args.host} serves the UI to the network, and MLflow asks no one "
+            "for a password here: anyone who reaches this machine can read and change the runs",
+            file=sys.stderr,
+        )
     base_url = f"http://{args.host}:{args.port}"
     if args.print_link:
         if link := _link(args.uri, base_url, args.experiment):

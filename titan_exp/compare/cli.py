@@ -12,7 +12,7 @@ from pathlib import Path
 
 from titan_exp.compare.report import compare_sweep, write_report
 from titan_exp.compare.runs import experiment_training_runs, latest_sweep, summarize
-from titan_exp.tracking.config import Store, TrackingConfig
+from titan_exp.tracking.config import Store, TrackingConfig, masked, not_sqlite
 from titan_exp.tracking.store import client
 
 
@@ -38,10 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         store = Store.parse(args.uri)
     except ValueError as err:
-        return _fail(f"--uri={args.uri}: {err}")
+        return _fail(f"--uri={masked(args.uri)}: {err}")
     uri = store.uri
     if store.db is not None and not store.db.exists():
         return _fail(f"--uri={args.uri}: no MLflow store there; train something first or point --uri at your store")
+    if store.db is not None and (why := not_sqlite(store.db)):
+        return _fail(f"--uri={args.uri}: {why}")
     mlflow_client = client(uri)
     experiment = mlflow_client.get_experiment_by_name(args.experiment)
     if experiment is None:

@@ -1,5 +1,6 @@
 """The `tracking` config group (MLflow), and the store its URI names."""
 
+import urllib.parse
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +44,24 @@ class Store:
         return (self.db.parent / "mlartifacts" / experiment).as_uri() if self.db else None
 
 
+def masked(uri: str) -> str:
+    """`uri` with the password of any user:password@ in it replaced by ***."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password is None:
+        return uri
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
+
+def not_sqlite(db: Path) -> str | None:
+    """Why the existing, non-empty file `db` is not a SQLite database (its header says), or None."""
+    if not db.is_file() or db.stat().st_size == 0:
+        return None
+    with open(db, "rb") as file:
+        if file.read(16) != b"SQLite format 3\x00":
+            return f"{db} is not a SQLite database (its first bytes say otherwise); name another file"
+    return None
+
+
 @dataclass
 class TrackingConfig(Section):
     enable: bool = True
@@ -77,6 +96,13 @@ class TrackingConfig(Section):
         check_at_least(f"{key}.system_metrics_interval_s", self.system_metrics_interval_s, 1.0)
         if not self.uri:
             raise ConfigError(f"{key}.uri", "''", f"must name a store: {STORE_FORMS}")
+        if urllib.parse.urlsplit(self.uri).password is not None:
+            raise ConfigError(
+                f"{key}.uri",
+                masked(self.uri),
+                "holds a password, which would be written to .hydra/ and the logs; give it in "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (MLflow reads them) instead",
+            )
         try:
             Store.parse(self.uri)
         except ValueError as err:

@@ -5,9 +5,10 @@ rank 0 died, and by `python -m titan_exp sync DIR` (tracking/sync.py). Replaying
 metric values the run holds already (same key, step and timestamp) are skipped, params and
 artifacts are written again with the same content."""
 
+import dataclasses
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TextIO
 
 from titan_exp.tracking.config import TrackingConfig
@@ -36,16 +37,78 @@ class Journal:
         self._file.close()
 
 
-def read(path: Path) -> list[tuple[str, list]]:
-    """The journal's calls in order; a last line cut short by a kill is left out."""
-    calls = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+# The calls the writer journals, each with the types of its arguments: a line of any other shape is
+# named and skipped (a journal from someone else is not trusted; see replay).
+_CALLS: dict[str, tuple[type | tuple[type, ...], ...]] = {
+    "create": (dict,),
+    "log_params": (dict,),
+    "log_metrics": (list,),
+    "log_text": (str, str),
+    "log_artifact": (str, str),
+    "log_artifacts": (str, str),
+    "finish": (str, (str, type(None)), int),
+}
+_STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+
+@dataclass(frozen=True)
+class JournalLines:
+    calls: list[tuple[int, str, list]]  # (line number, call, arguments), in order
+    skipped: list[str]  # "line N: why", for each line not taken
+
+
+def read(path: Path) -> JournalLines:
+    """The journal's calls in order. A last line cut short by a kill is left out silently; any other
+    line that is not a call of the writer's, with arguments of its types, is named in `skipped`."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    calls, skipped = [], []
+    for number, line in enumerate(lines, 1):
         try:
-            call, *args = json.loads(line)
-        except (json.JSONDecodeError, ValueError):
+            entry = json.loads(line)
+        except ValueError:
+            if number < len(lines):
+                skipped.append(f"line {number}: not JSON")
             continue
-        calls.append((call, args))
-    return calls
+        if why := _malformed(entry):
+            skipped.append(f"line {number}: {why}")
+        else:
+            calls.append((number, entry[0], entry[1:]))
+    return JournalLines(calls, skipped)
+
+
+def _malformed(entry: object) -> str | None:
+    if not isinstance(entry, list) or not entry or entry[0] not in _CALLS:
+        return "not a call of the writer's ([call, arguments...])"
+    call, args, types = entry[0], entry[1:], _CALLS[entry[0]]
+    if len(args) != len(types) or not all(isinstance(a, t) for a, t in zip(args, types)):
+        return f"{call}: arguments of other types or number than the writer's"
+    if call == "log_metrics" and not all(_is_metric_record(record) for record in args[0]):
+        return "log_metrics: a record that is not [step, {key: number}, timestamp]"
+    if call in ("log_text", "log_artifact", "log_artifacts") and not _inside(args[1]):
+        return f"{call}: artifact path {args[1]!r} would leave the run's artifacts"
+    if call == "finish" and args[0] not in _STATUSES:
+        return f"finish: status {args[0]!r} is none of {', '.join(_STATUSES)}"
+    if call == "create" and not (isinstance(args[0].get("run_name"), str) and isinstance(args[0].get("tags"), dict)):
+        return "create: no run_name or tags"
+    return None
+
+
+def _inside(artifact_path: str) -> bool:
+    """A path within a run's artifacts: relative, with no way up."""
+    path = PurePosixPath(artifact_path)
+    return not path.is_absolute() and ".." not in path.parts and "\\" not in artifact_path
+
+
+def _is_metric_record(record: object) -> bool:
+    number = (int, float)
+    return (
+        isinstance(record, list)
+        and len(record) == 3
+        and isinstance(record[0], int)
+        and isinstance(record[2], int)
+        and isinstance(record[1], dict)
+        and all(isinstance(k, str) and isinstance(v, number) and not isinstance(v, bool) for k, v in record[1].items())
+    )
 
 
 @dataclass(frozen=True)
@@ -54,46 +117,66 @@ class Replayed:
     metric_values_added: int
     metric_values_present: int
     ended: str | None  # the status the journal ended the run with, if it did and `end` was asked
+    skipped: list[str]  # "line N: why" for each line not replayed
 
     def describe(self) -> str:
         ended = f", ended {self.ended}" if self.ended else ""
+        skipped = f"; {len(self.skipped)} line(s) not replayed: {'; '.join(self.skipped)}" if self.skipped else ""
         return (
             f"run {self.run_id}: {self.metric_values_added} metric value(s) added, "
-            f"{self.metric_values_present} already there{ended}"
+            f"{self.metric_values_present} already there{ended}{skipped}"
         )
 
 
-def replay(journal: Path, uri: str | None = None, end: bool = True) -> Replayed:
-    """Write what `journal` records into its run (in `uri`, by default the store it was written
-    for), creating the run if it never reached the store; `end`: also end it as the journal did."""
-    calls = read(journal)
-    created = next((args[0] for call, args in reversed(calls) if call == "create"), None)
+def replay(journal: Path, cfg: TrackingConfig, end: bool = True) -> Replayed:
+    """Write what `journal` records into its run in the store and experiment `cfg` names (the job's,
+    never one the journal names), creating the run if it never reached the store; `end`: also end it
+    as the journal did. A journal is data, not instructions: no `mlflow.*` tag of its own, artifacts
+    only from inside its job folder, and each line it will not replay named in `skipped`."""
+    lines = read(journal)
+    skipped = list(lines.skipped)
+    created = next((args[0] for _, call, args in reversed(lines.calls) if call == "create"), None)
     if created is None:
         raise ValueError(f"{journal} records no run (no 'create' line)")
-    cfg = TrackingConfig(
-        uri=uri or created["uri"], experiment=created["experiment"], parent_run_id=created["parent_run_id"]
-    )
-    run = _open_run(journal.parent / RUN_ID_FILE, cfg, created["run_name"], created["tags"], created.get("start_ms"))
-    params = {k: v for call, args in calls if call == "log_params" for k, v in args[0].items()}
+    tags = {str(k): str(v) for k, v in created["tags"].items() if not str(k).startswith("mlflow.")}
+    parent = created.get("parent_run_id")
+    run_cfg = dataclasses.replace(cfg, parent_run_id=parent if isinstance(parent, str) and parent.isalnum() else None)
+    start_ms = created.get("start_ms") if isinstance(created.get("start_ms"), int) else None
+    run = _open_run(journal.parent / RUN_ID_FILE, run_cfg, created["run_name"], tags, start_ms)
+    calls = [(number, call, args) for number, call, args in lines.calls]
+    params = {str(k): str(v) for _, call, args in calls if call == "log_params" for k, v in args[0].items()}
     if params:
         run.log_params(params)
-    records = [tuple(record) for call, args in calls if call == "log_metrics" for record in args[0]]
+    records = [tuple(record) for _, call, args in calls if call == "log_metrics" for record in args[0]]
     missing = _missing_metric_values(run, records)
     if missing:
         run.log_metrics(missing)
-    for call, args in calls:
-        if call == "log_text":
-            run.log_text(*args)
-        elif call == "log_artifact" and Path(args[0]).exists():
-            run.log_artifact(Path(args[0]), args[1])
-        elif call == "log_artifacts" and Path(args[0]).is_dir():
-            run.log_artifacts(Path(args[0]), args[1])
-    finish = next((args for call, args in reversed(calls) if call == "finish"), None) if end else None
+    skipped += _replay_artifacts(run, calls, journal.parent)
+    finish = next((args for _, call, args in reversed(calls) if call == "finish"), None) if end else None
     if finish:
         run.finish(*finish)
     added = sum(len(metrics) for _, metrics, _ in missing)
     total = sum(len(metrics) for _, metrics, _ in records)
-    return Replayed(run.run_id, added, total - added, finish[0] if finish else None)
+    return Replayed(run.run_id, added, total - added, finish[0] if finish else None, skipped)
+
+
+def _replay_artifacts(run: MlflowRun, calls: list[tuple[int, str, list]], job_dir: Path) -> list[str]:
+    """The journal's texts and artifacts into the run; each artifact that would bring in a file from
+    outside the job folder (a path there, or a link out of it) is named instead."""
+    skipped = []
+    for number, call, args in calls:
+        if call == "log_text":
+            run.log_text(*args)
+        elif call in ("log_artifact", "log_artifacts"):
+            path = Path(args[0])
+            files = [path] if call == "log_artifact" else [path, *path.rglob("*")] if path.is_dir() else []
+            if not all(f.resolve().is_relative_to(job_dir.resolve()) for f in files):
+                skipped.append(f"line {number}: {call} {args[0]} brings in a file from outside {job_dir}")
+            elif call == "log_artifact" and path.is_file():
+                run.log_artifact(path, args[1])
+            elif call == "log_artifacts" and path.is_dir():
+                run.log_artifacts(path, args[1])
+    return skipped
 
 
 def _open_run(
@@ -131,7 +214,7 @@ def close_run_from_outside(
         raise ConnectionError(down)  # rather than MLflow's minutes of retries
     journal, run_id_file, run_log = (job_dir / name for name in (JOURNAL_FILE, RUN_ID_FILE, RUN_LOG_FILE))
     if journal.exists():
-        replay(journal, cfg.uri, end=False)  # opens (or creates) the run and names it in run_id_file
+        replay(journal, cfg, end=False)  # opens (or creates) the run and names it in run_id_file
     run = _open_run(run_id_file, cfg, run_name, tags)
     if run_log.exists():
         run.log_artifact(run_log, "logs")

@@ -1,13 +1,16 @@
 """The MLflow store: where it is (URIs), creating it once, opening a client, and riding out a busy
 SQLite store. MLflow itself is imported only when a client is opened (seconds of start-up)."""
 
+import errno
 import fcntl
 import logging
+import os
 import time
 import urllib.request
 from collections.abc import Callable
 from typing import TypeVar
 
+from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import TrackingConfig
 
 # SQLite lets one writer in at a time; a busy store is retried for this long before giving up
@@ -49,7 +52,14 @@ def ensure_store(cfg: TrackingConfig) -> None:
     if db is None:
         return
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "w") as lock:
+    lock_path = db.with_name(db.name + ".lock")
+    try:  # never through a link: one planted there would have us open (and lock) its target
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ConfigError("tracking.uri", cfg.uri, f"{lock_path} is a symbolic link; remove it") from None
+        raise
+    with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not db.exists():
             experiment_id(client(cfg.uri), cfg)

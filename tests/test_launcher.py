@@ -77,6 +77,21 @@ def stop_on_rank_1(seconds: float) -> int:
     return rank
 
 
+def crash_on_rank_1(seconds: float) -> int:
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSEGV)  # as a bad kernel or extension would
+    time.sleep(seconds)
+    return rank
+
+
+def test_a_crashed_rank_is_named_by_its_crash(tmp_path):
+    with pytest.raises(RankFailure) as err:
+        launch_local(crash_on_rank_1, 120.0, 2, tmp_path, use_gpus=False, limits=LIMITS, threads_per_rank=1)
+    assert err.value.rank == 1
+    assert err.value.reason.startswith("exited without a result: crashed: Segmentation fault"), err.value.reason
+
+
 def test_a_stopped_rank_is_named_by_its_heartbeat_and_nothing_is_left(tmp_path):
     start = time.monotonic()
     with pytest.raises(RankFailure) as err:
@@ -125,7 +140,6 @@ def _start_two_ranks(tmp_path, uri: str, **popen) -> subprocess.Popen:
     "sig,reason",
     [
         (signal.SIGKILL, "exited without a result: killed by SIGKILL"),
-        (signal.SIGSEGV, "exited without a result: crashed: Segmentation fault"),
         (signal.SIGSTOP, "no heartbeat for"),
     ],
 )

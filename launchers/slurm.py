@@ -29,6 +29,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from launchers import signals
 from launchers.env import export_slurm_environment
+from launchers.heartbeat import heartbeat_file, silent_for, start_beating
 from launchers.tasks import LogFollower, RankFailure, log_tail, read_result, run_recording_failures
 
 # How often rank 0's log is read while the job runs, and how often slurmctld is asked for its state.
@@ -218,14 +219,14 @@ def submit(fn: Callable[[Any], Any], arg: Any, spec: SlurmJobSpec, folder: Path)
     return SlurmJob(job.job_id, folder.absolute(), spec.nodes * spec.tasks_per_node)
 
 
-def wait(job: SlurmJob, echo: Callable[[str], None]) -> Any:
+def wait(job: SlurmJob, echo: Callable[[str], None], heartbeat_timeout_s: float) -> Any:
     """Follow the job to its end, handing rank 0's output lines to `echo`; return rank 0's result,
-    or raise RankFailure (a rank raised) or SlurmJobEnded. A Ctrl-C cancels the job and waits
-    (CANCEL_GRACE_SECONDS at most) for it to end before raising KeyboardInterrupt; a second one
-    stops waiting at once."""
+    or raise RankFailure (a rank raised, or stopped beating for `heartbeat_timeout_s`: the job is
+    cancelled) or SlurmJobEnded. A Ctrl-C cancels the job and waits (CANCEL_GRACE_SECONDS at most)
+    for it to end before raising KeyboardInterrupt; a second one stops waiting at once."""
     output = LogFollower(job.log(0), echo)
     try:
-        status = _follow(job, output, deadline=None)
+        status = _follow(job, output, deadline=None, heartbeat_timeout_s=heartbeat_timeout_s)
     except KeyboardInterrupt:
         job.cancel()
         _follow(job, output, deadline=time.monotonic() + CANCEL_GRACE_SECONDS)
@@ -234,7 +235,9 @@ def wait(job: SlurmJob, echo: Callable[[str], None]) -> Any:
     return _outcome(job, status, echo)
 
 
-def _follow(job: SlurmJob, output: LogFollower, deadline: float | None) -> JobStatus | None:
+def _follow(
+    job: SlurmJob, output: LogFollower, deadline: float | None, heartbeat_timeout_s: float | None = None
+) -> JobStatus | None:
     """Poll until the job is over (or the deadline passes); its last status (None: forgotten)."""
     next_state_poll = 0.0
     while True:
@@ -243,8 +246,24 @@ def _follow(job: SlurmJob, output: LogFollower, deadline: float | None) -> JobSt
             status = job.status()
             if status is None or status.final or (deadline is not None and time.monotonic() > deadline):
                 return status
+            if heartbeat_timeout_s is not None and status.state == "RUNNING":
+                _check_heartbeats(job, status.restarts, heartbeat_timeout_s)
             next_state_poll = time.monotonic() + STATE_POLL_SECONDS
         time.sleep(POLL_SECONDS)
+
+
+def _check_heartbeats(job: SlurmJob, restarts: int, limit_s: float) -> None:
+    """Cancel the job and raise RankFailure if a task of this run of it (`restarts`: Slurm's count
+    of requeues) has not beaten for `limit_s` (a task still starting has no beat yet)."""
+    for task in range(job.ntasks):
+        silent = silent_for(heartbeat_file(job.folder, f"{job.job_id}_r{restarts}", task))
+        if silent is not None and silent > limit_s:
+            job.cancel()
+            reason = (
+                f"stopped answering: no heartbeat for {silent:.0f} s (stopped, or hung where no Python thread "
+                f"runs; launcher.heartbeat_timeout_s={limit_s:g}); job {job.job_id} cancelled"
+            )
+            raise RankFailure(task, reason, job.log(task))
 
 
 def _outcome(job: SlurmJob, status: JobStatus | None, echo: Callable[[str], None]) -> Any:
@@ -270,13 +289,16 @@ def _outcome(job: SlurmJob, status: JobStatus | None, echo: Callable[[str], None
 def _task_entry(fn: Callable[[Any], Any], arg: Any, threads: int) -> Any:
     """One rank of the job, inside submitit's task process."""
     # A result of an earlier run of this job (before a requeue) must not stand for this one.
-    result = submitit.JobEnvironment().paths.result_pickle
+    job = submitit.JobEnvironment()
+    result = job.paths.result_pickle
     result.unlink(missing_ok=True)
     result.with_name(result.name + ".save_tmp").unlink(missing_ok=True)  # one cut short (see leave_for_requeue)
     export_slurm_environment()
     os.environ["OMP_NUM_THREADS"] = str(threads)  # before the rank imports torch
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # submitit's tasks bypass it; rank 0 records KILLED
     signals.stop_on(signal.SIGUSR2)
+    restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+    start_beating(heartbeat_file(job.paths.folder, f"{job.job_id}_r{restarts}", job.global_rank))
     return run_recording_failures(fn, arg)
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -257,3 +258,41 @@ def test_a_job_slurm_would_refuse_is_refused_in_one_line_before_anything_is_writ
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Slurm would refuse this job" in lines[0] and said in lines[0].lower(), result.stderr
     assert not db.exists() and not (tmp_path / "run" / "slurm").exists()
+
+
+def _task_pid(job_id: str, rank: int) -> int:
+    """The pid of a task of a Slurm job on this machine: the Python process of the job's step whose
+    environment names the rank (not srun, not rank 0's MLflow writer, a child of its task)."""
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (proc / "cmdline").read_bytes().split(b"\0")
+            env = dict(v.split("=", 1) for v in (proc / "environ").read_bytes().decode().split("\0") if "=" in v)
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        ours = env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank) and "SLURM_STEP_ID" in env
+        if ours and b"submitit.core._submit" in command and b"srun" not in command[0]:
+            found[int(proc.name)] = parent
+    [pid] = [pid for pid, parent in found.items() if parent not in found]
+    return pid
+
+
+def test_a_stopped_task_is_named_by_its_heartbeat_and_the_job_cancelled(slurm_env, tmp_path, store):
+    uri, db = store
+    job = _start([*JOB, *SLURM, "training.steps=5000", "launcher.heartbeat_timeout_s=20", uri], tmp_path, slurm_env)
+    job_id = _wait_for(tmp_path, r"^Slurm job (\d+) submitted").group(1)
+    try:
+        _wait_for(tmp_path, r"^step     3 ")
+        os.kill(_task_pid(job_id, 1), signal.SIGSTOP)
+        assert job.wait(timeout=120) == 1, (tmp_path / "out.txt").read_text()[-3000:]
+    finally:  # a failure here must not leave the job running past the cluster
+        subprocess.run(["scancel", job_id], env=slurm_env)
+        job.kill()
+    [run] = mlflow_runs(db)
+    assert run.info.status == "FAILED"
+    assert "rank 1 failed: stopped answering: no heartbeat for" in run.data.tags["failure_reason"], run.data.tags
+    assert (
+        subprocess.run(["squeue", "-h", "-j", job_id], env=slurm_env, capture_output=True, text=True).stdout.strip()
+        == ""
+    )

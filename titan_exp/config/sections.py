@@ -84,9 +84,9 @@ class _PlacementKeys(Section):
     device: str = one_of("auto", "cpu", "cuda")
     # Wall-clock limit of the job (slurm: its --time); the ranks are killed past it.
     timeout_min: int = 24 * 60
-    # launcher=local: a rank whose heartbeat (a thread of its own, every 2 s) stops this long is
-    # named and the job stopped FAILED (a stopped or hung rank; its peers would wait in a
-    # collective until comm.train_timeout_seconds).
+    # A rank whose heartbeat (a thread of its own, every 2 s) stops this long is named and the job
+    # stopped FAILED (a stopped or hung rank; its peers would wait in a collective until
+    # comm.train_timeout_seconds). Watched by the launching process (launcher=slurm: while it waits).
     heartbeat_timeout_s: float = 60.0
     # Per-rank intra-op threads on CPU; -1: the host's cores shared evenly among the local ranks
     # (slurm: launcher.cpus_per_task, or 1).

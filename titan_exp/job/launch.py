@@ -113,7 +113,7 @@ def _run_on_slurm(job: ResolvedJob, job_dir: Path) -> dict[str, object]:
     if not launcher.wait:
         return {}
     try:
-        result = slurm.wait(submitted, lambda line: print(line, flush=True))
+        result = slurm.wait(submitted, lambda line: print(line, flush=True), launcher.heartbeat_timeout_s)
         if result.stopped:
             raise StoppedBySlurm(result.stopped)
     except BaseException as err:

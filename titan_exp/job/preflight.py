@@ -28,12 +28,13 @@ SERVER_ANSWER_S = 3.0
 
 
 def preflight(job: ResolvedJob, memory: bool = True) -> None:
-    """Everything below, in order; `memory=False` leaves out the memory estimate (the planner predicts instead)."""
+    """Everything below, in order; `memory=False` leaves out what the run would need of this
+    machine's memory and disk (the planner predicts for another machine instead)."""
     cfg = job.config
     _writable_folder("data.cache_dir", cfg.data.cache_dir)  # tokenized corpora, the measured CPU peak FLOP/s
     if cfg.data.source == "text" and cfg.data.corpus_path is not None:
         _text_file("data.corpus_path", Path(cfg.data.corpus_path))
-    _checkpoint_folders(cfg)
+    _checkpoint_folders(cfg, room=memory and not job.dry_run)
     if job.store is not None:
         _reachable_store(job.store)
         if cfg.tracking.parent_run_id:
@@ -59,12 +60,14 @@ def _text_file(key: str, path: Path) -> None:
         raise ConfigError(key, path, f"a binary file (it holds NUL bytes); {fix}")
 
 
-def _checkpoint_folders(cfg: JobConfig) -> None:
+def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:
+    """Folders that can be written, a resume with steps left, an initial load that is a checkpoint;
+    `room`: and the space for one checkpoint."""
     c = cfg.checkpoint
     if c.enable or c.create_seed_checkpoint:
         _writable_folder("checkpoint.folder", c.folder)
     resumes_at = latest_step(c.folder) if c.enable else None
-    if c.enable or c.create_seed_checkpoint:
+    if room and (c.enable or c.create_seed_checkpoint):
         _room_for_a_checkpoint(cfg, resumes_at)
     if resumes_at is not None and resumes_at >= cfg.training.steps:
         raise ConfigError(

@@ -66,6 +66,25 @@ def server_sweep(mlflow_server, tmp_path_factory):
     return mlflow_server, experiment["experiment_id"]
 
 
+def test_a_parent_run_the_server_does_not_have_is_refused(server_sweep):
+    from titan_exp.config.compose import to_job_config
+    from titan_exp.config.resolve import resolve
+    from titan_exp.job.preflight import preflight
+    from titan_exp.rules import ConfigError
+
+    from conftest import compose_config
+
+    url, experiment_id = server_sweep
+    [run, *_] = _rest(url, "runs/search", {"experiment_ids": [experiment_id]})["runs"]
+
+    def check(parent: str) -> None:
+        preflight(resolve(to_job_config(compose_config([f"tracking.uri={url}", f"tracking.parent_run_id={parent}"]))))
+
+    check(run["info"]["run_id"])
+    with pytest.raises(ConfigError, match=f"no such run in {url}"):
+        check("0123abcd")
+
+
 def test_sweep_tracked_over_http_reads_back_through_the_rest_api(server_sweep):
     url, experiment_id = server_sweep
     runs = _rest(url, "runs/search", {"experiment_ids": [experiment_id]})["runs"]

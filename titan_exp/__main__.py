@@ -41,7 +41,9 @@ class TaskExit(SystemExit):
     a composition error (unknown key, unknown option) itself with status 1, before the task runs."""
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+# The checkout's conf/ by its absolute path: relative, Hydra would look for a Python package `conf`
+# when this runs as the installed `titan_exp` command (the module then is titan_exp.__main__).
+@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="config")
 def _task(composed: DictConfig) -> bool:
     """One run (or one sweep point run in this process); returns whether it succeeded (a sweep's
     callback counts it)."""

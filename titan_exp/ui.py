@@ -17,8 +17,8 @@ import time
 import webbrowser
 
 from titan_exp.compare.ui_view import CHARTS_VIEW, comparison_link
-from titan_exp.tracking.config import Store, TrackingConfig, masked, not_sqlite
-from titan_exp.tracking.store import client, server_answers
+from titan_exp.tracking.config import Store, TrackingConfig, masked
+from titan_exp.tracking.store import client, not_a_store, server_answers
 
 
 def server_command(backend_uri: str, host: str, port: int) -> list[str]:
@@ -56,7 +56,7 @@ def _refused(args: argparse.Namespace) -> str | None:
         store = Store.parse(args.uri)
     except ValueError as err:
         return f"--uri={masked(args.uri)}: {err}"
-    if store.db is not None and (why := not_sqlite(store.db)):
+    if store.db is not None and (why := not_a_store(store.db)):
         return f"--uri={args.uri}: {why}"
     return None
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         if link := _link(args.uri, base_url, args.experiment):
             print(f"{link}\n{link}{CHARTS_VIEW}")
             return 0
-        print(f"titan_exp ui: no experiment {args.experiment!r} in {args.uri}", file=sys.stderr)
+        print(f"titan_exp ui: no experiment {args.experiment!r} in {masked(args.uri)}", file=sys.stderr)
         return 1
     busy = _why_not_free(args.host, args.port)
     if busy:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from titan_exp.compare.report import compare_sweep, write_report
 from titan_exp.compare.runs import experiment_training_runs, latest_sweep, summarize
-from titan_exp.tracking.config import Store, TrackingConfig, masked, not_sqlite
-from titan_exp.tracking.store import client
+from titan_exp.tracking.config import Store, TrackingConfig, masked
+from titan_exp.tracking.store import client, not_a_store
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -42,13 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     uri = store.uri
     if store.db is not None and not store.db.exists():
         return _fail(f"--uri={args.uri}: no MLflow store there; train something first or point --uri at your store")
-    if store.db is not None and (why := not_sqlite(store.db)):
+    if store.db is not None and (why := not_a_store(store.db)):
         return _fail(f"--uri={args.uri}: {why}")
     mlflow_client = client(uri)
     experiment = mlflow_client.get_experiment_by_name(args.experiment)
     if experiment is None:
         return _fail(
-            f"--experiment={args.experiment}: no such experiment in {uri}; pass the name you set as tracking.experiment"
+            f"--experiment={args.experiment}: no such experiment in {masked(uri)}; "
+            "pass the name you set as tracking.experiment"
         )
     if args.all:
         summaries = [
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             parent_id = parent.info.run_id
         elif not _run_exists(mlflow_client, parent_id):
             return _fail(
-                f"--sweep={parent_id}: no such run in {uri}; "
+                f"--sweep={parent_id}: no such run in {masked(uri)}; "
                 "pass a sweep's parent run id (its sweep dir holds it in mlflow_parent_run_id)"
             )
         report = compare_sweep(uri, parent_id, args.out or Path("outputs/compare") / parent_id)

@@ -7,6 +7,9 @@ artifacts are written again with the same content."""
 
 import dataclasses
 import json
+import os
+import posixpath
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TextIO
@@ -58,15 +61,17 @@ class JournalLines:
 
 
 def read(path: Path) -> JournalLines:
-    """The journal's calls in order. A last line cut short by a kill is left out silently; any other
-    line that is not a call of the writer's, with arguments of its types, is named in `skipped`."""
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    """The journal's calls in order. A last line cut short by a kill (no newline after it) is left
+    out silently; any other line that is not a call of the writer's, with arguments of its types and
+    values the store takes, is named in `skipped`."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
     calls, skipped = [], []
     for number, line in enumerate(lines, 1):
         try:
             entry = json.loads(line)
-        except ValueError:
-            if number < len(lines):
+        except (ValueError, RecursionError):  # RecursionError: nested too deep to be the writer's
+            if number < len(lines) or text.endswith("\n"):
                 skipped.append(f"line {number}: not JSON")
             continue
         if why := _malformed(entry):
@@ -83,32 +88,65 @@ def _malformed(entry: object) -> str | None:
     if len(args) != len(types) or not all(isinstance(a, t) for a, t in zip(args, types)):
         return f"{call}: arguments of other types or number than the writer's"
     if call == "log_metrics" and not all(_is_metric_record(record) for record in args[0]):
-        return "log_metrics: a record that is not [step, {key: number}, timestamp]"
-    if call in ("log_text", "log_artifact", "log_artifacts") and not _inside(args[1]):
-        return f"{call}: artifact path {args[1]!r} would leave the run's artifacts"
-    if call == "finish" and args[0] not in _STATUSES:
-        return f"finish: status {args[0]!r} is none of {', '.join(_STATUSES)}"
+        return "log_metrics: a record that is not [step, {name: number}, timestamp] the store takes"
+    if call == "log_params" and not all(_is_name(key) for key in args[0]):
+        return "log_params: a name the store does not take"
+    if call in ("log_text", "log_artifact", "log_artifacts") and not _inside(args[1], call == "log_text"):
+        return f"{call}: artifact path {args[1]!r} is not one within the run's artifacts"
+    if call == "finish" and (args[0] not in _STATUSES or not 0 <= args[2] <= _INT64_MAX):
+        return f"finish: status {args[0]!r} is none of {', '.join(_STATUSES)}, or no time"
     if call == "create" and not (isinstance(args[0].get("run_name"), str) and isinstance(args[0].get("tags"), dict)):
         return "create: no run_name or tags"
     return None
 
 
-def _inside(artifact_path: str) -> bool:
-    """A path within a run's artifacts: relative, with no way up."""
+def _inside(artifact_path: str, is_file: bool) -> bool:
+    """A path within a run's artifacts: relative, with no way up; a file's also names one (not the
+    artifacts' root or a folder, which the store cannot write text into)."""
     path = PurePosixPath(artifact_path)
+    if is_file and (artifact_path in ("", ".") or artifact_path.endswith("/")):
+        return False
     return not path.is_absolute() and ".." not in path.parts and "\\" not in artifact_path
 
 
+# What MLflow takes as a metric or param name (mlflow/utils/validation.py): one it refuses would fail
+# the whole batch, and so the journal's every other value with it.
+_NAME = re.compile(r"[/\w.\- :]{1,250}")
+_INT64_MAX = 2**63 - 1  # SQLite's and MLflow's steps and timestamps
+
+
+def _is_name(key: object) -> bool:
+    return (
+        isinstance(key, str)
+        and _NAME.fullmatch(key) is not None
+        and posixpath.normpath(key) == key
+        and key != "."
+        and not key.startswith(("/", ".."))
+    )
+
+
 def _is_metric_record(record: object) -> bool:
-    number = (int, float)
     return (
         isinstance(record, list)
         and len(record) == 3
         and isinstance(record[0], int)
+        and -_INT64_MAX - 1 <= record[0] <= _INT64_MAX
         and isinstance(record[2], int)
+        and 0 <= record[2] <= _INT64_MAX
         and isinstance(record[1], dict)
-        and all(isinstance(k, str) and isinstance(v, number) and not isinstance(v, bool) for k, v in record[1].items())
+        and all(_is_name(k) and _is_number(v) for k, v in record[1].items())
     )
+
+
+def _is_number(value: object) -> bool:
+    """A value MLflow keeps as a double (not a bool, not an integer beyond a double's range)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -141,9 +179,10 @@ def replay(journal: Path, cfg: TrackingConfig, end: bool = True) -> Replayed:
     tags = {str(k): str(v) for k, v in created["tags"].items() if not str(k).startswith("mlflow.")}
     parent = created.get("parent_run_id")
     run_cfg = dataclasses.replace(cfg, parent_run_id=parent if isinstance(parent, str) and parent.isalnum() else None)
-    start_ms = created.get("start_ms") if isinstance(created.get("start_ms"), int) else None
+    start_ms = created.get("start_ms")
+    start_ms = start_ms if isinstance(start_ms, int) and 0 <= start_ms <= _INT64_MAX else None
     run = _open_run(journal.parent / RUN_ID_FILE, run_cfg, created["run_name"], tags, start_ms)
-    calls = [(number, call, args) for number, call, args in lines.calls]
+    calls = lines.calls
     params = {str(k): str(v) for _, call, args in calls if call == "log_params" for k, v in args[0].items()}
     if params:
         run.log_params(params)
@@ -162,31 +201,53 @@ def replay(journal: Path, cfg: TrackingConfig, end: bool = True) -> Replayed:
 
 def _replay_artifacts(run: MlflowRun, calls: list[tuple[int, str, list]], job_dir: Path) -> list[str]:
     """The journal's texts and artifacts into the run; each artifact that would bring in a file from
-    outside the job folder (a path there, or a link out of it) is named instead."""
+    outside the job folder (a path there, or a link out of it), or is gone, is named instead."""
     skipped = []
     for number, call, args in calls:
-        if call == "log_text":
-            run.log_text(*args)
-        elif call in ("log_artifact", "log_artifacts"):
-            path = Path(args[0])
-            files = [path] if call == "log_artifact" else [path, *path.rglob("*")] if path.is_dir() else []
-            if not all(f.resolve().is_relative_to(job_dir.resolve()) for f in files):
+        if call not in ("log_text", "log_artifact", "log_artifacts"):
+            continue
+        try:  # a line the store refuses (a file where it keeps a folder) is named; the rest go on
+            if call == "log_text":
+                run.log_text(*args)
+                continue
+            path = job_dir / args[0]  # the writer's paths are absolute; a relative one is the job's
+            if _leaves(path, job_dir):
                 skipped.append(f"line {number}: {call} {args[0]} brings in a file from outside {job_dir}")
             elif call == "log_artifact" and path.is_file():
                 run.log_artifact(path, args[1])
             elif call == "log_artifacts" and path.is_dir():
                 run.log_artifacts(path, args[1])
+            else:
+                kind = "file" if call == "log_artifact" else "folder"
+                skipped.append(f"line {number}: {call} {args[0]}: no such {kind}")
+        except Exception as err:
+            skipped.append(f"line {number}: {call}: not written ({type(err).__name__}: {err})")
     return skipped
+
+
+def _leaves(path: Path, job_dir: Path) -> bool:
+    """Whether `path`, or a file under it, is outside `job_dir` once links are followed."""
+    inside = job_dir.resolve()
+    files = [path, *path.rglob("*")] if path.is_dir() else [path]
+    return not all(f.resolve().is_relative_to(inside) for f in files)
 
 
 def _open_run(
     run_id_file: Path, cfg: TrackingConfig, run_name: str, tags: dict[str, str], start_ms: int | None = None
 ) -> MlflowRun:
-    """The run `run_id_file` names, or a new one (its id then written there)."""
+    """The run `run_id_file` names, or a new one (its id then written there). Never through a link:
+    one planted there would have us write the id wherever it points."""
+    if run_id_file.is_symlink():
+        raise ValueError(f"{run_id_file} is a symbolic link; remove it (it should hold a run id)")
     if run_id_file.exists():
-        return MlflowRun(cfg.uri, run_id_file.read_text().strip())
+        run_id = run_id_file.read_text(encoding="utf-8", errors="replace").strip()
+        if not (run_id.isascii() and run_id.isalnum() and len(run_id) <= 64):
+            raise ValueError(f"{run_id_file} holds no run id")
+        return MlflowRun(cfg.uri, run_id)
     run = MlflowRun.create(cfg, run_name, tags, start_ms)
-    run_id_file.write_text(run.run_id)
+    fd = os.open(run_id_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as file:
+        file.write(run.run_id)
     return run
 
 

@@ -8,10 +8,11 @@ import os
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from titan_exp.rules import ConfigError
-from titan_exp.tracking.config import TrackingConfig
+from titan_exp.tracking.config import TrackingConfig, masked, not_sqlite
 
 # SQLite lets one writer in at a time; a busy store is retried for this long before giving up
 # (long: a writer that holds the lock may wait for an idle core, see tracking/writer.py).
@@ -99,8 +100,17 @@ def server_answers(uri: str, timeout_s: float = 3.0) -> str | None:
         with urllib.request.urlopen(health, timeout=timeout_s) as answer:
             answer.read()
     except (OSError, ValueError) as err:
-        return f"no MLflow server answers at {health} within {timeout_s:g} s ({getattr(err, 'reason', None) or err})"
+        why = getattr(err, "reason", None) or err
+        return f"no MLflow server answers at {masked(health)} within {timeout_s:g} s ({why})"
     return None
+
+
+def not_a_store(db: Path) -> str | None:
+    """Why the SQLite path `db` cannot be read as a store (a folder, a file that is not SQLite), or
+    None (a store, an empty file, or nothing there yet)."""
+    if db.exists() and not db.is_file():
+        return f"{db} is not a file; name a SQLite database file"
+    return not_sqlite(db)
 
 
 def is_store_busy(err: Exception) -> bool:

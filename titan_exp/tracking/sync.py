@@ -2,9 +2,11 @@
 take (tracking/journal.py). DIR is a job's folder or any folder above jobs (a sweep's, outputs/):
 every journal under it is replayed, into the store the job was configured with (its folder's, or
 the nearest folder above's, `.hydra/config.yaml`; the journal's own word is not taken) or the one
-given with --uri. Idempotent: run it as often as you like. Exit status: 0 when every journal was
-replayed whole, 1 when a journal or a line of one was not (each named on stderr), 2 when there is
-no journal."""
+given with --uri. Idempotent: run it as often as you like. A journal is data: a line that is not
+the writer's, or would bring in a file from outside the job folder, is named (line number and why)
+beside its journal's summary and skipped, the rest replayed all the same. Exit status: 0 when every
+journal was replayed whole; 1 when a line was skipped or a journal not synced at all (named on
+stderr), after the rest were; 2 when there is no journal."""
 
 import argparse
 import sys
@@ -13,7 +15,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from titan_exp.rules import ConfigError
-from titan_exp.tracking.config import SQLITE_PREFIX, TrackingConfig
+from titan_exp.tracking.config import SQLITE_PREFIX, TrackingConfig, masked
 from titan_exp.tracking.journal import JOURNAL_FILE, replay
 
 
@@ -29,8 +31,10 @@ def main(argv: list[str]) -> int:
     failed = 0
     for journal in journals:
         try:
-            replayed = replay(journal, _job_store(journal.parent, args.uri))
-            print(f"{journal.parent}: {replayed.describe()}", flush=True)
+            cfg = _job_store(journal.parent, args.uri)
+            replayed = replay(journal, cfg)
+            # The store is named: the job's config chose it, and that may not be the one expected.
+            print(f"{journal.parent} into {masked(cfg.uri)}: {replayed.describe()}", flush=True)
             failed += bool(replayed.skipped)
         except Exception as err:
             failed += 1

@@ -6,7 +6,6 @@
 Nothing here (nor anything it imports) loads torch: the ranks do (tests/test_architecture.py)."""
 
 import os
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -25,7 +24,14 @@ from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import register_schema
 from titan_exp.job.launch import run_job
-from titan_exp.job.outcome import EXIT_BAD_CONFIG, EXIT_RUN_FAILED, composition_error, exit_status, say
+from titan_exp.job.outcome import (
+    EXIT_BAD_CONFIG,
+    EXIT_RUN_FAILED,
+    composition_error,
+    exit_status,
+    forget_folder,
+    say,
+)
 from titan_exp.job.parity import run_parity
 from titan_exp.job.preflight import preflight
 from titan_exp.job.sweep import active_sweep, end_active_sweep, join_sweep
@@ -69,24 +75,9 @@ def _task(composed: DictConfig) -> bool:
         status = exit_status(err)
         if not sweeping:
             if status == EXIT_BAD_CONFIG:
-                _forget_run_dir(job_dir, hydra_cfg.job.name)
+                forget_folder(job_dir, [".hydra", f"{hydra_cfg.job.name}.log"])
             raise TaskExit(status) from None
     return False
-
-
-def _forget_run_dir(job_dir: Path, job_name: str) -> None:
-    """A refused job leaves no run folder: what Hydra wrote before the task ran (.hydra/, the job's
-    log) goes, then the folder and the folders above it that this left empty (outputs/runs/<date>),
-    up to the working directory (the folder alone when it lies elsewhere)."""
-    shutil.rmtree(job_dir / ".hydra", ignore_errors=True)
-    (job_dir / f"{job_name}.log").unlink(missing_ok=True)
-    job_dir = job_dir.absolute()
-    above = [p for p in job_dir.parents if p.is_relative_to(Path.cwd()) and p != Path.cwd()]
-    for folder in (job_dir, *above):
-        try:
-            folder.rmdir()
-        except OSError:  # not empty: something else is there, and so above it
-            return
 
 
 def main() -> None:

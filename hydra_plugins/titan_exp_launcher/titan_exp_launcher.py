@@ -16,6 +16,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from titan_exp.config.compose import to_job_config
+from titan_exp.job.outcome import forget_folder
 from titan_exp.job.sweep import active_sweep
 from titan_exp.job.sweep_points import SweepPoint, check_every_point, prepare_point, run_points
 from titan_exp.plan.prune import prune, record_pruned
@@ -36,8 +37,9 @@ class TitanExpLauncher(Launcher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         setup_globals()
-        _check_sweep_size(len(job_overrides), self.config.launcher.max_sweep_points)
         sweep_dir = Path(self.config.hydra.sweep.dir)
+        with _refusal_exits(sweep_dir):
+            _check_sweep_size(len(job_overrides), self.config.launcher.max_sweep_points)
         configs = [self._point_config(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         points, pruned = [], {}
         for overrides, config in zip(job_overrides, configs):
@@ -49,7 +51,7 @@ class TitanExpLauncher(Launcher):
             else:
                 point = prepare_point(point.number, point.overrides, job_dir, task)
             points.append(point)
-        with _refusal_exits():
+        with _refusal_exits(sweep_dir):
             check_every_point(points)  # a refused point refuses the sweep before anything starts
         sweep_dir.mkdir(parents=True, exist_ok=True)
         for point, config in zip(points, configs):
@@ -87,24 +89,25 @@ class TitanExpLauncher(Launcher):
 
 
 @contextlib.contextmanager
-def _refusal_exits():
-    """A refused sweep exits here, as a single run does: Hydra would print a traceback for an exception."""
+def _refusal_exits(sweep_dir: Path):
+    """A refused sweep exits here, as a single run does (Hydra would print a traceback for an
+    exception), and leaves no sweep folder (Hydra's multirun.yaml holds the refused values)."""
     try:
         yield
     except ConfigError as err:
         print(f"titan_exp: config error: {err}", file=sys.stderr, flush=True)
+        forget_folder(sweep_dir, ["multirun.yaml"])
         raise SystemExit(2) from None
 
 
 def _check_sweep_size(points: int, cap: int) -> None:
     """Before any point is composed: a grid larger than meant (a typo in a range) starts nothing."""
     if cap != -1 and points > cap:
-        with _refusal_exits():
-            raise ConfigError(
-                "launcher.max_sweep_points",
-                cap,
-                f"the sweep has {points} points; raise it (or -1: no limit) if you mean to run them all",
-            )
+        raise ConfigError(
+            "launcher.max_sweep_points",
+            cap,
+            f"the sweep has {points} points; raise it (or -1: no limit) if you mean to run them all",
+        )
 
 
 def _save_hydra_files(config: DictConfig, job_dir: Path) -> None:

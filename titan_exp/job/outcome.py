@@ -1,8 +1,10 @@
 """How a job's end reaches the command line: one line on stderr and the exit status (0 done, 1 the
 run failed, 2 the config was refused and nothing started, 128 + N stopped by signal N)."""
 
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 from titan_exp.rules import ConfigError
 
@@ -12,6 +14,24 @@ EXIT_BAD_CONFIG = 2
 
 def say(line: str) -> None:
     print(f"titan_exp: {line}", file=sys.stderr, flush=True)
+
+
+def forget_folder(folder: Path, written: list[str]) -> None:
+    """A refused job (or sweep) leaves no folder: `written`, what Hydra wrote there before the
+    refusal (.hydra/, the job's log, multirun.yaml), goes, then the folder and the folders above it
+    that this left empty (outputs/runs/<date>), up to the working directory (the folder alone elsewhere)."""
+    for path in (folder / name for name in written):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    folder = folder.absolute()
+    above = [p for p in folder.parents if p.is_relative_to(Path.cwd()) and p != Path.cwd()]
+    for empty in (folder, *above):
+        try:
+            empty.rmdir()
+        except OSError:  # not empty: something else is there, and so above it
+            return
 
 
 def composition_error(err: Exception) -> str:

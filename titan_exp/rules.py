@@ -52,11 +52,13 @@ def check_one_line(key: str, value: object) -> None:
     """Text that lands in a line of a script or a file name (a Slurm option, a run name): no line
     breaks or other control characters, which would start a line of their own. Lists and mappings
     are checked item by item."""
-    items = value.items() if isinstance(value, dict) else value if isinstance(value, list) else [value]
-    for item in items:
-        for text in item if isinstance(item, tuple) else (item,):
-            if isinstance(text, str) and any(ord(c) < 32 or ord(c) == 127 for c in text):
-                raise ConfigError(key, repr(text), "must not hold a line break or other control character")
+    if isinstance(value, dict):
+        texts = [*value.keys(), *value.values()]
+    else:
+        texts = value if isinstance(value, list) else [value]
+    for text in texts:
+        if isinstance(text, str) and any(ord(c) < 32 or ord(c) == 127 for c in text):
+            raise ConfigError(key, repr(text), "must not hold a line break or other control character")
 
 
 def check_folder_name(key: str, name: str) -> None:

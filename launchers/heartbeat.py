@@ -34,6 +34,14 @@ def start_beating(path: Path) -> None:
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
 
+def silence(silent_s: float, limit_s: float, then: str) -> str:
+    """A silent rank's failure reason; `then`: what was done about it."""
+    return (
+        f"stopped answering: no heartbeat for {silent_s:.0f} s (stopped, or hung where no Python thread runs; "
+        f"launcher.heartbeat_timeout_s={limit_s:g}); {then}"
+    )
+
+
 def silent_for(path: Path, now: float | None = None) -> float | None:
     """Seconds since the rank behind `path` last beat; None before its first beat (still starting)."""
     try:

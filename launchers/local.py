@@ -24,7 +24,7 @@ import submitit
 
 from launchers import signals
 from launchers.env import RankEnv, export, free_port
-from launchers.heartbeat import heartbeat_file, silent_for, start_beating
+from launchers.heartbeat import heartbeat_file, silence, silent_for, start_beating
 from launchers.tasks import LogFollower, RankFailure, oom_kills, read_result, run_recording_failures, why_gone
 
 # How long the supervisor sleeps at most between two looks at the ranks: rank 0's output and the
@@ -212,11 +212,7 @@ class _Supervisor:
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            reason = (
-                f"stopped answering: no heartbeat for {silent:.0f} s (stopped, or hung where no Python thread "
-                f"runs; launcher.heartbeat_timeout_s={self.heartbeat_timeout_s:g}); killed"
-            )
-            return RankFailure(rank, reason, self.logs[rank])
+            return RankFailure(rank, silence(silent, self.heartbeat_timeout_s, "killed"), self.logs[rank])
         return None
 
     def _stop_all(self) -> None:

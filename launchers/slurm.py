@@ -29,7 +29,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from launchers import signals
 from launchers.env import export_slurm_environment
-from launchers.heartbeat import heartbeat_file, silent_for, start_beating
+from launchers.heartbeat import heartbeat_file, silence, silent_for, start_beating
 from launchers.tasks import LogFollower, RankFailure, log_tail, read_result, run_recording_failures
 
 # How often rank 0's log is read while the job runs, and how often slurmctld is asked for its state.
@@ -259,11 +259,7 @@ def _check_heartbeats(job: SlurmJob, restarts: int, limit_s: float) -> None:
         silent = silent_for(heartbeat_file(job.folder, f"{job.job_id}_r{restarts}", task))
         if silent is not None and silent > limit_s:
             job.cancel()
-            reason = (
-                f"stopped answering: no heartbeat for {silent:.0f} s (stopped, or hung where no Python thread "
-                f"runs; launcher.heartbeat_timeout_s={limit_s:g}); job {job.job_id} cancelled"
-            )
-            raise RankFailure(task, reason, job.log(task))
+            raise RankFailure(task, silence(silent, limit_s, f"job {job.job_id} cancelled"), job.log(task))
 
 
 def _outcome(job: SlurmJob, status: JobStatus | None, echo: Callable[[str], None]) -> Any:

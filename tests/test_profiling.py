@@ -19,6 +19,10 @@ def _run(tmp_path, store, overrides: list[str]):
     result = run_cli([*RUN, "tracking=mlflow", uri, *overrides], tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     [run] = mlflow_runs(db)
+    # Its last word says where everything went: the folder, the run and how to see it, the profiling.
+    said = result.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"titan_exp: done: outputs in {tmp_path / 'run'}; MLflow run {run.info.run_id} in "), said
+    assert "python -m titan_exp ui --uri sqlite:///" in said and f"profiling in {tmp_path / 'run'}/" in said, said
     return run, mlflow_client(db)
 
 

@@ -31,6 +31,7 @@ from titan_exp.job.outcome import (
     exit_status,
     forget_folder,
     say,
+    where_it_went,
 )
 from titan_exp.job.parity import run_parity
 from titan_exp.job.preflight import preflight
@@ -70,6 +71,8 @@ def _task(composed: DictConfig) -> bool:
             say(caution)
         startup.mark("compose")
         run_job(job, job_dir)
+        if not job.dry_run and not sweeping and os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 says it
+            say(f"done: {where_it_went(job, job_dir)}")
         return True
     except Exception as err:  # a failed run is reported; in a sweep the other points still run
         status = exit_status(err)

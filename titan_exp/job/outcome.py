@@ -6,7 +6,10 @@ import signal
 import sys
 from pathlib import Path
 
+from titan_exp.config.job import ResolvedJob
 from titan_exp.rules import ConfigError
+from titan_exp.tracking.config import masked
+from titan_exp.tracking.journal import RUN_ID_FILE
 
 EXIT_RUN_FAILED = 1
 EXIT_BAD_CONFIG = 2
@@ -14,6 +17,22 @@ EXIT_BAD_CONFIG = 2
 
 def say(line: str) -> None:
     print(f"titan_exp: {line}", file=sys.stderr, flush=True)
+
+
+def where_it_went(job: ResolvedJob, job_dir: Path) -> str:
+    """What a finished job left and how to look at it, in one line: its folder, its MLflow run (and
+    the command that shows it), its profiling output."""
+    said = [f"outputs in {job_dir}"]
+    run_id_file = job_dir / RUN_ID_FILE
+    if job.store is not None and run_id_file.exists():
+        uri = masked(job.store.uri)
+        run_id = run_id_file.read_text().strip()
+        said.append(f"MLflow run {run_id} in {uri} (see it: python -m titan_exp ui --uri {uri})")
+    profiling = job.config.profiling
+    for folder in (job_dir / profiling.save_traces_folder, job_dir / profiling.save_memory_snapshot_folder):
+        if folder.is_dir():
+            said.append(f"profiling in {folder}")
+    return "; ".join(said)
 
 
 def forget_folder(folder: Path, written: list[str]) -> None:

@@ -137,7 +137,7 @@ def _reachable_store(store: Store) -> None:
     if not store.db.exists():
         return
     try:  # reads the schema only: cheap on any size of store
-        with contextlib.closing(sqlite3.connect(f"{store.db.as_uri()}?mode=ro", uri=True, timeout=5)) as db:
+        with _read_only(store.db) as db:
             db.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.Error as err:
         if is_store_busy(err):  # another job is writing it: a database
@@ -147,6 +147,11 @@ def _reachable_store(store: Store) -> None:
             store.uri,
             f"{store.db} is not a readable SQLite database ({err}); move it away or name another file",
         ) from None
+
+
+def _read_only(db: Path) -> contextlib.closing[sqlite3.Connection]:
+    """A connection that cannot change the store (nor create it)."""
+    return contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5))
 
 
 def _parent_run_exists(store: Store, run_id: str) -> None:
@@ -162,7 +167,7 @@ def _parent_run_exists(store: Store, run_id: str) -> None:
         except OSError:  # it answered its health check a moment ago: let the run's writer retry
             return
     elif store.db.exists():
-        with contextlib.closing(sqlite3.connect(f"{store.db.as_uri()}?mode=ro", uri=True, timeout=5)) as db:
+        with _read_only(store.db) as db:
             found = db.execute("SELECT 1 FROM runs WHERE run_uuid = ?", (run_id,)).fetchone() is not None
     else:
         found = False

@@ -52,16 +52,6 @@ def masked(uri: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
-def not_sqlite(db: Path) -> str | None:
-    """Why the existing, non-empty file `db` is not a SQLite database (its header says), or None."""
-    if not db.is_file() or db.stat().st_size == 0:
-        return None
-    with open(db, "rb") as file:
-        if file.read(16) != b"SQLite format 3\x00":
-            return f"{db} is not a SQLite database (its first bytes say otherwise); name another file"
-    return None
-
-
 @dataclass
 class TrackingConfig(Section):
     enable: bool = True

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from titan_exp.rules import ConfigError
-from titan_exp.tracking.config import TrackingConfig, masked, not_sqlite
+from titan_exp.tracking.config import TrackingConfig, masked
 
 # SQLite lets one writer in at a time; a busy store is retried for this long before giving up
 # (long: a writer that holds the lock may wait for an idle core, see tracking/writer.py).
@@ -110,7 +110,12 @@ def not_a_store(db: Path) -> str | None:
     None (a store, an empty file, or nothing there yet)."""
     if db.exists() and not db.is_file():
         return f"{db} is not a file; name a SQLite database file"
-    return not_sqlite(db)
+    if not db.is_file() or db.stat().st_size == 0:
+        return None
+    with open(db, "rb") as file:
+        if file.read(16) != b"SQLite format 3\x00":  # SQLite's header
+            return f"{db} is not a SQLite database (its first bytes say otherwise); name another file"
+    return None
 
 
 def is_store_busy(err: Exception) -> bool:

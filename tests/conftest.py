@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from titan_exp import CONF_DIR
 from titan_exp.config.schema import register_schema
 
 REPO = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO / "conf"
 
 register_schema()
 

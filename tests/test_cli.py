@@ -137,7 +137,7 @@ def test_a_sweep_with_a_duplicate_or_too_many_points_starts_nothing(tmp_path, ne
 
 
 def test_the_installed_command_finds_its_config_from_any_folder(tmp_path):
-    """`titan_exp` (the console script ./setup.sh installs) composes the checkout's conf/ from elsewhere."""
+    """`titan_exp` (the console script ./setup.sh installs) composes the checkout's titan_exp/conf/ from elsewhere."""
     import shutil
 
     command = shutil.which("titan_exp")

@@ -1,4 +1,4 @@
-"""GPU peaks live in conf/hardware only: the trainer's MFU peak for a CUDA device name is its
+"""GPU peaks live in titan_exp/conf/hardware only: the trainer's MFU peak for a CUDA device name is its
 profile's bf16 peak, the profile found by the longest of the profiles' `device_names` in the name."""
 
 import dataclasses

@@ -1,6 +1,6 @@
-"""An option file says only what its option changes: every key of conf/<group>/<option>.yaml is a
+"""An option file says only what its option changes: every key of titan_exp/conf/<group>/<option>.yaml is a
 field of the group's schema dataclass (titan_exp/config/schema.py, JobConfig) and differs from that
-field's default. Presets (conf/experiment, `# @package _global_`) are exempt."""
+field's default. Presets (titan_exp/conf/experiment, `# @package _global_`) are exempt."""
 
 import dataclasses
 import typing

@@ -17,7 +17,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launchers import signals
-from titan_exp import ui
+from titan_exp import CONF_DIR, ui
 from titan_exp.compare import cli as compare_cli
 from titan_exp.config.check import cautions
 from titan_exp.config.compose import to_job_config
@@ -48,9 +48,9 @@ class TaskExit(SystemExit):
     a composition error (unknown key, unknown option) itself with status 1, before the task runs."""
 
 
-# The checkout's conf/ by its absolute path: relative, Hydra would look for a Python package `conf`
-# when this runs as the installed `titan_exp` command (the module then is titan_exp.__main__).
-@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="config")
+# By its absolute path: relative, Hydra would look for a Python package `conf` when this runs as
+# the installed `titan_exp` command (the module then is titan_exp.__main__).
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _task(composed: DictConfig) -> bool:
     """One run (or one sweep point run in this process); returns whether it succeeded (a sweep's
     callback counts it)."""

@@ -1,6 +1,6 @@
 """Every option of every config group, and every experiment preset, composes through Hydra's compose
 API into the typed JobConfig (config/compose.py's to_job_config), and what the option file says is
-what lands in its section. Groups and options are read from conf/ at collection time."""
+what lands in its section. Groups and options are read from titan_exp/conf/ at collection time."""
 
 import dataclasses
 import functools
@@ -30,7 +30,7 @@ def composed(*overrides: str) -> JobConfig:
 
 
 def option_values(group: str, option: str) -> dict[str, Any]:
-    """What conf/<group>/<option>.yaml sets (a comment-only file sets nothing)."""
+    """What titan_exp/conf/<group>/<option>.yaml sets (a comment-only file sets nothing)."""
     loaded = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
     return OmegaConf.to_container(loaded) if loaded else {}
 

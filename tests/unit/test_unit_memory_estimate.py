@@ -26,7 +26,7 @@ from titan_exp.parallel.stages import StagePlan
 
 from conftest import compose_config
 
-# The debug model (Llama3Config's defaults, conf/model/llama3_debug.yaml): dim 256, 6 layers, 16 heads
+# The debug model (Llama3Config's defaults, titan_exp/conf/model/llama3_debug.yaml): dim 256, 6 layers, 16 heads
 # of 16, 4 kv heads, vocab 2048, ffn hidden round_up_256(int(8/3·256) = 682) = 768.
 DEBUG = Llama3Config()
 # Per layer: wq + wo 2·256·256 = 131,072; wk + wv 2·256·(4·16) = 32,768; w1, w2, w3 3·256·768 = 589,824;
@@ -50,7 +50,7 @@ def llama3_8b() -> Llama3Config:
 
 
 def test_llama3_8b_has_its_published_parameter_count(llama3_8b: Llama3Config) -> None:
-    """conf/model/llama3_8b.yaml: 8,030,261,248 parameters. By hand: ffn hidden
+    """titan_exp/conf/model/llama3_8b.yaml: 8,030,261,248 parameters. By hand: ffn hidden
     round_up_1024(int(1.3·int(8/3·4096) = 1.3·10922)) = 14,336; a layer 2·4096² (wq, wo) +
     2·4096·1024 (wk, wv) + 3·4096·14,336 + 2·4096 = 218,112,000; 32 of them, 2·128,256·4096
     (embedding, output) and 4096 (norm)."""

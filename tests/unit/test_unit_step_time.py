@@ -126,7 +126,7 @@ def test_a_shard_group_beyond_a_node_runs_on_the_slower_link() -> None:
 
 
 def test_on_the_cpu_profile_fsdp_blocks() -> None:
-    """gloo's collectives block (conf/hardware/cpu.yaml): the same by hand as test_fsdp_by_hand."""
+    """gloo's collectives block (titan_exp/conf/hardware/cpu.yaml): the same by hand as test_fsdp_by_hand."""
     assert not CPU.overlaps_communication
     n = model_parameters(DEBUG)
     gather = 10e-6 + n * 2 / 8 / 2 / 100e9

@@ -1,6 +1,6 @@
 """The typed run config: one dataclass per section, each defined next to the code that reads it
 (with its own rules), assembled here and registered in Hydra's ConfigStore as the schema
-`conf/config.yaml` builds on.
+`titan_exp/conf/config.yaml` builds on.
 
 Torch-free, like everything the launching process imports (a test guards it)."""
 

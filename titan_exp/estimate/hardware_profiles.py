@@ -1,17 +1,16 @@
-"""The device profiles of the `hardware` group read straight from conf/hardware/ (no Hydra): each
+"""The device profiles of the `hardware` group read straight from titan_exp/conf/hardware/ (no Hydra): each
 option file merged over HardwareConfig's defaults, and the profile a CUDA device name stands for
 (its `device_names`). The only table of GPU peaks is those files. Torch-free."""
 
 import copy
 import functools
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
-import titan_exp
+from titan_exp import CONF_DIR
 from titan_exp.estimate.config import HardwareConfig
 
-HARDWARE_DIR = Path(titan_exp.__file__).resolve().parents[1] / "conf" / "hardware"
+HARDWARE_DIR = CONF_DIR / "hardware"
 
 
 @functools.cache
@@ -26,7 +25,7 @@ def _profiles() -> dict[str, HardwareConfig]:
 
 
 def hardware_profiles() -> dict[str, HardwareConfig]:
-    """Every profile by its option name (conf/hardware/<option>.yaml), as `hardware=<option>` has it."""
+    """Every profile by its option name (titan_exp/conf/hardware/<option>.yaml), as `hardware=<option>` has it."""
     return copy.deepcopy(_profiles())
 
 

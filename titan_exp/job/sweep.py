@@ -28,7 +28,7 @@ COMPARISON_NOTE = (
     "throughput.png, memory.png, scaling.png); `python -m titan_exp ui` prints a link to the points "
     "sorted by TPS/device."
 )
-# The Hydra launcher of hydra_plugins/titan_exp_launcher (conf/config.yaml makes it the default).
+# The Hydra launcher of hydra_plugins/titan_exp_launcher (titan_exp/conf/config.yaml makes it the default).
 TITAN_EXP_LAUNCHER = "hydra_plugins.titan_exp_launcher.titan_exp_launcher.TitanExpLauncher"
 
 
@@ -89,7 +89,7 @@ def active_sweep() -> Sweep | None:
 
 
 class SweepParentRun(Callback):
-    """Registered under hydra.callbacks (conf/config.yaml): Hydra calls it in the process that
+    """Registered under hydra.callbacks (titan_exp/conf/config.yaml): Hydra calls it in the process that
     starts a multirun, which becomes a Sweep."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:

@@ -1,4 +1,4 @@
-"""Peak FLOP/s of the device a rank runs on: a GPU's from its conf/hardware profile, a measured matmul
+"""Peak FLOP/s of the device a rank runs on: a GPU's from its titan_exp/conf/hardware profile, a measured matmul
 peak on CPU."""
 
 import json
@@ -16,7 +16,7 @@ from titan_exp.estimate.hardware_profiles import profile_for_device
 
 
 def gpu_peak_flops(device_name: str) -> float:
-    """The dense bf16 peak of the conf/hardware profile this CUDA device name stands for (the
+    """The dense bf16 peak of the titan_exp/conf/hardware profile this CUDA device name stands for (the
     longest `device_names` entry contained in it, so 'H100 PCIe' wins over 'H100')."""
     try:
         profile = profile_for_device(device_name)

@@ -25,6 +25,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from launchers.devices import cpu_cores
+from titan_exp import CONF_DIR
 from titan_exp.compare.report import to_html, to_markdown
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.job import ResolvedJob
@@ -46,7 +47,6 @@ from titan_exp.tracking.run import ROLE_TAG, MlflowRun
 from titan_exp.tracking.store import ensure_store
 from titan_exp.units import GIB
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 COLUMNS = [
     "rank",
     "layout",

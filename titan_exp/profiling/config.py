@@ -1,4 +1,4 @@
-"""The `profiling` config group (conf/profiling/: none, trace, memory, full). Key names are
+"""The `profiling` config group (titan_exp/conf/profiling/: none, trace, memory, full). Key names are
 torchtitan's; folders are relative to the job's folder, and everything written there also goes
 into the MLflow run under profiling/."""
 

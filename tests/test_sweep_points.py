@@ -55,23 +55,28 @@ def test_console_lines_update_in_place_on_a_terminal_and_print_changes_elsewhere
     points = [point(0, ["a=1"]), point(1, ["a=2"])]
     label_points(points)
     log = io.StringIO()
-    board = StatusBoard(log)
+    board = StatusBoard(log, len(points))
     board.show(points)
     points[0].state, points[0].detail = "running", "step 3, loss 7.1"
     board.show(points)
     points[0].detail = "step 4, loss 7.0"
     board.show(points)  # a new step only: nothing new in a log
     assert log.getvalue().splitlines() == ["[0] a=1: queued", "[1] a=2: queued", "[0] a=1: running (step 3, loss 7.1)"]
+    points[0].state = "done"
+    board.show(points)  # an ended point: how many have, and the time left at this pace
+    point_line, progress_line = log.getvalue().splitlines()[-2:]
+    assert point_line == "[0] a=1: done (step 4, loss 7.0)" and progress_line.startswith("points ended: 1 of 2 (")
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
 
     screen = Terminal()
-    board = StatusBoard(screen)
+    board = StatusBoard(screen, len(points))
     board.show(points)
-    board.show(points)
-    assert screen.getvalue().count("\x1b[2F") == 1 and screen.getvalue().count("\x1b[2K") == 4
+    board.show(points)  # two points' lines and the progress line, drawn over
+    assert screen.getvalue().count("\x1b[3F") == 1 and screen.getvalue().count("\x1b[2K") == 6
+    assert screen.getvalue().rsplit("\x1b[2K", 1)[1].startswith("points ended: 1 of 2 (")
 
 
 def test_ctrl_c_stops_every_point_and_ends_the_sweep_killed(tmp_path, store):

@@ -29,6 +29,7 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.preflight import preflight
+from titan_exp.progress import Progress
 from titan_exp.rules import ConfigError
 
 # In a point's folder: its resolved job, as the sweep hands it to the point's process (job/point.py).
@@ -167,7 +168,7 @@ def run_points(points: list[SweepPoint], parent_run_id: str | None, max_parallel
     label_points(points)
     room = _Room.of_this_machine(points, max_parallel, max_on_slurm)
     waiting = deque(points)
-    board = StatusBoard(sys.stdout)
+    board = StatusBoard(sys.stdout, len(points))
     try:
         while waiting or room.running:
             while waiting and room.take(waiting[0]):
@@ -256,17 +257,22 @@ def _stop(running: list[SweepPoint]) -> None:
 
 
 class StatusBoard:
-    """One line per point: redrawn in place on a terminal, printed when it changes elsewhere."""
+    """One line per point and how many have ended (k of n, elapsed, time left): redrawn in place on
+    a terminal, printed when it changes elsewhere."""
 
-    def __init__(self, stream: TextIO):
+    def __init__(self, stream: TextIO, total: int):
         self.stream = stream
         self.live = stream.isatty()
         self.drawn = 0
         self.printed: dict[int, str] = {}
+        self.progress = Progress("points ended:", total, stream)
+        self.ended = 0
 
     def show(self, points: list[SweepPoint]) -> None:
         lines = [f"[{p.number}] {p.label}: {p.state}" + (f" ({p.detail})" if p.detail else "") for p in points]
+        ended = sum(p.state in ("done", "failed") for p in points)
         if self.live:
+            lines.append(self.progress.line(ended))
             self.stream.write(f"\x1b[{self.drawn}F" if self.drawn else "")
             self.stream.write("".join(f"\x1b[2K{line}\n" for line in lines))
             self.drawn = len(lines)
@@ -276,4 +282,7 @@ class StatusBoard:
                 if self.printed.get(point.number) != point.state:
                     self.printed[point.number] = point.state
                     self.stream.write(line + "\n")
+            if ended != self.ended:
+                self.stream.write(self.progress.line(ended) + "\n")
+        self.ended = ended
         self.stream.flush()

@@ -17,7 +17,6 @@ import dataclasses
 import datetime
 import itertools
 import sys
-import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -42,6 +41,7 @@ from titan_exp.plan.predict import (
     predict,
     resolve_for_plan,
 )
+from titan_exp.progress import Progress
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.run import ROLE_TAG, MlflowRun
 from titan_exp.tracking.store import ensure_store
@@ -113,14 +113,12 @@ def plan_one(job: ResolvedJob) -> Prediction:
 
 
 def _plan_all(jobs: list[ResolvedJob]) -> list[Prediction]:
-    """Each point planned, a grid's progress on stderr (k of n, elapsed, time left at this pace)."""
-    predictions, start = [], time.monotonic()
+    """Each point planned, a grid's progress on stderr (stdout gets the table)."""
+    predictions, progress = [], Progress("planned", len(jobs), sys.stderr)
     for done, job in enumerate(jobs, 1):
         predictions.append(plan_one(job))
         if len(jobs) > 1:
-            elapsed = time.monotonic() - start
-            left = elapsed / done * (len(jobs) - done)
-            print(f"planned {done} of {len(jobs)} ({elapsed:.0f} s, ~{left:.0f} s left)", file=sys.stderr, flush=True)
+            progress.show(done)
     return predictions
 
 

@@ -120,12 +120,46 @@ def test_a_line_break_in_a_value_for_the_batch_script_is_refused(key: str):
     assert err.value.key == key
 
 
-def test_a_warmup_longer_than_the_run_is_said_before_it_starts():
+def said_before_start(overrides: list[str]) -> list[str]:
+    """The cautions `python -m titan_exp` says for these overrides."""
     from titan_exp.config.check import cautions
 
-    assert cautions(resolved(["launcher.device=cpu", "lr_scheduler.warmup_steps=10", "training.steps=20"])) == []
-    (said,) = cautions(resolved(["launcher.device=cpu", "lr_scheduler.warmup_steps=100", "training.steps=10"]))
+    cfg = to_job_config(compose_config(["launcher.device=cpu", *overrides]))
+    return cautions(cfg, resolve(cfg).dims)
+
+
+def test_a_warmup_longer_than_the_run_is_said_before_it_starts():
+    assert said_before_start(["lr_scheduler.warmup_steps=10", "training.steps=20"]) == []
+    (said,) = said_before_start(["lr_scheduler.warmup_steps=100", "training.steps=10"])
     assert "lr_scheduler.warmup_steps=100 exceeds training.steps=10" in said
+
+
+@pytest.mark.parametrize(
+    "overrides,key,why",
+    [
+        (["parallelism.pipeline_parallel_schedule=GPipe"], "pipeline_parallel_schedule=GPipe", "degree is 1"),
+        (["parallelism=tp", "parallelism.context_parallel_impl=allgather"], "context_parallel_impl", "degree is 1"),
+        (["parallelism=ddp", "parallelism.fsdp_reshard_after_forward=never"], "fsdp_reshard_after_forward", "FSDP"),
+        (
+            ["activation_checkpoint.selective_ac_option=2"],
+            "activation_checkpoint.selective_ac_option=2",
+            "mode is none",
+        ),
+        (["compile.backend=eager"], "compile.backend=eager", "compile.enable is false"),
+        (["quantize.recipe=rowwise"], "quantize.recipe=rowwise", "quantize=none"),
+        (["data=synthetic", "data.tokenizer_vocab_size=512"], "data.tokenizer_vocab_size=512", "source is synthetic"),
+    ],
+)
+def test_a_key_this_layout_does_not_read_is_said_before_it_starts(overrides: list[str], key: str, why: str):
+    (said,) = said_before_start(overrides)
+    assert key in said and "has no effect" in said and why in said
+
+
+def test_keys_the_layout_reads_are_not_cautioned():
+    assert said_before_start(["parallelism=pp", "parallelism.pipeline_parallel_schedule=GPipe"]) == []
+    selective = ["activation_checkpoint.mode=selective", "activation_checkpoint.selective_ac_option=2"]
+    assert said_before_start(selective) == []
+    assert said_before_start(["parallelism=tp", "parallelism.enable_async_tensor_parallel=false"]) == []  # the default
 
 
 def test_a_checkpoint_folder_without_room_for_one_checkpoint_is_refused(tmp_path: Path, monkeypatch):

@@ -1,7 +1,6 @@
-"""`python -m titan_exp [overrides] [-m]`: compose with Hydra, resolve, pre-flight, run the job.
-`python -m titan_exp compare ...` and `python -m titan_exp ui ...`: compare tracked runs, serve the MLflow UI.
-`python -m titan_exp sync DIR...`: write what the store missed from jobs' journals (tracking/sync.py).
-`python -m titan_exp plan [overrides]`: predict memory and speed without running (plan/cli.py).
+"""`titan_exp [overrides] [-m]` (or `python -m titan_exp`): compose with Hydra, resolve, pre-flight,
+run the job. `titan_exp SUBCOMMAND ...`: the subcommands of `_SUBCOMMANDS` (show, plan, compare, ui,
+sync); `titan_exp --help`: the project's page (help_page.py).
 
 Nothing here (nor anything it imports) loads torch: the ranks do (tests/test_architecture.py)."""
 
@@ -17,12 +16,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launchers import signals
-from titan_exp import CONF_DIR, ui
+from titan_exp import CONF_DIR, help_page, ui
 from titan_exp.compare import cli as compare_cli
 from titan_exp.config.check import cautions
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import register_schema
+from titan_exp.job import show
 from titan_exp.job.launch import run_job
 from titan_exp.job.outcome import (
     EXIT_BAD_CONFIG,
@@ -40,7 +40,14 @@ from titan_exp.metrics import startup
 from titan_exp.plan import cli as plan_cli
 from titan_exp.tracking import sync
 
-_SUBCOMMANDS = {"compare": compare_cli.main, "ui": ui.main, "sync": sync.main, "plan": plan_cli.main}
+# Each subcommand's entry point and its line on `titan_exp --help`.
+_SUBCOMMANDS = {
+    "show": (show.main, "the resolved job: mesh, ranks, global batch, accumulation, dtype, device profile"),
+    "plan": (plan_cli.main, "predict memory, step time and MFU without running; a grid ranked best first"),
+    "compare": (compare_cli.main, "the strategy table and plots of a sweep or an experiment's runs"),
+    "ui": (ui.main, "MLflow's UI on the project's store, opened on the runs"),
+    "sync": (sync.main, "write into the store what jobs journaled but the store missed"),
+}
 
 
 class TaskExit(SystemExit):
@@ -58,7 +65,7 @@ def _task(composed: DictConfig) -> bool:
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     job_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        cfg = to_job_config(composed)
+        cfg = to_job_config(composed, hydra_cfg.overrides.task)
         if sweeping:
             cfg = join_sweep(cfg, Path(hydra_cfg.sweep.dir))
         if cfg.parity.layouts:
@@ -67,7 +74,7 @@ def _task(composed: DictConfig) -> bool:
             return True
         job = resolve(cfg)
         preflight(job)
-        for caution in cautions(job.config):
+        for caution in cautions(cfg, job.dims):
             say(caution)
         startup.mark("compose")
         run_job(job, job_dir)
@@ -83,10 +90,25 @@ def _task(composed: DictConfig) -> bool:
     return False
 
 
+def _complete_subcommands() -> None:
+    """Tab completion (Hydra's, `eval "$(titan_exp -sc install=bash)"`) also offers the subcommands
+    for the first word; Hydra then adds the groups and keys."""
+    line = os.environ.get("COMP_LINE", "")
+    words = line.split()[1:] if line.endswith(" ") else line.split()[1:-1]
+    partial = "" if line.endswith(" ") else line.split()[-1]
+    if not words:  # completing the first word
+        print(" ".join(name for name in _SUBCOMMANDS if name.startswith(partial)))
+
+
 def main() -> None:
     startup.mark("python_imports")
     if len(sys.argv) > 1 and sys.argv[1] in _SUBCOMMANDS:
-        sys.exit(_SUBCOMMANDS[sys.argv[1]](sys.argv[2:]))
+        sys.exit(_SUBCOMMANDS[sys.argv[1]][0](sys.argv[2:]))
+    if sys.argv[1:3] == ["-sc", "query=bash"]:
+        _complete_subcommands()
+    if len(sys.argv) > 1 and sys.argv[1] in ("--help", "-h"):
+        sys.stdout.write(help_page.page({name: summary for name, (_, summary) in _SUBCOMMANDS.items()}))
+        return
     register_schema()
     # Hydra then raises a config it cannot compose to us (one line below) rather than printing
     # several; a user who set it keeps Hydra's full traceback.

@@ -23,6 +23,13 @@ def one_of(*choices: Any, default: Any = None) -> Any:
     return dataclasses.field(default=choices[0] if default is None else default, metadata={"choices": choices})
 
 
+def label(default: str, chosen_by: str) -> Any:
+    """A field that names what an option file chose and selects nothing itself (a model's flavor):
+    the option file sets it; set on the command line it would only mislabel the run, so it is
+    refused there (config/compose.py), pointing to `chosen_by`, the way to choose."""
+    return dataclasses.field(default=default, metadata={"chosen_by": chosen_by})
+
+
 def choices(section: type, name: str) -> tuple:
     """The choices `one_of` declared for a field of a section class."""
     return next(f.metadata["choices"] for f in dataclasses.fields(section) if f.name == name)

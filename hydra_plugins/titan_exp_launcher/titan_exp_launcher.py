@@ -15,7 +15,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from titan_exp.config.compose import to_job_config
+from titan_exp.config.compose import check_label_overrides, to_job_config
 from titan_exp.job.outcome import forget_folder
 from titan_exp.job.sweep import active_sweep
 from titan_exp.job.sweep_points import SweepPoint, check_every_point, prepare_point, run_points
@@ -40,6 +40,8 @@ class TitanExpLauncher(Launcher):
         sweep_dir = Path(self.config.hydra.sweep.dir)
         with _refusal_exits(sweep_dir):
             _check_sweep_size(len(job_overrides), self.config.launcher.max_sweep_points)
+            for overrides in job_overrides:
+                check_label_overrides(overrides)
         configs = [self._point_config(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
         points, pruned = [], {}
         for overrides, config in zip(job_overrides, configs):

@@ -8,7 +8,7 @@ from titan_exp.rules import ConfigError, Section, check_positive
 
 @dataclass
 class CheckpointConfig(Section):
-    # Save every `interval` steps and at the last step; resume from the newest step in `folder`.
+    # Save every `interval` steps and at the last step, and resume from the newest step in `folder`.
     enable: bool = False
     folder: str = "outputs/checkpoints"
     interval: int = 100
@@ -16,7 +16,7 @@ class CheckpointConfig(Section):
     keep_latest_k: int = 0
     # Write the initialized weights as step-0 in `folder` and stop (one rank: parallelism=single).
     create_seed_checkpoint: bool = False
-    # Model weights to start from (a step folder, e.g. a seed checkpoint), resharded to this layout.
+    # Weights to start from (a step folder, e.g. a seed checkpoint), resharded to this layout.
     initial_load_path: Optional[str] = None
 
     def check(self, key: str) -> None:

@@ -6,6 +6,7 @@ offending value and the fix, so the command line prints one line and exits 2."""
 from titan_exp.config.job import Placement
 from titan_exp.config.schema import JobConfig
 from titan_exp.config.sections import LauncherConfig
+from titan_exp.parallel.config import PIPELINE_KEYS
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.rules import ConfigError
@@ -30,15 +31,44 @@ def check_job(cfg: JobConfig, dims: ParallelDims, placement: Placement, placed: 
         check_local_tensor_layout(cfg, dims)
 
 
-def cautions(cfg: JobConfig) -> list[str]:
-    """What a job may run with but is rarely meant (said before it starts; torchtitan warns of the same)."""
-    said = []
+def cautions(cfg: JobConfig, dims: ParallelDims) -> list[str]:
+    """What a job may run with but is rarely meant (said before it starts; torchtitan warns of the
+    same): `cfg` as composed (before resolution fills it in), `dims` as resolved."""
+    said = [f"{key}={value} has no effect: {why}" for key, value, why in ignored_keys(cfg, dims)]
     if cfg.lr_scheduler.warmup_steps > cfg.training.steps:
         said.append(
             f"lr_scheduler.warmup_steps={cfg.lr_scheduler.warmup_steps} exceeds training.steps={cfg.training.steps}: "
             "the learning rate never reaches optimizer.lr"
         )
     return said
+
+
+def ignored_keys(cfg: JobConfig, dims: ParallelDims) -> list[tuple[str, object, str]]:
+    """(key, value, why) of each key set away from its default that this layout does not read."""
+    ac, data, unquantized = cfg.activation_checkpoint, cfg.data, cfg.quantize.name == "none"
+    source = f"data.source is {data.source}"
+    # (section name, its keys, whether they are unread, why)
+    unread = [
+        ("parallelism", PIPELINE_KEYS, dims.pp == 1, "parallelism.pipeline_parallel_degree is 1"),
+        ("parallelism", ("enable_async_tensor_parallel",), dims.tp == 1, "parallelism.tensor_parallel_degree is 1"),
+        ("parallelism", ("context_parallel_impl",), dims.cp == 1, "parallelism.context_parallel_degree is 1"),
+        ("parallelism", ("fsdp_reshard_after_forward",), not dims.fsdp_enabled, "no dimension is sharded by FSDP"),
+        ("activation_checkpoint", ("selective_ac_option",), ac.mode != "selective", f"its mode is {ac.mode}"),
+        ("compile", ("backend", "components"), not cfg.compile.enable, "compile.enable is false"),
+        ("quantize", ("recipe", "filter_fqns", "enable_fsdp_float8_all_gather"), unquantized, "quantize=none"),
+        ("checkpoint", ("interval", "keep_latest_k"), not cfg.checkpoint.enable, "checkpoint.enable is false"),
+        ("data", ("corpus_path", "tokenizer_vocab_size"), data.source != "text", source),
+        ("data", ("synthetic_vocab_size", "synthetic_branching"), data.source != "synthetic", source),
+    ]
+    found = []
+    for section_name, names, is_unread, why in unread:
+        section = getattr(cfg, section_name)
+        defaults = type(section)()
+        for name in names:
+            value = getattr(section, name)
+            if is_unread and value != getattr(defaults, name):
+                found.append((f"{section_name}.{name}", value, why))
+    return found
 
 
 def check_model_fit(cfg: JobConfig, dims: ParallelDims) -> None:

@@ -28,15 +28,19 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass
 class TrainingConfig(Section):
+    # Optimizer steps of the run.
     steps: int = 50
+    # Sequences per data-parallel rank per microbatch.
     local_batch_size: int = 4
     # -1: local_batch_size × data-parallel degree (no gradient accumulation). A multiple of that
     # product accumulates gradients over global / (local × dp) microbatches per step.
     global_batch_size: int = -1
+    # Tokens per sequence.
     seq_len: int = 256
     # Gradient clipping by total norm over all (possibly sharded) parameters; <= 0 turns it off.
     max_norm: float = 1.0
-    # FSDP's MixedPrecisionPolicy; on a single device or DDP the param dtype becomes an autocast dtype.
+    # Compute dtype of the parameters (FSDP's MixedPrecisionPolicy; an autocast dtype on a single
+    # device or DDP) and of the gradient reduction.
     mixed_precision_param: str = one_of(*DTYPES)
     mixed_precision_reduce: str = one_of(*DTYPES)
 
@@ -58,10 +62,11 @@ class MetricsConfig(Section):
 
 @dataclass
 class DebugConfig(Section):
+    # Seeds the weights' init and the data order on every rank.
     seed: int = 0
     deterministic: bool = False
-    # real | fake_backend (one process stands in for rank 0 of the whole world) | local_tensor (every
-    # TP rank's numbers in one process): see train/dry_run.py. COMM_MODE, when set, takes precedence.
+    # real ranks, or a dry run in this one process: fake_backend (rank 0 of the whole world, any
+    # size) | local_tensor (every TP rank's numbers). See train/dry_run.py; COMM_MODE takes precedence.
     comm_mode: str = one_of("real", "fake_backend", "local_tensor")
 
     def check(self, key: str) -> None:
@@ -79,8 +84,9 @@ class _PlacementKeys(Section):
     # -1: the product of the parallel degrees when none of them is -1; otherwise every visible GPU,
     # or 2 CPU ranks on a machine without one (slurm: launcher.gpus_per_node).
     nproc_per_node: int = -1
+    # Hosts of the job (launcher=slurm, or torchrun/srun's world).
     nodes: int = 1
-    # slurm: auto means cuda unless launcher.gpus_per_node=0.
+    # Where the ranks compute; auto: cuda where there are GPUs (slurm: unless launcher.gpus_per_node=0).
     device: str = one_of("auto", "cpu", "cuda")
     # Wall-clock limit of the job (slurm: its --time); the ranks are killed past it.
     timeout_min: int = 24 * 60

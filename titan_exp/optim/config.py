@@ -9,6 +9,7 @@ from titan_exp.rules import Section, check_at_least, check_in_range, check_posit
 @dataclass
 class OptimizerConfig(Section):
     name: str = one_of("AdamW")
+    # Peak learning rate (after warmup).
     lr: float = 3e-3
     beta1: float = 0.9
     beta2: float = 0.95

@@ -5,7 +5,7 @@ Degrees are checked and resolved by ParallelDims (parallel/dims.py)."""
 from dataclasses import dataclass, field
 from typing import Optional
 
-from titan_exp.rules import ConfigError, Section, check_choice, check_positive, one_of
+from titan_exp.rules import ConfigError, Section, check_choice, check_positive, label, one_of
 
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 # Rank r holds stages r and 2P-1-r, so the first and the last stage sit on the same rank.
@@ -13,6 +13,12 @@ V_SHAPED_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 # Several "virtual" stages per rank.
 MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", *V_SHAPED_SCHEDULES)
 SCHEDULES = SINGLE_STAGE_SCHEDULES + MULTI_STAGE_SCHEDULES
+# The keys only pipelining reads.
+PIPELINE_KEYS = (
+    "pipeline_parallel_schedule",
+    "pipeline_parallel_microbatch_size",
+    "pipeline_parallel_layers_per_stage",
+)
 # Mesh dimension name for each degree key, outermost first (torchtitan's order).
 MESH_DIMS = {
     "pipeline_parallel_degree": "pp",
@@ -25,22 +31,29 @@ MESH_DIMS = {
 
 @dataclass
 class ParallelismConfig(Section):
-    # Short name of the layout, used in run names and tables (the option file sets it).
-    name: str = "fsdp"
-    # -1: whatever is left of the world size once the other degrees are taken (at most one may be -1).
+    # Short name of the layout option, the MLflow tag `strategy`.
+    name: str = label("fsdp", chosen_by="parallelism=<option> and the degrees")
+    # Full replicas of the model (DDP; HSDP's replicate dimension when sharded too). Any degree may
+    # be -1: whatever is left of the world size once the others are taken (at most one -1).
     data_parallel_replicate_degree: int = 1
+    # Ranks that shard each parameter, gradient and optimizer state (FSDP2, ZeRO-3).
     data_parallel_shard_degree: int = -1
     # default: reshard after forward except for the last block, whose params backward needs at once,
     # and except under pipelining, where a stage's blocks stay gathered across its microbatches.
     fsdp_reshard_after_forward: str = one_of("default", "always", "never")
+    # Tensor parallel with sequence parallel: each block's matmuls split over this many ranks.
     tensor_parallel_degree: int = 1
+    # Overlap TP's collectives with its matmuls (CUDA, compile.enable).
     enable_async_tensor_parallel: bool = False
+    # Pipeline stages: the layers split over this many ranks.
     pipeline_parallel_degree: int = 1
+    # How microbatches flow through the stages (torch.distributed.pipelining's schedules).
     pipeline_parallel_schedule: str = one_of(*SCHEDULES, default="1F1B")
     # Samples per pipeline microbatch: local_batch_size / this = microbatches per step.
     pipeline_parallel_microbatch_size: int = 1
     # Layers per stage; None: 1 stage per rank (2 for multi-stage schedules), layers split evenly.
     pipeline_parallel_layers_per_stage: Optional[int] = None
+    # Context parallel: each sequence split over this many ranks (long contexts).
     context_parallel_degree: int = 1
     # Context-parallel attention: torch (torch's ring attention; CUDA only, no pipelining) |
     # allgather (K/V all-gathered over the cp ranks; any device, any backend) | auto (torch on CUDA).
@@ -66,6 +79,7 @@ def resolved_context_parallel_impl(name: str, device: str) -> str:
 
 @dataclass
 class ActivationCheckpointConfig(Section):
+    # Recompute activations in backward instead of keeping them: none | full | selective.
     mode: str = one_of("none", "full", "selective")
     # With mode=selective: "op" saves chosen op outputs in every block; an integer N checkpoints
     # every N-th block.
@@ -98,6 +112,7 @@ COMPILE_COMPONENTS = ("model", "loss")
 
 @dataclass
 class CompileConfig(Section):
+    # torch.compile the model's blocks and the loss (compile.components).
     enable: bool = False
     # torch.compile's backend: inductor (generated kernels), or one of Dynamo's for debugging a
     # compile problem (eager: graph capture only; aot_eager: also AOTAutograd).

@@ -55,8 +55,9 @@ def masked(uri: str) -> str:
 @dataclass
 class TrackingConfig(Section):
     enable: bool = True
-    # An MLflow tracking URI: sqlite:///relative/or/absolute.db, or http(s):// for a server.
+    # The MLflow store: sqlite:///relative/or/absolute.db, or http(s):// for a server.
     uri: str = "sqlite:///outputs/mlflow.db"
+    # The MLflow experiment the runs go to.
     experiment: str = "titan_exp"
     # None: derived from the model and the layout, e.g. llama3_8b·fsdp8·tp2·float8.
     run_name: Optional[str] = None

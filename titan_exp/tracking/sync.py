@@ -20,7 +20,7 @@ from titan_exp.tracking.journal import JOURNAL_FILE, replay
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m titan_exp sync", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="titan_exp sync", description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="job folders, or folders above them")
     parser.add_argument("--uri", help="write into this store instead of the one each job was configured with")
     args = parser.parse_args(argv)

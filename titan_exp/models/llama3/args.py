@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from typing import Optional
 
-from titan_exp.rules import ConfigError, Section, check_positive
+from titan_exp.rules import ConfigError, Section, check_positive, label
 
 # Fields that must be finite and > 0.
 _POSITIVE = (
@@ -23,8 +23,9 @@ _POSITIVE = (
 
 @dataclass
 class Llama3Config(Section):
-    name: str = "llama3"
-    flavor: str = "debug"
+    # Labels of the model option (conf/model/<name>_<flavor>.yaml), in run names and tables.
+    name: str = label("llama3", chosen_by="model=<option>")
+    flavor: str = label("debug", chosen_by="model=<option>")
     dim: int = 256
     n_layers: int = 6
     n_heads: int = 16

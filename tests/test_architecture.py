@@ -1,4 +1,4 @@
-"""The layering rules (README, "Layout"), checked on the code as it is: imports point one way (no
+"""The layering rules (docs/design.md), checked on the code as it is: imports point one way (no
 package imports one that imports it back), launchers/ knows nothing of titan_exp, the launching side
 never imports the rank side, and the launching process never loads torch (start-up time: only the
 ranks and the dry runs do); and the size limits every module, function and signature keeps."""

@@ -1,5 +1,6 @@
 """titan_exp/metrics/flops.py: FLOPs per token against DESIGN's formula 6·(N − N_embedding) +
-12·L·H·Q·T, with N and N_embedding as the trainer and the planner pass them."""
+12·L·H·Q·T (a tied embedding stays in N: torchtitan 0.3.0), with N and N_embedding as the trainer
+and the planner pass them."""
 
 import dataclasses
 
@@ -55,13 +56,12 @@ def test_trainer_and_planner_pass_the_same_counts(tied: bool) -> None:
     assert trainer == planner
 
 
-def test_tied_embeddings_drop_the_output_matmul_as_torchtitan_does() -> None:
-    """A tied weight is counted once in N, and N_embedding removes it: the output projection's
-    6·vocab·dim FLOPs per token go uncounted (torchtitan's definition, kept so that MFU figures
-    compare)."""
+def test_a_tied_embedding_still_counts_the_output_matmul_as_torchtitan_does() -> None:
+    """A tied weight is counted once in N and stays in: the output projection's matmul runs on it
+    (torchtitan 0.3.0's count), so a tied model's FLOPs equal the untied one's."""
     tied = dataclasses.replace(DEBUG, tie_word_embeddings=True)
     untied_flops = flops_per_token(DEBUG, model_parameters(DEBUG), 524_288, 256)
     tied_flops = flops_per_token(tied, model_parameters(tied), 524_288, 256)
-    assert untied_flops - tied_flops == 6 * 2048 * 256
-    # What remains of the dense term: the layers and the final norm only.
-    assert tied_flops == 6 * (6 * 754_176 + 256) + 4_718_592
+    assert tied_flops == untied_flops
+    # The dense term: the layers, the final norm and the output projection.
+    assert tied_flops == 6 * (6 * 754_176 + 256 + 2048 * 256) + 4_718_592

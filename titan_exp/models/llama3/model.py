@@ -157,11 +157,14 @@ class Transformer(nn.Module):
             param.copy_(full)
 
     def _init_one(self, name: str, t: torch.Tensor, gen: torch.Generator) -> None:
+        """torchtitan's init. A tied embedding (named tok_embeddings.weight, where it is registered
+        first) is the output projection too and is initialised as one: N(0, 1) there would give
+        logits a spread of about √dim at step 0."""
         if name.endswith("norm.weight"):
             t.fill_(1.0)
-        elif name == "tok_embeddings.weight":
+        elif name == "tok_embeddings.weight" and not self.cfg.tie_word_embeddings:
             nn.init.normal_(t, std=1.0, generator=gen)
-        elif name == "output.weight":
+        elif name in ("output.weight", "tok_embeddings.weight"):
             std = self.cfg.dim**-0.5
             nn.init.trunc_normal_(t, std=std, a=-3 * std, b=3 * std, generator=gen)
         else:
@@ -169,4 +172,5 @@ class Transformer(nn.Module):
             layer_id = int(name.split(".")[1])
             is_out_proj = name.endswith(("wo.weight", "w2.weight", "w3.weight"))
             std = 0.02 / (2 * (layer_id + 1)) ** 0.5 if is_out_proj else 0.02
-            nn.init.trunc_normal_(t, std=std, a=-2 * std, b=2 * std, generator=gen)
+            # trunc_normal_'s default bounds, ±2 absolute (torchtitan's): no truncation at these stds.
+            nn.init.trunc_normal_(t, std=std, generator=gen)

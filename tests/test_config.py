@@ -146,7 +146,7 @@ def test_a_warmup_longer_than_the_run_is_said_before_it_starts():
             "mode is none",
         ),
         (["compile.backend=eager"], "compile.backend=eager", "compile.enable is false"),
-        (["quantize.recipe=rowwise"], "quantize.recipe=rowwise", "quantize=none"),
+        (["quantize.recipe=tensorwise"], "quantize.recipe=tensorwise", "quantize=none"),
         (["data=synthetic", "data.tokenizer_vocab_size=512"], "data.tokenizer_vocab_size=512", "source is synthetic"),
     ],
 )

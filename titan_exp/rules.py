@@ -30,6 +30,13 @@ def label(default: str, chosen_by: str) -> Any:
     return dataclasses.field(default=default, metadata={"chosen_by": chosen_by})
 
 
+def torchtitan_name(of: str) -> Any:
+    """A key under the name torchtitan gives it today, accepted beside ours (`of`, the key it sets)
+    so that its flags paste as they are; config/aliases.py turns its value into ours (tokens into
+    sequences where the units differ) before anything is checked. None: not given."""
+    return dataclasses.field(default=None, metadata={"alias_of": of})
+
+
 def choices(section: type, name: str) -> tuple:
     """The choices `one_of` declared for a field of a section class."""
     return next(f.metadata["choices"] for f in dataclasses.fields(section) if f.name == name)

@@ -3,6 +3,7 @@ than dropped, and so are command-line values of keys that only label (rules.labe
 DictConfig becomes a JobConfig."""
 
 import dataclasses
+import difflib
 import typing
 from collections.abc import Sequence
 
@@ -60,8 +61,30 @@ def check_known_keys(tree: dict, schema: type, prefix: str = "") -> None:
     fields = typing.get_type_hints(schema)
     for key, value in tree.items():
         if key not in fields:
-            raise ConfigError(
-                f"{prefix}{key}", value, "is not a key of the config; check its spelling (--cfg job lists the keys)"
-            )
+            raise ConfigError(f"{prefix}{key}", value, unknown_key_fix(f"{prefix}{key}"))
         if dataclasses.is_dataclass(fields[key]) and isinstance(value, dict):
             check_known_keys(value, fields[key], f"{prefix}{key}.")
+
+
+def schema_keys(schema: type = JobConfig, prefix: str = "") -> list[str]:
+    """Every key of the schema, dotted (training.steps, ...)."""
+    keys = []
+    for name, kind in typing.get_type_hints(schema).items():
+        if dataclasses.is_dataclass(kind):
+            keys += schema_keys(kind, f"{prefix}{name}.")
+        elif not name.startswith("_"):
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def unknown_key_fix(key: str) -> str:
+    """What to say of a key the schema lacks: the closest known key (a typo in the name or the
+    section, or the right name in the wrong section), or where the keys are listed."""
+    keys = schema_keys()
+    section, _, leaf = key.rpartition(".")
+    names_in_section = [known.rpartition(".")[2] for known in keys if known.rpartition(".")[0] == section]
+    close = [f"{section}.{name}" for name in difflib.get_close_matches(leaf, names_in_section, n=1, cutoff=0.7)]
+    close = close or [known for known in keys if known.rpartition(".")[2] == leaf][:1]
+    close = close or difflib.get_close_matches(key, keys, n=1, cutoff=0.85)
+    hint = f"did you mean {close[0]}?" if close else "titan_exp --help lists the most used keys, --cfg job all"
+    return f"is not a key of the config; {hint}"

@@ -14,6 +14,7 @@ from pathlib import Path
 from launchers.devices import cpu_cores, visible_gpus
 from launchers.env import RankEnv, external_launcher
 from titan_exp.config import check
+from titan_exp.config.aliases import apply_aliases
 from titan_exp.config.job import Placement, ResolvedJob, threads_per_rank
 from titan_exp.config.schema import JobConfig
 from titan_exp.parallel.config import resolved_context_parallel_impl
@@ -28,6 +29,7 @@ def resolve(cfg: JobConfig, place: bool = True) -> ResolvedJob:
     """The resolved job of `cfg`; raises ConfigError before anything starts. `place=False` (the
     planner's): resolved as for a dry run, the world as the launcher spells it out, placed nowhere."""
     cfg = copy.deepcopy(cfg)
+    apply_aliases(cfg)
     cfg.debug.comm_mode = os.environ.get("COMM_MODE") or cfg.debug.comm_mode
     cfg.check()
     placement = _place(cfg) if place and cfg.debug.comm_mode == "real" else _place_nowhere(cfg)

@@ -21,6 +21,7 @@ from titan_exp.rules import (
     check_positive,
     choices,
     one_of,
+    torchtitan_name,
 )
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -43,6 +44,10 @@ class TrainingConfig(Section):
     # device or DDP) and of the gradient reduction.
     mixed_precision_param: str = one_of(*DTYPES)
     mixed_precision_reduce: str = one_of(*DTYPES)
+    # torchtitan's names today: tokens per data-parallel rank per forward, tokens per step, the context.
+    num_tokens_per_microbatch_per_dp_rank: Optional[int] = torchtitan_name(of="training.local_batch_size")
+    num_tokens_per_train_step: Optional[int] = torchtitan_name(of="training.global_batch_size")
+    max_context_length: Optional[int] = torchtitan_name(of="training.seq_len")
 
     def check(self, key: str) -> None:
         super().check(key)

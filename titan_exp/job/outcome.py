@@ -1,11 +1,13 @@
 """How a job's end reaches the command line: one line on stderr and the exit status (0 done, 1 the
 run failed, 2 the config was refused and nothing started, 128 + N stopped by signal N)."""
 
+import re
 import shutil
 import signal
 import sys
 from pathlib import Path
 
+from titan_exp.config.compose import unknown_key_fix
 from titan_exp.config.job import ResolvedJob
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import masked
@@ -61,6 +63,8 @@ def composition_error(err: Exception) -> str:
         lines = [line.strip() for line in str(part or "").splitlines() if line.strip()]
         said += [line.rstrip(".") for line in lines[:1] if not line.startswith(("full_key", "object_type"))]
     options = getattr(err, "options", None)
+    if unknown := re.search(r"Could not override '([\w.]+)'.*(not in|is not)", " ".join(map(str, said))):
+        said.append(unknown_key_fix(unknown.group(1)).split("; ", 1)[1])
     return ": ".join(said) + (f" (options: {', '.join(options)})" if options else "")
 
 

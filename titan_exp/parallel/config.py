@@ -5,7 +5,7 @@ Degrees are checked and resolved by ParallelDims (parallel/dims.py)."""
 from dataclasses import dataclass, field
 from typing import Optional
 
-from titan_exp.rules import ConfigError, Section, check_choice, check_positive, label, one_of
+from titan_exp.rules import ConfigError, Section, check_choice, check_positive, label, one_of, torchtitan_name
 
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 # Rank r holds stages r and 2P-1-r, so the first and the last stage sit on the same rank.
@@ -51,6 +51,8 @@ class ParallelismConfig(Section):
     pipeline_parallel_schedule: str = one_of(*SCHEDULES, default="1F1B")
     # Samples per pipeline microbatch: local_batch_size / this = microbatches per step.
     pipeline_parallel_microbatch_size: int = 1
+    # torchtitan's name today: pipeline microbatches per local batch.
+    num_pp_microbatches: Optional[int] = torchtitan_name(of="parallelism.pipeline_parallel_microbatch_size")
     # Layers per stage; None: 1 stage per rank (2 for multi-stage schedules), layers split evenly.
     pipeline_parallel_layers_per_stage: Optional[int] = None
     # Context parallel: each sequence split over this many ranks (long contexts).
@@ -101,6 +103,8 @@ class CommConfig(Section):
 
     init_timeout_seconds: int = 300
     train_timeout_seconds: int = 100
+    # torchtitan's name today: default (real ranks) | fake_backend | local_tensor.
+    mode: Optional[str] = torchtitan_name(of="debug.comm_mode")
 
     def check(self, key: str) -> None:
         for name in ("init_timeout_seconds", "train_timeout_seconds"):
@@ -119,6 +123,8 @@ class CompileConfig(Section):
     backend: str = one_of("inductor", "aot_eager", "eager", "aot_eager_decomp_partition", "cudagraphs")
     # What compile.enable compiles (torchtitan's key): the transformer blocks, the loss.
     components: list[str] = field(default_factory=lambda: list(COMPILE_COMPONENTS))
+    # torchtitan's place for it today.
+    enable_async_tensor_parallel: Optional[bool] = torchtitan_name(of="parallelism.enable_async_tensor_parallel")
 
     def check(self, key: str) -> None:
         super().check(key)

@@ -8,8 +8,9 @@ from titan_exp.rules import ConfigError, Section, one_of
 @dataclass
 class QuantizeConfig(Section):
     name: str = one_of("none", "float8", "mxfp8")
-    # float8: torchao's recipes
-    recipe: str = one_of("tensorwise", "rowwise")
+    # float8: torchao's recipe; rowwise (one scale per row) is torchtitan's today, which dropped
+    # tensorwise (one scale per tensor, kept here for its float8 FSDP all-gather and TP).
+    recipe: str = one_of("rowwise", "tensorwise")
     # Linear layers left in high precision, by name (the output projection by default, as torchtitan).
     filter_fqns: list[str] = field(default_factory=lambda: ["output"])
     # tensorwise with FSDP: all-gather the weights already in float8 (half the traffic of bf16).

@@ -37,6 +37,7 @@ from titan_exp.job.parity import run_parity
 from titan_exp.job.preflight import preflight
 from titan_exp.job.sweep import active_sweep, end_active_sweep, join_sweep
 from titan_exp.metrics import startup
+from titan_exp.objective import PointReturn, point_return
 from titan_exp.plan import cli as plan_cli
 from titan_exp.tracking import sync
 
@@ -58,9 +59,9 @@ class TaskExit(SystemExit):
 # By its absolute path: relative, Hydra would look for a Python package `conf` when this runs as
 # the installed `titan_exp` command (the module then is titan_exp.__main__).
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def _task(composed: DictConfig) -> bool:
-    """One run (or one sweep point run in this process); returns whether it succeeded (a sweep's
-    callback counts it)."""
+def _task(composed: DictConfig) -> PointReturn:
+    """One run (or one sweep point run in this process); returns its sweep objective and whether it
+    succeeded (a sweep's callback counts it, an optimising sweeper reads the objective)."""
     hydra_cfg = HydraConfig.get()
     sweeping = hydra_cfg.mode == RunMode.MULTIRUN
     job_dir = Path(hydra_cfg.runtime.output_dir)
@@ -71,23 +72,23 @@ def _task(composed: DictConfig) -> bool:
         if cfg.parity.layouts:
             if not run_parity(cfg, list(hydra_cfg.overrides.task), job_dir):
                 raise RuntimeError(f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}")
-            return True
+            return point_return(cfg.sweep.objective, None)
         job = resolve(cfg)
         preflight(job)
         for caution in cautions(cfg, job.dims):
             say(caution)
         startup.mark("compose")
-        run_job(job, job_dir)
+        metrics = run_job(job, job_dir)
         if not job.dry_run and not sweeping and os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 says it
             say(f"done: {where_it_went(job, job_dir)}")
-        return True
+        return point_return(cfg.sweep.objective, metrics.get(cfg.sweep.objective))
     except Exception as err:  # a failed run is reported; in a sweep the other points still run
         status = exit_status(err)
         if not sweeping:
             if status == EXIT_BAD_CONFIG:
                 forget_folder(job_dir, [".hydra", f"{hydra_cfg.job.name}.log"])
             raise TaskExit(status) from None
-    return False
+    return point_return(composed.sweep.objective, None, ok=False)
 
 
 def _complete_subcommands() -> None:

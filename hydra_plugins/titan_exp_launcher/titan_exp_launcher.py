@@ -1,6 +1,7 @@
 """The Hydra side of titan_exp's sweeps: compose each point, hand the points to
 titan_exp.job.sweep_points (each resolved and checked once, here), report each point's end to
-Hydra's callbacks (the sweep's parent run: titan_exp.job.sweep)."""
+Hydra's sweeper (its objective: titan_exp.objective) and callbacks (the sweep's parent run:
+titan_exp.job.sweep)."""
 
 import contextlib
 import copy
@@ -16,10 +17,11 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from titan_exp.config.compose import check_label_overrides, to_job_config
-from titan_exp.job.outcome import forget_folder
+from titan_exp.job.outcome import forget_folder, say
 from titan_exp.job.sweep import active_sweep
-from titan_exp.job.sweep_points import SweepPoint, check_every_point, prepare_point, run_points
-from titan_exp.plan.prune import prune, record_pruned
+from titan_exp.job.sweep_points import SweepPoint, check_every_point, label_points, prepare_point, run_points
+from titan_exp.objective import SweepConfig, check_sweeper, logged_value, point_return
+from titan_exp.plan.prune import Pruned, prune, record_pruned
 from titan_exp.rules import ConfigError
 
 
@@ -27,6 +29,9 @@ from titan_exp.rules import ConfigError
 class TitanExpLauncherConf:
     _target_: str = "hydra_plugins.titan_exp_launcher.titan_exp_launcher.TitanExpLauncher"
 
+
+# Hydra's default sweeper: a grid, whose points' return values nothing reads.
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 ConfigStore.instance().store(group="hydra/launcher", name="titan_exp", node=TitanExpLauncherConf, provider="titan_exp")
 
@@ -36,36 +41,35 @@ class TitanExpLauncher(Launcher):
         self.hydra_context, self.config = hydra_context, config
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """One batch of points: the whole sweep under Hydra's basic sweeper, one batch of trials
+        under an optimising one (Optuna, Nevergrad), which calls again with the next batch."""
         setup_globals()
         sweep_dir = Path(self.config.hydra.sweep.dir)
+        optimising = self.config.hydra.sweeper._target_ != BASIC_SWEEPER
         with _refusal_exits(sweep_dir):
             _check_sweep_size(len(job_overrides), self.config.launcher.max_sweep_points)
             for overrides in job_overrides:
                 check_label_overrides(overrides)
+            if optimising:
+                _check_optimising(self.config)
         configs = [self._point_config(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
-        points, pruned = [], {}
-        for overrides, config in zip(job_overrides, configs):
-            job_dir = sweep_dir / str(config.hydra.sweep.subdir)
-            task = _task(config)
-            point = SweepPoint(config.hydra.job.num, list(overrides), job_dir)
-            if found := prune(task):  # plan.prune=true: predicted not to fit, not started
-                point.state, point.detail, pruned[point.number] = "pruned", found.reason, found
-            else:
-                point = prepare_point(point.number, point.overrides, job_dir, task)
-            points.append(point)
-        with _refusal_exits(sweep_dir):
-            check_every_point(points)  # a refused point refuses the sweep before anything starts
+        points, pruned = _prepare_points(job_overrides, configs, sweep_dir)
+        if optimising:  # a trial the config refuses fails alone: the sampler proposed it, not the user
+            _fail_refused(points)
+        else:
+            with _refusal_exits(sweep_dir):
+                check_every_point(points)  # a refused point refuses the sweep before anything starts
         sweep_dir.mkdir(parents=True, exist_ok=True)
         for point, config in zip(points, configs):
             _save_hydra_files(config, point.job_dir)
         sweep = active_sweep()
-        parent = sweep.open() if sweep else None
+        parent = sweep.open() if sweep else None  # opened by the first batch, joined by the next ones
         launcher = self.config.launcher
         for found in pruned.values():
             record_pruned(found, parent)
-        if to_run := [point for point in points if point.number not in pruned]:
+        if to_run := [point for point in points if point.state == "queued"]:
             run_points(to_run, parent, launcher.max_parallel, launcher.array_parallelism)
-        return [self._report(point, config) for point, config in zip(points, configs)]
+        return [self._report(point, config, optimising) for point, config in zip(points, configs)]
 
     def _point_config(self, overrides: Sequence[str], number: int) -> DictConfig:
         config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -74,20 +78,64 @@ class TitanExpLauncher(Launcher):
             config.hydra.job.num = number
         return config
 
-    def _report(self, point: SweepPoint, config: DictConfig) -> JobReturn:
-        """The point's end as Hydra's callbacks expect it (return value: whether it succeeded)."""
+    def _report(self, point: SweepPoint, config: DictConfig, optimising: bool) -> JobReturn:
+        """The point's end as Hydra's sweeper and callbacks expect it: its objective, read back from
+        its MLflow run when a sweeper optimises it, and whether it succeeded (a PointReturn)."""
         ok = point.state in ("done", "pruned")
         if point.state == "pruned":
             print(f"titan_exp: sweep point [{point.number}] {point.overrides}: {point.detail}", file=sys.stderr)
         elif not ok:
             print(f"titan_exp: sweep point [{point.number}] {point.label} failed: {point.detail}", file=sys.stderr)
+        value = _logged_objective(point, config.sweep.objective) if optimising and point.state == "done" else None
         result = JobReturn(
             overrides=point.overrides, cfg=config, hydra_cfg=config, working_dir=str(point.job_dir),
             task_name=config.hydra.job.name, status=JobStatus.COMPLETED,
         )  # fmt: skip
-        result.return_value = ok
+        result.return_value = point_return(config.sweep.objective, value, ok)
         self.hydra_context.callbacks.on_job_end(config=config, job_return=result)
         return result
+
+
+def _prepare_points(
+    job_overrides: Sequence[Sequence[str]], configs: list[DictConfig], sweep_dir: Path
+) -> tuple[list[SweepPoint], dict[int, Pruned]]:
+    """Each point resolved and checked (or pruned: plan.prune=true, predicted not to fit; not started)."""
+    points, pruned = [], {}
+    for overrides, config in zip(job_overrides, configs):
+        job_dir = sweep_dir / str(config.hydra.sweep.subdir)
+        task = _task(config)
+        point = SweepPoint(config.hydra.job.num, list(overrides), job_dir)
+        if found := prune(task):
+            point.state, point.detail, pruned[point.number] = "pruned", found.reason, found
+        else:
+            point = prepare_point(point.number, point.overrides, job_dir, task)
+        points.append(point)
+    return points, pruned
+
+
+def _check_optimising(config: DictConfig) -> None:
+    """What an optimising sweeper needs of the sweep: a known objective, read back from each point's
+    MLflow run, and a sweeper that goes the objective's way."""
+    SweepConfig(config.sweep.objective).check("sweep")
+    if not config.tracking.enable:
+        sweeper = config.hydra.runtime.choices.get("hydra/sweeper", config.hydra.sweeper._target_)
+        why = f"hydra/sweeper={sweeper} optimises sweep.objective, read from each point's MLflow run"
+        raise ConfigError("tracking.enable", False, f"{why}; use tracking=mlflow")
+    check_sweeper(config.sweep.objective, config.hydra.sweeper)
+
+
+def _logged_objective(point: SweepPoint, objective: str) -> float | None:
+    value = logged_value(objective, point.job.store.uri, point.job_dir)
+    if value is None:
+        say(f"sweep point [{point.number}] {point.label}: its run logged no {objective}")
+    return value
+
+
+def _fail_refused(points: list[SweepPoint]) -> None:
+    label_points(points)
+    for point in points:
+        if point.refused is not None:
+            point.state, point.detail = "failed", f"config error: {point.refused}"
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from titan_exp.config.sections import (
 from titan_exp.data.config import DataConfig
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.objective import SweepConfig
 from titan_exp.optim.config import LRSchedulerConfig, OptimizerConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, CommConfig, CompileConfig, ParallelismConfig
 from titan_exp.profiling.config import ProfilingConfig
@@ -53,6 +54,7 @@ class JobConfig(Section):
     parity: ParityConfig = field(default_factory=ParityConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
     def check(self, key: str = "") -> None:
         """Every section's own rules (rules across sections: config/check.py): how the job runs and

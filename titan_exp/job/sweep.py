@@ -1,6 +1,7 @@
 """A sweep: several jobs under one MLflow parent run, compared when they are over. A Hydra multirun
-is one (SweepParentRun, Hydra's callback, holds it from the first point to the last), and so is a
-loss-parity check (job/parity.py).
+is one (SweepParentRun, Hydra's callback, holds it from the first point to the last: a grid, or
+every batch of trials an optimising sweeper such as Optuna launches), and so is a loss-parity check
+(job/parity.py).
 
 The parent run is opened once every point passed its checks, so that a refused sweep leaves nothing
 in the store; its id is left in the sweep's folder, where a job started by other means finds it
@@ -104,9 +105,9 @@ class SweepParentRun(Callback):
             _active.open()
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
-        # A point's task returns False when it failed.
+        # A point's task returns a PointReturn (titan_exp/objective.py): its objective, and whether it succeeded.
         if _active is not None:
-            _active.point_ended(job_return.status == JobStatus.COMPLETED and job_return.return_value is not False)
+            _active.point_ended(job_return.status == JobStatus.COMPLETED and job_return.return_value.ok)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         if _active is not None:

@@ -81,11 +81,6 @@ def _curve(point: SweepPoint) -> list[float]:
 
 
 def _report(curves: dict[str, list[float]], rtol: float, job_dir: Path) -> bool:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     (reference_name, reference), *_ = curves.items()
     lines = [
         f"| layout | steps | final loss | max rel. deviation from `{reference_name}` | within {rtol:g} |",
@@ -101,13 +96,29 @@ def _report(curves: dict[str, list[float]], rtol: float, job_dir: Path) -> bool:
         lines.append(f"| `{name}` | {len(curve)} | {curve[-1]:.6f} | {deviation:.2e} | {'yes' if ok else 'NO'} |")
     table = "\n".join(lines)
     (job_dir / "loss_parity.md").write_text(table + "\n")
-    figure, axis = plt.subplots(figsize=(8, 5))
-    for name, curve in curves.items():
-        axis.plot(range(1, len(curve) + 1), curve, marker="o", markersize=3, label=name)
-    axis.set(xlabel="step", ylabel="loss (global average)", title="Loss parity across layouts (same seed checkpoint)")
-    axis.legend(fontsize=7, loc="lower left")
-    figure.tight_layout()
-    figure.savefig(job_dir / "loss_parity.png", dpi=120)
+    _plot(curves, job_dir / "loss_parity.png")
     print(table, flush=True)
     print(f"overlay plot: {job_dir / 'loss_parity.png'}", flush=True)
     return passed
+
+
+def _plot(curves: dict[str, list[float]], path: Path) -> None:
+    """The curves overlaid, whole steps on the x axis, the legend under the axes: a layout's name
+    is long, and inside the axes it would hide the curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    # The figure grows with the legend (a line per layout) so the axes keep their height.
+    figure, axis = plt.subplots(figsize=(9, 4.5 + 0.17 * len(curves)), layout="constrained")
+    for n, (name, curve) in enumerate(curves.items()):
+        # Past ten layouts the colours repeat: a marker of its own tells them apart.
+        axis.plot(range(1, len(curve) + 1), curve, color=f"C{n % 10}", marker="os^D"[n // 10 % 4], ms=3, label=name)
+    axis.set(xlabel="step", ylabel="loss (global average)", title="Loss parity across layouts (same seed checkpoint)")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.grid(alpha=0.3)
+    figure.legend(loc="outside lower center", fontsize=7, frameon=False)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -63,10 +63,12 @@ def fake_world():
         (dims(dp_replicate=2, dp_shard=2, tp=2), ("dp_replicate", "dp_shard"), 4, 4),
         # FSDP shards over data-shard × cp; the losses are averaged over both, batches differ over dp only.
         (dims(dp_shard=2, cp=2, tp=2), ("dp_shard_cp",), 2, 4),
+        (dims(dp_replicate=2, dp_shard=2, cp=2), ("dp_replicate", "dp_shard_cp"), 4, 8),
         (dims(pp=2, dp_shard=2, tp=2), ("dp_shard",), 2, 2),
         (dims(tp=4), None, 1, 1),
     ],
 )
+@pytest.mark.filterwarnings("error")  # no deprecated DeviceMesh use (a flattened dim sliced from the root mesh)
 def test_mesh_and_groups(fake_world, layout, dp_mesh_dims, dp_size, loss_size):
     fake_world(layout.world_size)
     mesh = ParallelMesh(layout, "cpu")

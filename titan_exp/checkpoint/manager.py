@@ -23,6 +23,7 @@ from titan_exp.checkpoint.errors import UntrustedCheckpointError, unwrapped
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, complete_steps, saving_dir, step_dir
 from titan_exp.checkpoint.space import SpaceCheckingPlanner
 from titan_exp.checkpoint.trusted import load_trusted, open_checkpoint
+from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 
 
 def save_whole(state: dict, folder: str, step: int, is_writer: bool) -> None:
@@ -32,6 +33,7 @@ def save_whole(state: dict, folder: str, step: int, is_writer: bool) -> None:
     (space.py); one that fails leaves no step-N.saving behind."""
     partial, done = saving_dir(folder, step), step_dir(folder, step)
     try:
+        ignore_unavoidable_warnings()  # DCP's in a process alone (a seed checkpoint)
         dcp.save(state, checkpoint_id=str(partial), planner=SpaceCheckingPlanner(folder))
     except (Exception, CheckpointException) as err:  # DCP's is a BaseException
         # DCP fails a save on every rank once all have stopped writing: the writer removes what they

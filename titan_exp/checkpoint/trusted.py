@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from titan_exp.checkpoint.errors import REFUSED, UntrustedCheckpointError, unwrapped
+from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 
 # What DCP's .metadata refers to (listed from real saves with pickletools); torch dtypes too, below.
 _ALLOWED = {
@@ -121,6 +122,7 @@ def load_trusted(state: dict, reader: TrustedReader) -> None:
     """dcp.load of `state` (in place, as dcp.load) through `reader`, values read as plain data. A
     refusal on any rank comes out as itself, not inside DCP's CheckpointException."""
     try:
+        ignore_unavoidable_warnings()  # DCP's in a process alone (parallelism=single)
         dcp.load(state, storage_reader=reader, planner=_PlainDataPlanner(reader.path))
     except CheckpointException as err:
         refused = unwrapped(err, UntrustedCheckpointError)

@@ -29,6 +29,9 @@ class ParallelMesh:
 
     def __init__(self, dims: ParallelDims, device_type: str):
         self.dims = dims
+        # The flattened meshes, by name, kept here: slicing one back out of the root mesh is
+        # deprecated (torch warns; "users need to bookkeep the flattened mesh directly").
+        self.flattened: dict[str, DeviceMesh] = {}
         self.mesh = self._build(device_type)
 
     def _build(self, device_type: str) -> DeviceMesh | None:
@@ -39,7 +42,7 @@ class ParallelMesh:
         for dims in _FLATTENED.values():
             present = self._present(dims)
             if len(present) > 1:
-                mesh[present]._flatten(_FLATTENED_NAME[dims])
+                self.flattened[_FLATTENED_NAME[dims]] = mesh[present]._flatten(_FLATTENED_NAME[dims])
         return mesh
 
     def __getitem__(self, dim: str) -> DeviceMesh:
@@ -54,7 +57,7 @@ class ParallelMesh:
         present = self._present(dims)
         if self.mesh is None or not present:
             return None
-        return self.mesh[present[0]] if len(present) == 1 else self.mesh[_FLATTENED_NAME[dims]]
+        return self.mesh[present[0]] if len(present) == 1 else self.flattened[_FLATTENED_NAME[dims]]
 
     def _group(self, dims: tuple[str, ...]) -> dist.ProcessGroup | None:
         submesh = self._submesh(dims)
@@ -67,7 +70,7 @@ class ParallelMesh:
         shard = self._submesh(_FLATTENED["shard"])
         replicate = self._submesh(("dp_replicate",))
         if shard is not None and replicate is not None:
-            return self.mesh[("dp_replicate", shard.mesh_dim_names[0])]
+            return DeviceMesh._concatenate([replicate, shard])  # as FSDP2 builds its HSDP mesh (_fsdp_init.py)
         return shard if shard is not None else replicate
 
     @property

@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
 from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
@@ -79,6 +80,7 @@ def _apply_fsdp(
             fully_shard(model.tok_embeddings, mesh=dp_mesh, mp_policy=mp_policy)
             # An embedding's backward needs only its output's gradient, not its weight: no all-gather.
             model.tok_embeddings.set_unshard_in_backward(False)
+            ignore_unavoidable_warnings()  # under TP its output is a view, which FSDP warns of
         if model.output is not None:
             fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)

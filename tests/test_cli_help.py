@@ -115,10 +115,12 @@ def test_a_sweep_over_a_label_is_refused_before_any_point_starts(tmp_path, new_s
 def test_pip_install_dot_ships_the_config_tree(tmp_path):
     """A non-editable install (into a folder, so this environment's install stays): its command
     composes from the packaged titan_exp/conf."""
-    target = tmp_path / "site"
+    target, source = tmp_path / "site", tmp_path / "source"
+    # From a copy: setuptools builds in the source's build/, whose leftovers would ship too.
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "outputs", "build", "*.egg-info", "__pycache__"))
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
-         str(REPO)],
+         str(source)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert install.returncode == 0, install.stderr[-2000:]

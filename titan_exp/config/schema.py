@@ -17,6 +17,7 @@ from titan_exp.config.sections import (
     ParityConfig,
     PlanConfig,
     TrainingConfig,
+    ValidationConfig,
 )
 from titan_exp.data.config import DataConfig
 from titan_exp.estimate.config import HardwareConfig
@@ -38,6 +39,7 @@ class JobConfig(Section):
     model: Llama3Config = field(default_factory=Llama3Config)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)

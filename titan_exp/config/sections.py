@@ -57,6 +57,32 @@ class TrainingConfig(Section):
             raise ConfigError(f"{key}.max_norm", self.max_norm, "must be a finite number (<= 0 turns clipping off)")
 
 
+# The held-out loss's MLflow metric.
+VALIDATION_LOSS = "loss/validation"
+
+
+@dataclass
+class ValidationConfig(Section):
+    """A held-out loss during training, `loss/validation` (torchtitan's keys; train/validation.py)."""
+
+    # Measure the loss on the held-out split every `freq` steps and at the last step.
+    enable: bool = False
+    freq: int = 10
+    # Global batches of the held-out split per measurement, each as large as a training step's.
+    steps: int = 1
+    # The share of the data held out from training: the text corpus's last windows (the synthetic
+    # chain draws samples of its own for validation and takes nothing from training).
+    held_out_fraction: float = 0.05
+
+    def check(self, key: str) -> None:
+        check_positive(f"{key}.freq", self.freq)
+        if self.steps == -1:  # torchtitan's "the whole split": our splits are drawn without end
+            raise ConfigError(f"{key}.steps", -1, "set a positive number of batches (the held-out split has no end)")
+        check_positive(f"{key}.steps", self.steps)
+        if not 0 < self.held_out_fraction < 1:  # also refuses nan
+            raise ConfigError(f"{key}.held_out_fraction", self.held_out_fraction, "must lie in (0, 1)")
+
+
 @dataclass
 class MetricsConfig(Section):
     log_freq: int = 5

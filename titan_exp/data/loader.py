@@ -2,7 +2,11 @@
 
 Step t of the run consumes global samples [t·G, (t+1)·G), G the global batch. Microbatch m of
 data-parallel rank r takes samples t·G + (m·dp + r)·B + [0, B), B the local batch, so any layout
-(single device, DDP, FSDP, with or without accumulation) sees exactly the same global batch.
+(single device, DDP, FSDP, with or without accumulation) sees exactly the same global batch, and a
+run resumed at step t sees exactly the samples an uninterrupted one would.
+
+Each source has two splits: `train`, and `validation`, held out from it (validation/): the text
+corpus's last windows, the synthetic chain's own stream of samples.
 """
 
 from dataclasses import dataclass
@@ -28,13 +32,23 @@ class BatchPlan:
         return np.arange(first, first + self.local_batch_size)
 
 
-class TextSource:
-    """Non-overlapping windows of seq_len+1 tokens, visited in a seeded random order per epoch."""
+SPLITS = ("train", "validation")
 
-    def __init__(self, cfg: DataConfig, seq_len: int, seed: int):
+
+class TextSource:
+    """Non-overlapping windows of seq_len+1 tokens, visited in a seeded random order per epoch. With
+    a held-out fraction, the last windows of the corpus are the validation split's and never trained on."""
+
+    def __init__(self, cfg: DataConfig, seq_len: int, seed: int, split: str = "train", held_out: float = 0.0):
         self.tokens = np.load(prepare_tokens(cfg), mmap_mode="r")
         self.seq_len = seq_len
-        self.num_windows = (len(self.tokens) - 1) // seq_len
+        windows = (len(self.tokens) - 1) // seq_len
+        validation = int(windows * held_out) if held_out else 0
+        if held_out and not 0 < validation < windows:
+            raise ValueError(f"the corpus's {windows} windows of training.seq_len+1 tokens leave no held-out split")
+        self.first_window, self.num_windows = (
+            (0, windows - validation) if split == "train" else (windows - validation, validation)
+        )
         if self.num_windows < 1:
             raise ValueError(f"the corpus has {len(self.tokens)} tokens, fewer than training.seq_len+1")
         self.seed = seed
@@ -42,7 +56,7 @@ class TextSource:
     def _window(self, sample: int) -> int:
         epoch, index = divmod(int(sample), self.num_windows)
         order = np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
-        return int(order[index])
+        return self.first_window + int(order[index])
 
     def samples(self, ids: np.ndarray) -> torch.Tensor:
         starts = [self._window(i) * self.seq_len for i in ids]
@@ -53,7 +67,7 @@ class TextSource:
 class SyntheticSource:
     """A fixed random Markov chain: each token has `branching` equally likely successors."""
 
-    def __init__(self, cfg: DataConfig, seq_len: int, seed: int):
+    def __init__(self, cfg: DataConfig, seq_len: int, seed: int, split: str = "train", held_out: float = 0.0):
         table = np.random.default_rng([seed, 0]).integers(
             cfg.synthetic_vocab_size, size=(cfg.synthetic_vocab_size, cfg.synthetic_branching)
         )
@@ -63,11 +77,13 @@ class SyntheticSource:
         self.branching = cfg.synthetic_branching
         self.seq_len = seq_len
         self.seed = seed
+        # The same chain (the same distribution); the validation split draws its own samples.
+        self.stream = 1 + SPLITS.index(split)
 
     def samples(self, ids: np.ndarray) -> torch.Tensor:
         rows = []
         for sample in ids:
-            rng = np.random.default_rng([self.seed, 1, int(sample)])
+            rng = np.random.default_rng([self.seed, self.stream, int(sample)])
             token = int(rng.integers(self.vocab_size))
             row = [token]
             for choice in rng.integers(self.branching, size=self.seq_len).tolist():
@@ -77,9 +93,12 @@ class SyntheticSource:
         return torch.tensor(rows, dtype=torch.int64)
 
 
-def build_source(cfg: DataConfig, seq_len: int, seed: int) -> TextSource | SyntheticSource:
+def build_source(
+    cfg: DataConfig, seq_len: int, seed: int, split: str = "train", held_out: float = 0.0
+) -> TextSource | SyntheticSource:
+    """`held_out`: the fraction of the data kept for the validation split (0: no validation)."""
     sources = {"text": TextSource, "synthetic": SyntheticSource}
-    return sources[cfg.source](cfg, seq_len, seed)
+    return sources[cfg.source](cfg, seq_len, seed, split, held_out)
 
 
 class BatchLoader:

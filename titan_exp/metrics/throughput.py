@@ -36,6 +36,12 @@ class ThroughputMeter:
         self.interval_steps += 1
         self.data_seconds += data_seconds
 
+    def leave_out(self, seconds: float) -> None:
+        """Time that trained nothing (a validation pass), kept out of the throughput figures."""
+        self.interval_start += seconds
+        if self._steady_start is not None:
+            self._steady_start = (self._steady_start[0] + seconds, self._steady_start[1])
+
     def collect(self) -> dict[str, float]:
         """Metrics of the interval since the previous call, then start a new interval.
 

@@ -54,14 +54,16 @@ class Pipeline:
         self.has_first = 0 in stage_ids
         self.has_last = plan.num_stages - 1 in stage_ids
 
-    def step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one local batch; the mean loss on the last stage's rank, else 0."""
+    def step(self, inputs: torch.Tensor, labels: torch.Tensor, forward_only: bool = False) -> torch.Tensor:
+        """Forward and backward of one local batch (`forward_only`: forward alone, the schedule's
+        eval); the mean loss on the last stage's rank, else 0."""
         losses: list[torch.Tensor] = []
         kwargs = {"target": labels, "losses": losses} if self.has_last else {}
+        run = self.schedule.eval if forward_only else self.schedule.step
         if self.has_first:
-            self.schedule.step(inputs, **kwargs)
+            run(inputs, **kwargs)
         else:
-            self.schedule.step(**kwargs)
+            run(**kwargs)
         if not self.has_last:
             return torch.zeros((), device=inputs.device)
         # Under tensor parallelism (loss parallel) each loss is a replicated DTensor.

@@ -2,6 +2,7 @@
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,6 +19,14 @@ from titan_exp.train.loss import compiled_loss, cross_entropy_loss
 
 if TYPE_CHECKING:  # imported by the trainer only for pp > 1 (parallel/pipeline.py)
     from titan_exp.parallel.pipeline import Pipeline
+
+
+@dataclass
+class StepOutcome:
+    loss: torch.Tensor  # this rank's (the last stage's under pipelining), not yet reduced
+    grad_norm: torch.Tensor
+    lr: float
+    data_seconds: float
 
 
 class ForwardBackward:
@@ -51,6 +60,24 @@ class ForwardBackward:
         # Under TP the logits stay sharded over the vocabulary; the loss and its backward run on the shards.
         self.loss_context = loss_parallel if dims.tp > 1 else contextlib.nullcontext
         self.loss_fn = compiled_loss(job) or cross_entropy_loss
+
+    @torch.no_grad()
+    def loss_only(self, loader: BatchLoader, index: int) -> torch.Tensor:
+        """The mean loss of global batch `index` of `loader` (the held-out split), forward only, in
+        the layout the training step runs: this rank's part of it (reduce with global_loss)."""
+        total = torch.zeros((), device=self.device)
+        for micro in range(self.accumulation):
+            batch = tuple(t.to(self.device, non_blocking=True) for t in loader.get(index, micro))
+            sequence = self.sequence_context(*batch) if self.sequence_context else contextlib.nullcontext(batch)
+            with sequence as (inputs, labels), self.loss_context():
+                if self.pipeline:
+                    total += self.pipeline.step(inputs, labels, forward_only=True) / self.accumulation
+                    continue
+                with self.autocast():
+                    logits = self.model(inputs)
+                loss = self.loss_fn(logits, labels) / self.accumulation
+            total += loss.full_tensor() if isinstance(loss, DTensor) else loss
+        return total
 
     def __call__(self, step: int) -> tuple[torch.Tensor, float]:
         data_seconds = 0.0

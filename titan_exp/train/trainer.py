@@ -8,6 +8,7 @@ run from `train` every so many steps."""
 import contextlib
 import gc
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,10 +25,7 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.data.text import prepare_tokens
 from titan_exp.metrics import startup
-from titan_exp.metrics.flops import flops_per_token
-from titan_exp.metrics.format import format_line, format_summary
 from titan_exp.metrics.peak_flops import cpu_peak_flops, gpu_peak_flops
-from titan_exp.metrics.throughput import ThroughputMeter
 from titan_exp.optim.grad_clip import clip_grad_norm_
 from titan_exp.optim.lr_schedule import build_lr_scheduler
 from titan_exp.optim.optimizer import build_optimizer
@@ -35,9 +33,11 @@ from titan_exp.parallel.mesh import ParallelMesh, set_collective_timeout
 from titan_exp.profiling.profiler import RankProfiler
 from titan_exp.quantize.float8 import after_optimizer_step
 from titan_exp.tracking.writer import BackgroundTracker
+from titan_exp.train.leader import Leader
 from titan_exp.train.loss import cross_entropy_loss
 from titan_exp.train.model_parts import ModelParts, build_model_parts
-from titan_exp.train.step import ForwardBackward, global_loss
+from titan_exp.train.step import ForwardBackward, StepOutcome, global_loss
+from titan_exp.train.validation import Validator
 
 
 class NonFiniteTraining(RuntimeError):
@@ -92,7 +92,13 @@ class Trainer:
         if self.resumed_step and leader:
             print(f"resumed from {step_dir(cfg.checkpoint.folder, self.resumed_step)}", flush=True)
         pipeline = self._pipeline() if job.dims.pp > 1 else None
-        self.forward_backward = ForwardBackward(job, model.parts, pipeline, mesh, self._batch_loader(), device)
+        self.forward_backward = ForwardBackward(job, model.parts, pipeline, mesh, self._batch_loader("train"), device)
+        validation = cfg.validation
+        self.validator = (
+            Validator(validation, cfg.training.steps, self.forward_backward, self._batch_loader("validation"), mesh)
+            if validation.enable
+            else None
+        )
         self.parameters = model.parameters
         self.profiler = RankProfiler(
             cfg.profiling, job_dir, env.rank, device, model.parts,
@@ -150,6 +156,11 @@ class Trainer:
             if self.leader:
                 self.leader.count(self, step, outcome)
             self._log(step, outcome)
+            if self.validator and self.validator.due(step):
+                start = time.perf_counter()
+                loss = self.validator.loss()  # collectives: every rank takes part
+                if self.leader:
+                    self.leader.log_validation(step, loss, time.perf_counter() - start)
             if step == self.resumed_step + 1:
                 set_collective_timeout(self.job.config.comm.train_timeout_seconds)
                 if self.leader:
@@ -203,7 +214,8 @@ class Trainer:
         n_microbatches = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
         return Pipeline(model, cfg.parallelism, self.mesh.pp_group, self.device, n_microbatches, cross_entropy_loss)
 
-    def _batch_loader(self) -> BatchLoader:
+    def _batch_loader(self, split: str) -> BatchLoader:
+        """The batches of `split` (train, or validation: held out from the same data)."""
         cfg = self.job.config
         if self.env.local_rank == 0 and cfg.data.source == "text":
             prepare_tokens(cfg.data)  # once per node; the others wait below and read the cache
@@ -211,7 +223,8 @@ class Trainer:
             dist.barrier()
         t = cfg.training
         plan = BatchPlan(t.local_batch_size, t.seq_len, self.job.dims.dp, self.mesh.dp_rank, self.job.accumulation)
-        return BatchLoader(build_source(cfg.data, t.seq_len, cfg.debug.seed), plan)
+        held_out = cfg.validation.held_out_fraction if cfg.validation.enable else 0.0
+        return BatchLoader(build_source(cfg.data, t.seq_len, cfg.debug.seed, split, held_out), plan)
 
     def _log_profiling(self) -> None:
         """Every rank's profiling files into rank 0's run, once all ranks have written theirs."""
@@ -227,75 +240,6 @@ class Trainer:
         ):
             if tracker and folder.is_dir():
                 tracker.log_artifacts(folder, artifact_dir)
-
-
-@dataclass
-class StepOutcome:
-    loss: torch.Tensor  # this rank's (the last stage's under pipelining), not yet reduced
-    grad_norm: torch.Tensor
-    lr: float
-    data_seconds: float
-
-
-class Leader:
-    """Rank 0's part: the job's facts, throughput and MFU, the console, the MLflow run."""
-
-    def __init__(self, tracker: BackgroundTracker | None, peak_flops: float):
-        self.tracker, self.peak_flops = tracker, peak_flops
-        self.meter: ThroughputMeter | None = None
-        self.last: dict[str, object] = {}
-        self.tokens_per_step = 0
-
-    def start(self, trainer: Trainer) -> None:
-        """The job's facts, printed and tracked; the meter started."""
-        job, model = trainer.job, trainer.model
-        t, dims = job.config.training, job.dims
-        per_token = flops_per_token(job.config.model, model.num_params, model.num_embedding_params, t.seq_len)
-        facts = {
-            "derived/num_params": model.num_params,
-            "derived/flops_per_token": per_token,
-            "derived/mesh": dims.describe(),
-            "derived/world_size": dims.world_size,
-            "derived/peak_flops_per_device": self.peak_flops,
-            "derived/global_batch_tokens": t.global_batch_size * t.seq_len,
-            "derived/gradient_accumulation_steps": job.accumulation,
-            "derived/device": trainer.device.type,
-            **_placement_facts(trainer.device),
-        }
-        print(format_summary(facts), flush=True)
-        if self.tracker:
-            self.tracker.log_params(facts)
-        # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
-        mfu_peak = None if job.config.quantize.low_precision else self.peak_flops
-        self.meter = ThroughputMeter(per_token, mfu_peak, dims.non_data_parallel_size, trainer.device)
-        self.tokens_per_step = t.local_batch_size * t.seq_len * job.accumulation
-
-    def count(self, trainer: Trainer, step: int, outcome: StepOutcome) -> None:
-        """The step's tokens and data time into the meter; a memory audit's figures into the run."""
-        if self.tracker and trainer.profiler.audit_metrics:
-            self.tracker.log_metrics(step, trainer.profiler.take_audit_metrics())
-        self.meter.add_step(self.tokens_per_step, outcome.data_seconds)
-
-    def report_startup(self, step: int) -> None:
-        """After the first step: where the start-up went (metrics/startup.py); a writer that waited
-        for the first step starts now."""
-        startup.mark("first_step")
-        print(startup.summary_line(), flush=True)
-        if self.tracker:
-            self.tracker.log_metrics(step, startup.as_metrics())
-            self.tracker.start()
-
-    def log(self, step: int, outcome: StepOutcome, loss_avg: float, loss_max: float) -> None:
-        self.last = {
-            "loss/global_avg": loss_avg,
-            "loss/global_max": loss_max,
-            "grad_norm": outcome.grad_norm.item(),
-            "lr": outcome.lr,
-            **self.meter.collect(),
-        }
-        if self.tracker:  # queued before printed: a step on the console is a step in the run
-            self.tracker.log_metrics(step, self.last)
-        print(format_line(step, self.last), flush=True)
 
 
 def select_device(device: str, local_rank: int) -> torch.device:
@@ -363,22 +307,3 @@ def _materialize(model: ModelParts, job: ResolvedJob, device: torch.device) -> N
         if cfg.checkpoint.initial_load_path:
             load_model(part, cfg.checkpoint.initial_load_path)
         part.train()
-
-
-def _placement_facts(device: torch.device) -> dict[str, str]:
-    """Where rank 0 ran: its cores (its affinity) and, on CUDA, the GPUs it could see."""
-    facts = {"derived/cpu_set": _ranges(sorted(os.sched_getaffinity(0)))}
-    if device.type == "cuda":
-        facts["derived/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
-    return facts
-
-
-def _ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] → '0-2,5'."""
-    runs: list[list[int]] = []
-    for n in numbers:
-        if runs and n == runs[-1][-1] + 1:
-            runs[-1].append(n)
-        else:
-            runs.append([n])
-    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)

@@ -1,0 +1,104 @@
+"""Rank 0's part of training: the job's facts, throughput and MFU, the console and the MLflow run."""
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from titan_exp.config.sections import VALIDATION_LOSS
+from titan_exp.metrics import startup
+from titan_exp.metrics.flops import flops_per_token
+from titan_exp.metrics.format import format_line, format_summary
+from titan_exp.metrics.throughput import ThroughputMeter
+from titan_exp.tracking.writer import BackgroundTracker
+from titan_exp.train.step import StepOutcome
+
+if TYPE_CHECKING:  # the trainer builds the leader
+    from titan_exp.train.trainer import Trainer
+
+
+class Leader:
+    """Rank 0's part: the job's facts, throughput and MFU, the console, the MLflow run."""
+
+    def __init__(self, tracker: BackgroundTracker | None, peak_flops: float):
+        self.tracker, self.peak_flops = tracker, peak_flops
+        self.meter: ThroughputMeter | None = None
+        self.last: dict[str, object] = {}
+        self.tokens_per_step = 0
+
+    def start(self, trainer: "Trainer") -> None:
+        """The job's facts, printed and tracked; the meter started."""
+        job, model = trainer.job, trainer.model
+        t, dims = job.config.training, job.dims
+        per_token = flops_per_token(job.config.model, model.num_params, model.num_embedding_params, t.seq_len)
+        facts = {
+            "derived/num_params": model.num_params,
+            "derived/flops_per_token": per_token,
+            "derived/mesh": dims.describe(),
+            "derived/world_size": dims.world_size,
+            "derived/peak_flops_per_device": self.peak_flops,
+            "derived/global_batch_tokens": t.global_batch_size * t.seq_len,
+            "derived/gradient_accumulation_steps": job.accumulation,
+            "derived/device": trainer.device.type,
+            **_placement_facts(trainer.device),
+        }
+        print(format_summary(facts), flush=True)
+        if self.tracker:
+            self.tracker.log_params(facts)
+        # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
+        mfu_peak = None if job.config.quantize.low_precision else self.peak_flops
+        self.meter = ThroughputMeter(per_token, mfu_peak, dims.non_data_parallel_size, trainer.device)
+        self.tokens_per_step = t.local_batch_size * t.seq_len * job.accumulation
+
+    def count(self, trainer: "Trainer", step: int, outcome: StepOutcome) -> None:
+        """The step's tokens and data time into the meter; a memory audit's figures into the run."""
+        if self.tracker and trainer.profiler.audit_metrics:
+            self.tracker.log_metrics(step, trainer.profiler.take_audit_metrics())
+        self.meter.add_step(self.tokens_per_step, outcome.data_seconds)
+
+    def report_startup(self, step: int) -> None:
+        """After the first step: where the start-up went (metrics/startup.py); a writer that waited
+        for the first step starts now."""
+        startup.mark("first_step")
+        print(startup.summary_line(), flush=True)
+        if self.tracker:
+            self.tracker.log_metrics(step, startup.as_metrics())
+            self.tracker.start()
+
+    def log(self, step: int, outcome: StepOutcome, loss_avg: float, loss_max: float) -> None:
+        self.last = {
+            "loss/global_avg": loss_avg,
+            "loss/global_max": loss_max,
+            "grad_norm": outcome.grad_norm.item(),
+            "lr": outcome.lr,
+            **self.meter.collect(),
+        }
+        if self.tracker:  # queued before printed: a step on the console is a step in the run
+            self.tracker.log_metrics(step, self.last)
+        print(format_line(step, self.last), flush=True)
+
+    def log_validation(self, step: int, loss: float, seconds: float) -> None:
+        self.meter.leave_out(seconds)
+        self.last[VALIDATION_LOSS] = loss
+        if self.tracker:
+            self.tracker.log_metrics(step, {VALIDATION_LOSS: loss})
+        print(f"step {step:5d}  validation loss {loss:7.4f}", flush=True)
+
+
+def _placement_facts(device: torch.device) -> dict[str, str]:
+    """Where rank 0 ran: its cores (its affinity) and, on CUDA, the GPUs it could see."""
+    facts = {"derived/cpu_set": _ranges(sorted(os.sched_getaffinity(0)))}
+    if device.type == "cuda":
+        facts["derived/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
+    return facts
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] → '0-2,5'."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)

@@ -117,7 +117,8 @@ def test_pip_install_dot_ships_the_config_tree(tmp_path):
     composes from the packaged titan_exp/conf."""
     target, source = tmp_path / "site", tmp_path / "source"
     # From a copy: setuptools builds in the source's build/, whose leftovers would ship too.
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "outputs", "build", "*.egg-info", "__pycache__"))
+    left_out = shutil.ignore_patterns(".git", "outputs", "build", "*.egg-info", "__pycache__")
+    shutil.copytree(REPO, source, ignore=left_out)
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(target),
          str(source)],

@@ -2,7 +2,6 @@
 machine, the console's line per point, and a real local sweep stopped by Ctrl-C (one whose points
 overlap in time, each on a core of its own: test_tracking's local sweep)."""
 
-import fcntl
 import io
 import os
 import signal
@@ -14,6 +13,7 @@ from titan_exp.config.job import Placement, ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.sweep_points import StatusBoard, SweepPoint, _Room, label_points
 from titan_exp.parallel.dims import ParallelDims
+from titan_exp.tracking.store import with_retries
 
 from conftest import SMALL_MODEL, mlflow_runs, start_as_in_a_terminal, stopped_for_good
 
@@ -99,16 +99,6 @@ def test_ctrl_c_stops_every_point_and_ends_the_sweep_killed(tmp_path, store):
 
 
 def _runs_so_far(db) -> list:
-    """The training runs of a store that may not be complete yet: none until the sweep has created it
-    (under its lock: a second client creating the same new store races in MLflow's migrations)."""
-    lock = db.with_name(db.name + ".lock")
-    if not lock.exists():
-        return []
-    with open(lock) as held:
-        fcntl.flock(held, fcntl.LOCK_SH)
-        if not db.exists():
-            return []
-    try:
-        return mlflow_runs(db)
-    except Exception:
-        return []
+    """The training runs so far, read through the project's client (tracking/store.py's client: it
+    would create a missing store whole, never racing the sweep), retried while the sweep writes."""
+    return with_retries(lambda: mlflow_runs(db))

@@ -5,20 +5,29 @@ titan_exp ui --port 5001 --uri sqlite:////path/to/mlflow.db
 titan_exp ui --print-link        # only the links to the latest sweep's comparison (a server runs already)
 titan_exp ui --open              # and open it in a browser
 
-It prints a link that opens MLflow's model-training runs table on the latest sweep's points, the
-strategy columns shown and sorted by TPS/device (compare/ui_view.py).
+Once the server answers, it prints a link that opens MLflow's model-training runs table on the
+latest sweep's points, the strategy columns shown and sorted by TPS/device (compare/ui_view.py).
 """
 
 import argparse
+import contextlib
+import ctypes
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 import webbrowser
 
 from titan_exp.compare.ui_view import CHARTS_VIEW, comparison_link
 from titan_exp.tracking.config import Store, TrackingConfig, masked
-from titan_exp.tracking.store import client, not_a_store, server_answers
+from titan_exp.tracking.store import client, create_store, not_a_store, server_answers
+
+# How long the server may take to answer (about 8 s on 2 busy cores) before it is given up.
+_START_TIMEOUT_S = 120.0
+# How long the server may take to stop when asked before it is killed.
+_STOP_TIMEOUT_S = 10.0
 
 
 def server_command(backend_uri: str, host: str, port: int) -> list[str]:
@@ -93,14 +102,76 @@ def main(argv: list[str] | None = None) -> int:
     if busy:
         print(f"titan_exp ui: --port={args.port}: {args.host}:{args.port} {busy}; pick another port", file=sys.stderr)
         return 2
-    command = server_command(args.uri, args.host, args.port)
-    print(f"MLflow UI on {base_url} (Ctrl-C stops it)", flush=True)
-    link = _link(args.uri, base_url, args.experiment)
-    if link:
-        print(f"the latest comparison: {link}\n  as charts: {link}{CHARTS_VIEW}", flush=True)
-    if args.open:
-        _open_once_up(base_url, link or base_url)
-    os.execv(command[0], command)
+    return _serve(args, base_url)
+
+
+def _serve(args: argparse.Namespace, base_url: str) -> int:
+    """Run the server until Ctrl-C (or SIGTERM), printing the links once it answers; no server
+    process outlives this one."""
+    store = Store.parse(args.uri)
+    if store.db is not None:
+        create_store(store.db)  # the server would create a new one in place, racing other processes
+    signal.signal(signal.SIGTERM, _interrupt)
+    server = _start(server_command(args.uri, args.host, args.port))
+    try:
+        link = _link(args.uri, base_url, args.experiment)  # while the server starts
+        if why := _not_up(server, base_url):
+            print(f"titan_exp ui: {why}", file=sys.stderr)
+            return 1
+        print(f"MLflow UI on {base_url} (Ctrl-C stops it)", flush=True)
+        if link:
+            print(f"the latest comparison: {link}\n  as charts: {link}{CHARTS_VIEW}", flush=True)
+        if args.open and not webbrowser.open(link or base_url):
+            print("titan_exp ui: no browser found here; open the link above", file=sys.stderr, flush=True)
+        code = server.wait()
+        print(f"titan_exp ui: the MLflow server stopped (exit status {code})", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        _stop(server)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # a SIGTERM stops the server as Ctrl-C does
+
+
+def _start(command: list[str]) -> subprocess.Popen:
+    """The server in a session of its own, so that stopping it reaches every process it started;
+    Linux sends it SIGTERM should this process die without stopping it (PR_SET_PDEATHSIG). What it
+    says goes to stderr: stdout holds this command's lines (the links) only."""
+
+    def die_with_us() -> None:
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+    return subprocess.Popen(
+        command, start_new_session=True, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), preexec_fn=die_with_us
+    )
+
+
+def _not_up(server: subprocess.Popen, base_url: str) -> str | None:
+    """None once the server answers its health endpoint; why not if it ended or never answered."""
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while why := server_answers(base_url, 2.0):
+        if (code := server.poll()) is not None:
+            return f"the MLflow server ended (exit status {code}) before it answered on {base_url}; its output is above"
+        if time.monotonic() > deadline:
+            return f"the MLflow server did not answer within {_START_TIMEOUT_S:g} s ({why}); stopped it"
+        time.sleep(0.2)
+    return None
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """SIGTERM to MLflow's command (it passes it on to its web server); whatever of its session is
+    left after _STOP_TIMEOUT_S, killed."""
+    if server.poll() is None:
+        server.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(_STOP_TIMEOUT_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
 
 
 def _link(uri: str, base_url: str, experiment: str) -> str | None:
@@ -109,21 +180,6 @@ def _link(uri: str, base_url: str, experiment: str) -> str | None:
     if store.db is not None and not store.db.exists():
         return None
     return comparison_link(client(store.uri), base_url, experiment)
-
-
-def _open_once_up(base_url: str, link: str) -> None:
-    """In a child process (this one becomes the server): wait for the server, then open `link` in a
-    browser where one exists."""
-    if os.fork():
-        return
-    try:
-        deadline = time.monotonic() + 120
-        while server_answers(base_url, 2.0) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if not webbrowser.open(link):
-            print("titan_exp ui: no browser found here; open the link above", file=sys.stderr, flush=True)
-    finally:
-        os._exit(0)
 
 
 def _why_not_free(host: str, port: int) -> str | None:

@@ -1,5 +1,6 @@
 """A link into MLflow's own UI that opens on the comparison: the model-training runs table of the
-latest sweep's points (or of every run), the strategy columns shown, sorted by TPS/device; with
+latest sweep's points (or of every run), the strategy columns shown in order, each wide enough for
+its header and values, sorted by TPS/device; with
 CHARTS_VIEW added, MLflow's run charts of the same runs: the loss curves overlaid and TPS/device,
 MFU and peak memory per run.
 
@@ -9,7 +10,15 @@ opens the model-training view instead of the GenAI overview."""
 
 import json
 
-from titan_exp.compare.runs import LOSS_KEY, MEMORY_KEYS, MFU_KEY, TPS_KEY, latest_sweep
+from titan_exp.compare.runs import (
+    LOSS_KEY,
+    MEMORY_KEYS,
+    MFU_KEY,
+    TPS_KEY,
+    experiment_training_runs,
+    latest_sweep,
+    sweep_points,
+)
 from titan_exp.tracking.run import PARENT_TAG
 from titan_exp.tracking.store import with_retries
 
@@ -56,18 +65,34 @@ def _chart(kind: str, metric: str, title: str) -> dict:
     return card
 
 
+def _widths(runs: list) -> dict[str, int]:
+    """Pixels for each strategy column that show its whole header (the key) and each of `runs`'
+    values in it, at about 7 px a character in MLflow's font beside the sort icon; MLflow gives every
+    column 100, cutting most of these keys."""
+    widths = {}
+    for column in STRATEGY_COLUMNS:
+        kind, key = column.split(".")[0], column.split("`")[1]
+        values = [str(getattr(run.data, kind).get(key, "")) for run in runs]
+        widths[column] = 7 * max(len(key), *map(len, values)) + 40
+    return widths
+
+
 def comparison_link(client, base_url: str, experiment_name: str) -> str | None:
     """The link (None: no such experiment). Writes the view it opens as a tag of the experiment."""
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
         return None
     sweep = latest_sweep(client, experiment.experiment_id)
+    runs = sweep_points(client, sweep) if sweep else experiment_training_runs(client, experiment.experiment_id)
     key = f"titan_exp-{sweep.info.run_id if sweep else 'all'}"
     state = {
         "searchFilter": f"tags.`{PARENT_TAG}` = '{sweep.info.run_id}'" if sweep else "",
         "orderByKey": f"metrics.`{TPS_KEY}`",
         "orderByAsc": False,
         "selectedColumns": list(STRATEGY_COLUMNS),
+        # MLflow applies widths to the columns named in columnOrder only.
+        "columnOrder": list(STRATEGY_COLUMNS),
+        "columnWidths": _widths(runs),
         "compareRunCharts": [_chart(*chart) for chart in STRATEGY_CHARTS],
         "compareRunSections": [
             {"uuid": _SECTION, "name": "Strategy comparison", "display": True, "isReordered": True, "deleted": False}

@@ -1,18 +1,20 @@
 """The MLflow store: where it is (URIs), creating it once, opening a client, and riding out a busy
-SQLite store. MLflow itself is imported only when a client is opened (seconds of start-up)."""
+SQLite store. MLflow itself is imported only when a client is opened or a store created (seconds
+of start-up)."""
 
+import contextlib
 import errno
 import fcntl
 import logging
 import os
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from titan_exp.rules import ConfigError
-from titan_exp.tracking.config import TrackingConfig, masked
+from titan_exp.tracking.config import SQLITE_PREFIX, Store, TrackingConfig, masked
 
 # SQLite lets one writer in at a time; a busy store is retried for this long before giving up
 # (long: a writer that holds the lock may wait for an idle core, see tracking/writer.py).
@@ -22,8 +24,12 @@ T = TypeVar("T")
 
 
 def client(uri: str):
+    """A client of the store at `uri`; a SQLite store is created first (create_store), since MLflow
+    would create it in place, racing any other process that opens it."""
     from mlflow.tracking import MlflowClient
 
+    if (db := Store.parse(uri).db) is not None:
+        create_store(db)
     _quiet_about_busy_store()
     return MlflowClient(tracking_uri=uri)
 
@@ -45,25 +51,60 @@ def _drop_busy_store_records(record: logging.LogRecord) -> bool:
 
 
 def ensure_store(cfg: TrackingConfig) -> None:
-    """Create a SQLite store (its migrations) and the experiment once, even when several launching
-    processes start at the same moment: they take turns on a lock file, and a store that exists was
-    completed under that lock. An existing store is left alone without importing MLflow (seconds of
-    start-up); rank 0 creates the experiment if it is new. A server's store exists already."""
-    db = cfg.store.db
-    if db is None:
-        return
+    """The SQLite store created (create_store) and, where this call created it, its experiment
+    (rank 0 creates the experiment of a store that existed, if new). A server's store exists already."""
+    if cfg.store.db is not None and create_store(cfg.store.db):
+        experiment_id(client(cfg.uri), cfg)
+
+
+def create_store(db: Path) -> bool:
+    """Create the SQLite store `db` (MLflow's tables, all its migrations) unless it exists; True if
+    this call created it. Safe against any other process opening `db` at the same moment: MLflow
+    migrates a store without tables in place, and two processes doing so fail ("table runs already
+    exists", "duplicate column name"). So it is made in a file beside `db`, under an exclusive lock,
+    and renamed into place: any process sees no file or a complete store. An existing store is left
+    alone without importing MLflow (seconds of start-up)."""
+    if db.exists():
+        return False
     db.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(db):
+        if db.exists():  # made by the process that held the lock before
+            return False
+        draft = db.with_name(db.name + ".creating")
+        try:
+            for stale in (draft, draft.with_name(draft.name + "-journal")):  # a killed creation's left
+                stale.unlink(missing_ok=True)
+            _migrate(draft)
+            os.replace(draft, db)
+        finally:
+            draft.unlink(missing_ok=True)
+    return True
+
+
+@contextlib.contextmanager
+def _locked(db: Path) -> Iterator[None]:
+    """Held by one process at a time: an exclusive lock on the file beside `db`."""
     lock_path = db.with_name(db.name + ".lock")
     try:  # never through a link: one planted there would have us open (and lock) its target
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise ConfigError("tracking.uri", cfg.uri, f"{lock_path} is a symbolic link; remove it") from None
+            uri = SQLITE_PREFIX + str(db)
+            raise ConfigError("tracking.uri", uri, f"{lock_path} is a symbolic link; remove it") from None
         raise
     with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not db.exists():
-            experiment_id(client(cfg.uri), cfg)
+        yield
+
+
+def _migrate(path: Path) -> None:
+    """MLflow's tables (and its Default experiment) in a new SQLite file at `path`, closed after."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = Store.parse(SQLITE_PREFIX + str(path))
+    # Its connections closed before the file is renamed: one left open would keep writing its
+    # journal under the old name.
+    SqlAlchemyStore(store.uri, store.artifact_location("Default")).engine.dispose()
 
 
 # MLflow 3's UI opens an experiment on the view its kind names; without the tag it guesses, and an

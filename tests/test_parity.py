@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from launchers.env import RankEnv
 from titan_exp.config.resolve import resolve
+from titan_exp.config.sections import VALIDATION_LOSS
 from titan_exp.job.parity import layout_folder
 from titan_exp.parallel.config import SCHEDULES
 from titan_exp.tracking.journal import RUN_ID_FILE
@@ -129,7 +130,7 @@ def parity(tmp_path_factory):
 def test_loss_parity_writes_its_table_and_plot_under_one_parent_run(parity):
     assert parity.output.returncode == 0, parity.output.stdout[-2000:] + parity.output.stderr[-3000:]
     table = (parity.run_dir / "loss_parity.md").read_text()
-    assert table.count("| yes |") == len(LAYOUTS) and "| NO |" not in table
+    assert table.count("| yes |") == len(LAYOUTS) and "| NO |" not in table and "final validation loss" in table
     png = (parity.run_dir / "loss_parity.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     [parent] = mlflow_runs(parity.store, sweeps=True)
@@ -138,6 +139,11 @@ def test_loss_parity_writes_its_table_and_plot_under_one_parent_run(parity):
     artifacts = parity.store.parent / "mlartifacts" / "titan_exp" / parent.info.run_id / "artifacts"
     assert (artifacts / "parity" / "loss_parity.md").read_text() == table
     assert (artifacts / "compare" / "strategy_table.csv").read_text().count("FINISHED") == len(LAYOUTS)
+
+
+def held_out_curve(db, run) -> list[float]:
+    history = mlflow_client(db).get_metric_history(run.info.run_id, VALIDATION_LOSS)
+    return [m.value for m in sorted(history, key=lambda m: m.step)]
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -151,6 +157,10 @@ def test_layout_reproduces_the_single_device_curve(parity, name):
     assert run.data.params["parallelism.name"] == parallelism.split()[0].removeprefix("parallelism=")
     assert len(parity.curves[name]) == STEPS
     torch.testing.assert_close(parity.curves[name], parity.curves["single"], rtol=RTOL, atol=0)
+    # The held-out loss (experiment=loss_parity validates every 5 steps) agrees as closely.
+    held_out, reference = (held_out_curve(parity.store, parity.runs[n]) for n in (name, "single"))
+    assert len(reference) == STEPS // 5
+    torch.testing.assert_close(held_out, reference, rtol=RTOL, atol=0)
     # Where the point's start-up went (from its own process's start): in its log, and as metrics.
     logs = parity.store.parent / "mlartifacts" / "titan_exp" / run.info.run_id / "artifacts" / "logs"
     assert "start-up:" in (logs / "rank0.log").read_text()

@@ -82,10 +82,11 @@ def latest_prediction(client, run):
     return found[0] if found else None
 
 
-def loss_curve(client, run_id: str) -> list[tuple[int, float]]:
-    """(step, global average loss) of every logged step, in step order. A step logged twice (a run
-    resumed from a checkpoint older than its last steps) counts once, as its latest logging."""
-    latest = {m.step: m.value for m in sorted(client.get_metric_history(run_id, LOSS_KEY), key=lambda m: m.timestamp)}
+def loss_curve(client, run_id: str, key: str = LOSS_KEY) -> list[tuple[int, float]]:
+    """(step, global average loss, or the metric `key`) of every logged step, in step order. A step
+    logged twice (a run resumed from a checkpoint older than its last steps) counts once, as its
+    latest logging."""
+    latest = {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)}
     return sorted(latest.items())
 
 

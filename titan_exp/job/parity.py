@@ -1,5 +1,6 @@
 """experiment=loss_parity: train the same model from one seed checkpoint, deterministically, under
-several layouts, and compare their loss curves with the first layout's (table + overlay plot).
+several layouts, and compare their loss curves with the first layout's (table + overlay plot), and
+their held-out losses (validation.*) too.
 
 A sweep over layouts (job/sweep.py, job/sweep_points.py): each layout is composed from the
 command's own overrides plus the layout's, resolved and checked before any layout starts, and run
@@ -11,10 +12,11 @@ from pathlib import Path
 
 from hydra import compose
 
-from titan_exp.compare.runs import loss_curve
+from titan_exp.compare.runs import LOSS_KEY, loss_curve
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
+from titan_exp.config.sections import VALIDATION_LOSS
 from titan_exp.job.context import RunContext
 from titan_exp.job.launch import run_job
 from titan_exp.job.preflight import preflight
@@ -50,8 +52,9 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
             sweep.point_ended(point.state == "done")
         if failed := [p for p in points if p.state != "done"]:
             raise RuntimeError(f"layout {' '.join(failed[0].overrides)} failed: {failed[0].detail}")
-        curves = {" ".join(p.overrides): _curve(p) for p in points}
-        passed = _report(curves, cfg.parity.rtol, job_dir)
+        curves = {" ".join(p.overrides): _curve(p, LOSS_KEY) for p in points}
+        held_out = {" ".join(p.overrides): _curve(p, VALIDATION_LOSS) for p in points}
+        passed = _report(curves, held_out, cfg.parity.rtol, job_dir)
         if sweep.parent:
             for name in ("loss_parity.md", "loss_parity.png"):
                 sweep.parent.run.log_artifact(job_dir / name, "parity")
@@ -72,28 +75,42 @@ def layout_folder(layout: str) -> str:
     return layout.replace(" ", "_").replace("=", "-")
 
 
-def _curve(point: SweepPoint) -> list[float]:
-    """The point's loss curve, from its MLflow run (the point's process left the run's id in its folder)."""
+def _curve(point: SweepPoint, key: str) -> list[float]:
+    """The point's curve of metric `key`, from its MLflow run (the point's process left the run's
+    id in its folder)."""
     run_id_file = RunContext(str(point.job_dir), "local").run_id_file
     if point.job.store is None or not run_id_file.exists():
         raise RuntimeError("experiment=loss_parity reads the curves from MLflow: it needs tracking=mlflow")
-    return [loss for _, loss in loss_curve(client(point.job.store.uri), run_id_file.read_text().strip())]
+    return [loss for _, loss in loss_curve(client(point.job.store.uri), run_id_file.read_text().strip(), key)]
 
 
-def _report(curves: dict[str, list[float]], rtol: float, job_dir: Path) -> bool:
-    (reference_name, reference), *_ = curves.items()
+def _deviation(curve: list[float], reference: list[float]) -> float:
+    """The largest relative deviation at any step (inf where the curves differ in length)."""
+    if len(curve) != len(reference):
+        return float("inf")
+    return max((abs(a - b) / abs(b) for a, b in zip(curve, reference)), default=0.0)
+
+
+def _report(curves: dict[str, list[float]], held_out: dict[str, list[float]], rtol: float, job_dir: Path) -> bool:
+    """`held_out`: each layout's validation losses (empty without validation), held to the same tolerance."""
+    reference_name = next(iter(curves))
     lines = [
-        f"| layout | steps | final loss | max rel. deviation from `{reference_name}` | within {rtol:g} |",
-        "|---|---|---|---|---|",
+        f"| layout | steps | final loss | max rel. deviation from `{reference_name}` | final validation loss "
+        f"| its max rel. deviation | within {rtol:g} |",
+        "|---|---|---|---|---|---|---|",
     ]
     passed = True
     for name, curve in curves.items():
-        deviation = (
-            max(abs(a - b) / abs(b) for a, b in zip(curve, reference)) if len(curve) == len(reference) else float("inf")
-        )
-        ok = deviation <= rtol
+        deviation = _deviation(curve, curves[reference_name])
+        validation = held_out[name]
+        held_out_deviation = _deviation(validation, held_out[reference_name])
+        ok = max(deviation, held_out_deviation) <= rtol
         passed &= ok
-        lines.append(f"| `{name}` | {len(curve)} | {curve[-1]:.6f} | {deviation:.2e} | {'yes' if ok else 'NO'} |")
+        final_validation = f"{validation[-1]:.6f}" if validation else "–"
+        lines.append(
+            f"| `{name}` | {len(curve)} | {curve[-1]:.6f} | {deviation:.2e} | {final_validation} "
+            f"| {held_out_deviation:.2e} | {'yes' if ok else 'NO'} |"
+        )
     table = "\n".join(lines)
     (job_dir / "loss_parity.md").write_text(table + "\n")
     _plot(curves, job_dir / "loss_parity.png")

@@ -5,17 +5,27 @@ parallel/stages.py), and a schedule runs the microbatches through them.
 Importing torch.distributed.pipelining takes about 0.5 s, so the trainer imports this module only
 for jobs with pp > 1."""
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import get_schedule_class
+from torch.distributed.pipelining.schedules import _ComputationType, get_schedule_class
 from torch.distributed.tensor import DTensor
 
 from titan_exp.parallel.config import SINGLE_STAGE_SCHEDULES, ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
+
+# What a forward pass runs of a schedule's actions (FSDP's unshard/reshard of a stage included).
+FORWARD_ACTIONS = (
+    _ComputationType.FORWARD,
+    _ComputationType.SEND_F,
+    _ComputationType.RECV_F,
+    _ComputationType.UNSHARD,
+    _ComputationType.RESHARD,
+)
 
 
 class RankStages(Protocol):
@@ -60,14 +70,42 @@ class Pipeline:
         losses: list[torch.Tensor] = []
         kwargs = {"target": labels, "losses": losses} if self.has_last else {}
         run = self.schedule.eval if forward_only else self.schedule.step
-        if self.has_first:
-            run(inputs, **kwargs)
-        else:
-            run(**kwargs)
+        with _forward_actions_only(self.schedule) if forward_only else contextlib.nullcontext():
+            if self.has_first:
+                run(inputs, **kwargs)
+            else:
+                run(**kwargs)
         if not self.has_last:
             return torch.zeros((), device=inputs.device)
         # Under tensor parallelism (loss parallel) each loss is a replicated DTensor.
         return torch.stack([_local(loss.detach()) for loss in losses]).mean()
+
+
+@contextlib.contextmanager
+def _forward_actions_only(schedule) -> Iterator[None]:
+    """A schedule's forward pass alone: torch's eval skips full backward steps but still runs the
+    split ones of the zero-bubble schedules (ZBVZeroBubble: "can't steal_bwd_input"), so those
+    run a copy of their action list without the backward actions and their sends. Each rank's
+    forwards keep their order, so the pipeline still drains."""
+    if not hasattr(schedule, "pipeline_order_with_comms"):  # single-stage and the plain looped ones
+        yield
+        return
+    order = schedule.pipeline_order_with_comms
+    schedule.pipeline_order_with_comms = {rank: _forward_actions(actions) for rank, actions in order.items()}
+    try:
+        yield
+    finally:
+        schedule.pipeline_order_with_comms = order
+
+
+def _forward_actions(actions: list) -> list:
+    kept = []
+    for action in actions:
+        if action.computation_type == _ComputationType.OVERLAP_F_B:
+            kept += _forward_actions(action.sub_actions)
+        elif action.computation_type in FORWARD_ACTIONS:
+            kept.append(action)
+    return kept
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

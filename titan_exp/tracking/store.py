@@ -102,9 +102,16 @@ def _migrate(path: Path) -> None:
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     store = Store.parse(SQLITE_PREFIX + str(path))
-    # Its connections closed before the file is renamed: one left open would keep writing its
-    # journal under the old name.
-    SqlAlchemyStore(store.uri, store.artifact_location("Default")).engine.dispose()
+    # MLflow says at INFO that it creates and updates the tables: every first run's console would.
+    migration_log = logging.getLogger("mlflow.store.db.utils")
+    level = migration_log.level
+    migration_log.setLevel(logging.WARNING)
+    try:
+        # Its connections closed before the file is renamed: one left open would keep writing its
+        # journal under the old name.
+        SqlAlchemyStore(store.uri, store.artifact_location("Default")).engine.dispose()
+    finally:
+        migration_log.setLevel(level)
 
 
 # MLflow 3's UI opens an experiment on the view its kind names; without the tag it guesses, and an

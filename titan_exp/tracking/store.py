@@ -57,6 +57,11 @@ def ensure_store(cfg: TrackingConfig) -> None:
         experiment_id(client(cfg.uri), cfg)
 
 
+# Alembic (under MLflow's SQL store) says at INFO which of its plugins it sets up as it is imported;
+# under a sweeper that configures the root logger (Optuna's) those lines would fill the console.
+logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
 def create_store(db: Path) -> bool:
     """Create the SQLite store `db` (MLflow's tables, all its migrations) unless it exists; True if
     this call created it. Safe against any other process opening `db` at the same moment: MLflow

@@ -1,77 +1,165 @@
-"""The strategy table's arithmetic and formats, and reading runs back, on their own."""
+"""The comparison's arithmetic, its columns and plots, and reading runs back, on their own (runs
+built in memory with the params MLflow holds)."""
 
-import csv
+import pytest
 
-from titan_exp.compare.report import COLUMNS, table, to_html, to_markdown, write_csv
-from titan_exp.compare.runs import RunSummary, add_scaling_efficiency, parse_mesh
+from titan_exp.compare.report import NOT_READ, OVERSUBSCRIBED, columns, table, write_report
+from titan_exp.compare.runs import RunSummary, add_scaling_efficiency, best_first, parse_mesh, varying_params
 from titan_exp.parallel.dims import ParallelDims
+from titan_exp.tracking.run import UNREAD_KEYS_PARAM
+
+from conftest import compose_config
 
 
 def _summary(
-    name: str, strategy: str, world_size: int, tps: float | None, mesh: dict[str, int], status: str = "FINISHED"
+    name: str,
+    strategy: str,
+    world_size: int,
+    tps: float | None,
+    mesh: dict[str, int],
+    status: str = "FINISHED",
+    **params: str,
 ) -> RunSummary:
+    """A run as MLflow gives it back: its degrees among its params, as the resolved config has them."""
+    degrees = {
+        "parallelism.name": strategy,
+        "parallelism.data_parallel_shard_degree": str(mesh.get("dp_shard", 1)),
+        "parallelism.data_parallel_replicate_degree": str(mesh.get("dp_replicate", 1)),
+        "parallelism.tensor_parallel_degree": str(mesh.get("tp", 1)),
+        "launcher.nproc_per_node": str(world_size),
+        "training.local_batch_size": "2",
+    }
     return RunSummary(
         run_id=f"{name}-id-0123456789",
         name=name,
         status=status,
-        model="llama3_8b",
-        strategy=strategy,
-        quantize="none",
         mesh=mesh,
         device="cuda",
-        tokens_per_micro_batch=8192,
         world_size=world_size,
         tps_per_device=tps,
         mfu_pct=None if tps is None else tps / 100,
         peak_memory_gib=1.5,
         memory_kind="active",
         final_loss=2.0,
+        params=degrees | params,
     )
 
 
-def test_scaling_efficiency_is_relative_to_the_smallest_world_size_of_the_family():
+def test_scaling_efficiency_is_relative_to_the_smallest_data_parallel_size_of_the_family():
     runs = [
         _summary("fsdp8", "fsdp", 8, 900.0, {"dp_shard": 8}),
         _summary("fsdp2-a", "fsdp", 2, 1000.0, {"dp_shard": 2}),
         _summary("fsdp2-b", "fsdp", 2, 1200.0, {"dp_shard": 2}),  # median of the baseline: 1100
         _summary("fsdp4tp2", "fsdp_tp", 8, 600.0, {"dp_shard": 4, "tp": 2}),
         _summary("fsdp2tp2", "fsdp_tp", 4, 800.0, {"dp_shard": 2, "tp": 2}),
-        _summary("fsdp2tp4", "fsdp_tp", 8, 400.0, {"dp_shard": 2, "tp": 4}),  # another tp degree: its own family
+        _summary("fsdp2tp4", "fsdp_tp", 8, 400.0, {"dp_shard": 2, "tp": 4}),  # another tp degree: alone
+        _summary("ddp2", "ddp", 2, 1500.0, {"dp_replicate": 2}),  # another strategy at fsdp2's size: alone
         _summary("failed", "fsdp", 16, None, {"dp_shard": 16}, status="FAILED"),
         _summary("failed-fast", "fsdp", 1, 5000.0, {}, status="FAILED"),  # never a baseline
+        # A different per-rank batch: a family of its own, with one size.
+        _summary("other-batch", "fsdp", 4, 500.0, {"dp_shard": 4}, **{"training.local_batch_size": "1"}),
     ]
-    runs.append(_summary("other-batch", "fsdp", 4, 500.0, {"dp_shard": 4}))
-    runs[-1].tokens_per_micro_batch = 4096  # a different per-rank batch: a family of its own
     add_scaling_efficiency(runs)
     efficiency = {r.name: r.scaling_efficiency for r in runs}
     assert efficiency["fsdp8"] == 900 / 1100
     assert efficiency["fsdp2-a"] == 1000 / 1100 and efficiency["fsdp2-b"] == 1200 / 1100
     assert efficiency["fsdp4tp2"] == 600 / 800 and efficiency["fsdp2tp2"] == 1.0
-    assert efficiency["fsdp2tp4"] == 1.0
-    assert efficiency["failed"] is None and efficiency["failed-fast"] is None
-    assert efficiency["other-batch"] == 1.0
+    for alone in ("fsdp2tp4", "ddp2", "failed", "failed-fast", "other-batch"):
+        assert efficiency[alone] is None, alone
 
 
-def test_table_formats_agree_and_escape(tmp_path):
-    run = _summary("a|b<c>", "fsdp", 2, 1234.5, {"dp_shard": 2})
-    failed = _summary("f", "fsdp", 4, None, {"dp_shard": 4}, status="FAILED")
-    failed.failure_reason = "RankFailure: rank 1 failed"
-    run.predicted_tps_per_device, run.predicted_peak_memory_gib = 1111.05, 1.65  # python -m titan_exp plan's
-    add_scaling_efficiency([run, failed])
-    rows = table([run, failed])
-    expected = ["a|b<c>", "2", "1,234", "1,111 (-10%)", "12.35", "1.50 (active)", "1.65 (+10%)", "1.00", "2.0000"]
-    assert rows[0] == [*expected, "FINISHED", "a|b<c>-i"]
-    assert rows[1][2] == "n/a" and rows[1][3] == "n/a" and rows[1][7] == "n/a"
-    assert rows[1][9] == "FAILED: RankFailure: rank 1 failed"
-    markdown = to_markdown(rows).splitlines()
-    assert markdown[0] == "| " + " | ".join(COLUMNS) + " |" and markdown[2].startswith("| a\\|b<c> | 2 | 1,234 |")
-    assert "<td>a|b&lt;c&gt;</td>" in to_html(rows, "t")
-    write_csv([run, failed], tmp_path / "t.csv")
-    with open(tmp_path / "t.csv") as file:
-        written = list(csv.DictReader(file))
-    assert float(written[0]["tps_per_device"]) == 1234.5 and float(written[0]["scaling_efficiency"]) == 1.0
-    assert float(written[0]["predicted_tps_per_device"]) == 1111.05 and written[1]["predicted_tps_per_device"] == ""
-    assert written[1]["tps_per_device"] == "" and written[1]["failure_reason"] == "RankFailure: rank 1 failed"
+def test_runs_at_one_data_parallel_size_have_no_scaling_efficiency():
+    """Three pipeline schedules at pp2: the same world size, different schedules, so nothing scales."""
+    runs = [
+        _summary(f"pp2·{schedule}", "pp", 2, tps, {"pp": 2}, **{"parallelism.pipeline_parallel_schedule": schedule})
+        for schedule, tps in (("1F1B", 400.0), ("GPipe", 380.0), ("Interleaved1F1B", 300.0))
+    ]
+    add_scaling_efficiency(runs)
+    assert [r.scaling_efficiency for r in runs] == [None, None, None]
+    assert column(table(runs), "scaling efficiency") == ["", "", ""]
+
+
+def test_where_the_ranks_ran_does_not_split_a_family():
+    """Threads per rank differ between 1 and 2 ranks on one machine; FSDP's resharding is read at 2 only."""
+    reshard = {"parallelism.fsdp_reshard_after_forward": "default"}
+    one = _summary("single", "fsdp", 1, 1000.0, {}, **{"launcher.cpu_threads_per_rank": "2"}, **reshard)
+    one.params[UNREAD_KEYS_PARAM] = "parallelism.fsdp_reshard_after_forward"
+    two = _summary("fsdp2", "fsdp", 2, 900.0, {"dp_shard": 2}, **{"launcher.cpu_threads_per_rank": "1"}, **reshard)
+    add_scaling_efficiency([one, two])
+    assert (one.scaling_efficiency, two.scaling_efficiency) == (1.0, 0.9)
+
+
+def column(rows: list[list[str]], name: str, varying: list[str] = ()) -> list[str]:
+    return [row[columns(list(varying)).index(name)] for row in rows]
+
+
+def test_the_table_has_a_column_for_each_key_that_differs_and_dashes_where_it_is_not_read():
+    schedule = "parallelism.pipeline_parallel_schedule"
+    runs = [
+        _summary("pp2·1F1B", "pp", 2, 400.0, {"pp": 2}, **{schedule: "1F1B", "training.steps": "50"}),
+        _summary("pp2·GPipe", "pp", 2, 380.0, {"pp": 2}, **{schedule: "GPipe", "training.steps": "50"}),
+        # fsdp does not read the schedule (its rank says so in a param of its run).
+        _summary("fsdp2", "fsdp", 2, 500.0, {"dp_shard": 2}, **{schedule: "GPipe", "training.steps": "50"}),
+    ]
+    runs[2].params[UNREAD_KEYS_PARAM] = f"{schedule},parallelism.context_parallel_impl"
+    runs[2].params["tracking.parent_run_id"] = "elsewhere"  # bookkeeping, never a difference
+    varying = varying_params(runs)
+    # Degrees are in the run's name and world size: not columns of their own.
+    assert varying == ["parallelism.name", schedule]
+    rows = table(runs, varying)
+    assert column(rows, schedule, varying) == ["1F1B", "GPipe", NOT_READ]
+    assert column(rows, "parallelism.name", varying) == ["pp", "pp", "fsdp"]
+    # Keys that only runs which do not read them set differently are no difference.
+    assert varying_params(runs[1:]) == ["parallelism.name"]
+
+
+def test_best_first_puts_failed_runs_last_in_their_order():
+    runs = [
+        _summary("slow", "fsdp", 2, 100.0, {"dp_shard": 2}),
+        _summary("failed-a", "fsdp", 2, None, {"dp_shard": 2}, status="FAILED"),
+        _summary("fast", "fsdp", 2, 300.0, {"dp_shard": 2}),
+        _summary("killed", "fsdp", 2, 900.0, {"dp_shard": 2}, status="KILLED"),  # its figure is not steady
+        _summary("failed-b", "fsdp", 2, None, {"dp_shard": 2}, status="FAILED"),
+    ]
+    assert [r.name for r in best_first(runs)] == ["fast", "slow", "failed-a", "killed", "failed-b"]
+
+
+@pytest.mark.parametrize("cpu_set,threads,flagged", [("0-1", "1", False), ("0", "1", True), ("0-3", "2", False)])
+def test_cpu_runs_with_more_rank_threads_than_cores_are_flagged(cpu_set, threads, flagged):
+    run = _summary("fsdp2", "fsdp", 2, 400.0, {"dp_shard": 2})
+    run.device = "cpu"
+    run.params |= {"derived/cpu_set": cpu_set, "launcher.cpu_threads_per_rank": threads}
+    assert run.oversubscribed is flagged
+    assert column(table([run]), "TPS/device")[0] == "400" + (f" ({OVERSUBSCRIBED})" if flagged else "")
+
+
+def test_plots_show_scaling_only_where_there_is_some(tmp_path):
+    same_size = [_summary(f"pp2-{n}", "pp", 2, 400.0 - n, {"pp": 2}) for n in range(3)]
+    for run in same_size:
+        run.loss_curve = [(1, 3.0), (2, 2.5), (3, 2.4)]
+    report = write_report(same_size, tmp_path / "flat", "t")
+    assert {p.name for p in report.files if p.suffix == ".png"} == {"loss_curves.png", "throughput.png", "memory.png"}
+    scaled = [_summary("single", "fsdp", 1, 1000.0, {}), _summary("fsdp2", "fsdp", 2, 900.0, {"dp_shard": 2})]
+    report = write_report(scaled, tmp_path / "scaled", "t")
+    assert (tmp_path / "scaled" / "scaling.png") in report.files
+    assert "scaling efficiency: TPS/device" in report.markdown  # the note under the table says what it is
+
+
+def test_run_names_name_every_choice_that_changes_how_a_layout_runs():
+    from omegaconf import OmegaConf
+
+    from titan_exp.config.resolve import resolve
+
+    def name(overrides: list[str]) -> str:
+        return resolve(OmegaConf.to_object(compose_config(["launcher.oversubscribe=true", *overrides]))).run_name()
+
+    assert name(["parallelism=fsdp", "launcher.nproc_per_node=2"]) == "llama3_debug·fsdp2"
+    assert name(["parallelism=pp", "parallelism.pipeline_parallel_schedule=GPipe", "training.local_batch_size=4"]) == (
+        "llama3_debug·pp2·GPipe·4mb"
+    )
+    assert name(["parallelism=single", "activation_checkpoint.mode=full", "compile.enable=true"]) == (
+        "llama3_debug·single·ac_full·compile"
+    )
 
 
 def test_mesh_tags_read_back_into_degrees():

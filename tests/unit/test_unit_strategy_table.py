@@ -14,12 +14,8 @@ def summary(name: str, world_size: int = 2, tps: float | None = 1000.0, **fields
         run_id=f"{name}-0123456789abcdef",
         name=name,
         status="FINISHED",
-        model="llama3_debug",
-        strategy="fsdp",
-        quantize="none",
         mesh={"dp_shard": world_size},
         device="cuda",
-        tokens_per_micro_batch=1024,
         world_size=world_size,
         tps_per_device=tps,
         mfu_pct=None if tps is None else 41.256,
@@ -43,15 +39,15 @@ def test_rows_keep_the_runs_order_and_fill_every_column() -> None:
 
 
 def test_cells_are_formatted() -> None:
-    run = summary("fsdp2", tps=12345.67)
+    run = summary("fsdp2", tps=12345.67, validation_loss=2.5)
     add_scaling_efficiency([run])
     [row] = table([run])
     cells = dict(zip(COLUMNS, row))
     assert cells["TPS/device"] == "12,346"
     assert cells["MFU %"] == "41.26"
     assert cells["peak memory GiB"] == "3.14 (active)"
-    assert cells["scaling efficiency"] == "1.00"
-    assert cells["final loss"] == "2.7183"
+    assert cells["scaling efficiency"] == ""  # no other data-parallel size: nothing to scale from
+    assert cells["final loss"] == "2.7183" and cells["validation loss"] == "2.5000"
     assert cells["status"] == "FINISHED"
     assert cells["run"] == "fsdp2-01"  # the run id's first 8 characters
     assert cells["predicted TPS/device"] == cells["predicted peak GiB"] == "n/a"
@@ -60,8 +56,9 @@ def test_cells_are_formatted() -> None:
 def test_missing_figures_read_n_a() -> None:
     run = summary("failed", tps=None, status="FAILED", peak_memory_gib=None, final_loss=None)
     cells = dict(zip(COLUMNS, table([run])[0]))
-    for name in ("TPS/device", "MFU %", "peak memory GiB", "scaling efficiency", "final loss"):
+    for name in ("TPS/device", "MFU %", "peak memory GiB", "final loss"):
         assert cells[name] == "n/a", name
+    assert cells["scaling efficiency"] == cells["validation loss"] == ""
 
 
 def test_predictions_show_their_error_against_the_measurement() -> None:

@@ -6,7 +6,15 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan_exp.compare.runs import RunSummary, add_scaling_efficiency, summarize, sweep_points
+from titan_exp.compare import plots
+from titan_exp.compare.runs import (
+    RunSummary,
+    add_scaling_efficiency,
+    best_first,
+    summarize,
+    sweep_points,
+    varying_params,
+)
 from titan_exp.tracking.run import MlflowRun
 from titan_exp.tracking.store import client as mlflow_client
 
@@ -20,13 +28,29 @@ COLUMNS = [
     "predicted peak GiB",
     "scaling efficiency",
     "final loss",
+    "validation loss",
     "status",
     "run",
 ]
+OVERSUBSCRIBED = "oversubscribed"
+NOT_READ = "–"  # a key the run's layout does not read (a schedule without a pipeline)
+OVERSUBSCRIBED_NOTE = (
+    f"{OVERSUBSCRIBED}: the run's CPU rank threads outnumbered its cores; its throughput measures "
+    "time-sharing, not the layout."
+)
+SCALING_NOTE = (
+    "scaling efficiency: TPS/device over that of the smallest data-parallel size among runs that differ "
+    "in nothing else; blank where there is no such run."
+)
 
 
-def table(summaries: list[RunSummary]) -> list[list[str]]:
-    """One row of text per run, in COLUMNS order."""
+def columns(varying: list[str]) -> list[str]:
+    """The table's columns: the run's name, each config key that differs between the runs, the figures."""
+    return COLUMNS[:1] + varying + COLUMNS[1:]
+
+
+def table(summaries: list[RunSummary], varying: list[str] = ()) -> list[list[str]]:
+    """One row of text per run, in columns(varying) order."""
 
     def number(value: float | None, fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
@@ -42,23 +66,36 @@ def table(summaries: list[RunSummary]) -> list[list[str]]:
     for s in summaries:
         memory = f"{number(s.peak_memory_gib, '.2f')} ({s.memory_kind})" if s.peak_memory_gib is not None else "n/a"
         status = s.status if not s.failure_reason else f"{s.status}: {s.failure_reason[:80]}"
+        tps = number(s.tps_per_device, ",.0f") + (f" ({OVERSUBSCRIBED})" if s.oversubscribed else "")
         rows.append(
             [
                 s.name,
+                *(s.params.get(key, "") if s.reads(key) else NOT_READ for key in varying),
                 str(s.world_size),
-                number(s.tps_per_device, ",.0f"),
+                tps,
                 predicted(s.predicted_tps_per_device, s.tps_per_device, ",.0f"),
                 number(s.mfu_pct, ".2f"),
                 memory,
                 # Predictions count tensors: comparable with an allocator's peak, not a CPU resident set.
                 predicted(s.predicted_peak_memory_gib, s.peak_memory_gib if s.memory_kind == "active" else None, ".2f"),
-                number(s.scaling_efficiency, ".2f"),
+                "" if s.scaling_efficiency is None else format(s.scaling_efficiency, ".2f"),
                 number(s.final_loss, ".4f"),
+                "" if s.validation_loss is None else format(s.validation_loss, ".4f"),
                 status,
                 s.run_id[:8],
             ]
         )
     return rows
+
+
+def notes(summaries: list[RunSummary], varying: list[str]) -> list[str]:
+    """What a reader needs to read the table right: the lines under it."""
+    lines = [SCALING_NOTE] if any(s.scaling_efficiency is not None for s in summaries) else []
+    if any(not s.reads(key) for s in summaries for key in varying):
+        lines.append(f"{NOT_READ}: a key the run's layout does not read.")
+    if any(s.oversubscribed for s in summaries):
+        lines.append(OVERSUBSCRIBED_NOTE)
+    return lines
 
 
 def to_markdown(rows: list[list[str]], columns: list[str] = COLUMNS) -> str:
@@ -68,14 +105,15 @@ def to_markdown(rows: list[list[str]], columns: list[str] = COLUMNS) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_html(rows: list[list[str]], title: str, columns: list[str] = COLUMNS) -> str:
+def to_html(rows: list[list[str]], title: str, columns: list[str] = COLUMNS, notes: list[str] = ()) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>\n" for row in rows)
+    after = "".join(f"<p>{html.escape(note)}</p>\n" for note in notes)
     return (
         f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         "<style>table{border-collapse:collapse;font-family:sans-serif}"
         "td,th{border:1px solid #999;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style></head>\n"
-        f"<body><h1>{html.escape(title)}</h1>\n<table><tr>{head}</tr>\n{body}</table></body></html>\n"
+        f"<body><h1>{html.escape(title)}</h1>\n<table><tr>{head}</tr>\n{body}</table>\n{after}</body></html>\n"
     )
 
 
@@ -84,6 +122,7 @@ CSV_COLUMNS = [
     "strategy",
     "world_size",
     "tps_per_device",
+    "oversubscribed",
     "predicted_tps_per_device",
     "mfu_pct",
     "peak_memory_gib",
@@ -91,22 +130,25 @@ CSV_COLUMNS = [
     "predicted_peak_memory_gib",
     "scaling_efficiency",
     "final_loss",
+    "validation_loss",
     "status",
     "failure_reason",
     "run_id",
 ]
 
 
-def write_csv(summaries: list[RunSummary], path: Path) -> None:
+def write_csv(summaries: list[RunSummary], path: Path, varying: list[str] = ()) -> None:
     with open(path, "w", newline="") as file:
         writer = csv.writer(file)
-        writer.writerow(CSV_COLUMNS)
+        writer.writerow(CSV_COLUMNS[:1] + list(varying) + CSV_COLUMNS[1:])
         for s in summaries:
             writer.writerow(
                 [
                     s.name,
+                    *(s.params.get(key, "") for key in varying),
                     s.world_size,
                     s.tps_per_device,
+                    s.oversubscribed,
                     s.predicted_tps_per_device,
                     s.mfu_pct,
                     s.peak_memory_gib,
@@ -114,6 +156,7 @@ def write_csv(summaries: list[RunSummary], path: Path) -> None:
                     s.predicted_peak_memory_gib,
                     s.scaling_efficiency,
                     s.final_loss,
+                    s.validation_loss,
                     s.status,
                     s.failure_reason,
                     s.run_id,
@@ -122,73 +165,30 @@ def write_csv(summaries: list[RunSummary], path: Path) -> None:
 
 
 def write_plots(summaries: list[RunSummary], out_dir: Path) -> list[Path]:
-    """loss_curves.png, throughput.png, memory.png, scaling.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [s.name for s in summaries]
-    paths = []
-
-    def save(figure, name: str) -> None:
-        figure.tight_layout()
-        figure.savefig(out_dir / name, dpi=110)
-        plt.close(figure)
-        paths.append(out_dir / name)
-
-    figure, axis = plt.subplots(figsize=(8, 5))
-    for s in summaries:
-        if s.loss_curve:
-            steps, losses = zip(*s.loss_curve)
-            axis.plot(steps, losses, marker="o", markersize=2, label=f"{s.name} ({s.run_id[:8]})")
-    axis.set(xlabel="step", ylabel="loss (global average)", title="Loss curves")
-    axis.legend(fontsize=7)
-    save(figure, "loss_curves.png")
-
-    for name, values, label in (
-        ("throughput.png", [s.tps_per_device or 0.0 for s in summaries], "tokens/s per device (steady state)"),
-        (
-            "memory.png",
-            [s.peak_memory_gib or 0.0 for s in summaries],
-            "peak memory GiB (" + ", ".join(sorted({s.memory_kind for s in summaries if s.memory_kind})) + ")",
-        ),
-    ):
-        figure, axis = plt.subplots(figsize=(8, 0.5 * len(summaries) + 1.5))
-        axis.barh(range(len(summaries)), values)
-        axis.set_yticks(range(len(summaries)), [f"{n} ({s.run_id[:8]})" for n, s in zip(names, summaries)], fontsize=7)
-        axis.invert_yaxis()
-        axis.set(xlabel=label, title=label.split(" (")[0] + " per strategy")
-        save(figure, name)
-
-    save(_scaling_plot(plt, summaries), "scaling.png")
-    return paths
-
-
-def _scaling_plot(plt, summaries: list[RunSummary]):
-    """TPS/device against world size, one line per family of runs that differ in scale only."""
-    figure, axis = plt.subplots(figsize=(8, 5))
+    """loss_curves.png, throughput.png, memory.png, and scaling.png where there is scaling."""
+    labels = [f"{s.name} ({s.run_id[:8]}{', ' + OVERSUBSCRIBED if s.oversubscribed else ''})" for s in summaries]
+    paths = [out_dir / name for name in ("loss_curves.png", "throughput.png", "memory.png")]
+    plots.overlay(
+        {label: s.loss_curve for label, s in zip(labels, summaries)}, paths[0], "Loss curves", "loss (global average)"
+    )
+    plots.bars(labels, [s.tps_per_device or 0.0 for s in summaries], paths[1], "tokens/s per device (steady state)")
+    kinds = ", ".join(sorted({s.memory_kind for s in summaries if s.memory_kind}))
+    plots.bars(labels, [s.peak_memory_gib or 0.0 for s in summaries], paths[2], f"peak memory GiB ({kinds})")
     families: dict[tuple, list[RunSummary]] = {}
     for s in summaries:
         if s.scaling_efficiency is not None:
             families.setdefault(s.family, []).append(s)
-    for (model, strategy, quantize, (tp, pp, cp), device, tokens), members in families.items():
-        members.sort(key=lambda s: s.world_size)
-        label = (
-            f"{model} {strategy}"
-            + (f" {quantize}" if quantize != "none" else "")
-            + f" tp{tp} pp{pp} cp{cp} {device} {tokens} tok/rank"
-        )
-        axis.plot([s.world_size for s in members], [s.scaling_efficiency for s in members], marker="o", label=label)
-    axis.axhline(1.0, linestyle="--", color="grey", linewidth=1)
-    axis.set(
-        xlabel="world size (devices)",
-        ylabel="TPS/device ÷ that of the family's smallest world size",
-        title="Scaling efficiency",
-    )
     if families:
-        axis.legend(fontsize=7)
-    return figure
+        paths.append(out_dir / "scaling.png")
+        plots.scaling({_family_label(members): members for members in families.values()}, paths[-1])
+    return paths
+
+
+def _family_label(members: list[RunSummary]) -> str:
+    """A family by the names of its runs, smallest data-parallel size first (fsdp's and ddp's
+    single-device runs share a name, not a family, so the run id of the first is added)."""
+    ordered = sorted(members, key=lambda s: s.data_parallel_size)
+    return " → ".join(dict.fromkeys(s.name for s in ordered)) + f" ({ordered[0].run_id[:8]}…)"
 
 
 @dataclass
@@ -199,14 +199,19 @@ class Report:
 
 
 def write_report(summaries: list[RunSummary], out_dir: Path, title: str) -> Report:
-    """Table in three formats and the plots, under out_dir."""
+    """The table (best first, a column for each config key that differs) in three formats, and the
+    plots, under out_dir."""
     add_scaling_efficiency(summaries)
+    summaries = best_first(summaries)
+    varying = varying_params(summaries)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = table(summaries)
-    markdown = to_markdown(rows)
+    rows = table(summaries, varying)
+    header = columns(varying)
+    below = notes(summaries, varying)
+    markdown = to_markdown(rows, header) + "".join(f"\n{note}\n" for note in below)
     (out_dir / "strategy_table.md").write_text(f"# {title}\n\n{markdown}")
-    (out_dir / "strategy_table.html").write_text(to_html(rows, title))
-    write_csv(summaries, out_dir / "strategy_table.csv")
+    (out_dir / "strategy_table.html").write_text(to_html(rows, title, header, below))
+    write_csv(summaries, out_dir / "strategy_table.csv", varying)
     files = [out_dir / f"strategy_table.{ext}" for ext in ("md", "csv", "html")] + write_plots(summaries, out_dir)
     return Report(summaries, markdown, files)
 

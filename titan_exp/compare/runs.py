@@ -4,7 +4,7 @@ figures of the strategy table."""
 import statistics
 from dataclasses import dataclass, field
 
-from titan_exp.tracking.run import PARENT_TAG, ROLE_TAG
+from titan_exp.tracking.run import PARENT_TAG, ROLE_TAG, UNREAD_KEYS_PARAM
 
 # Steady-state figures only (everything after step 1, which includes start-up and compilation); a
 # run that never got past its first log interval has none.
@@ -13,8 +13,35 @@ MFU_KEY = "throughput/mfu_pct_mean"
 # CUDA's allocator peak, else the CPU resident-set peak: never mixed in one figure (see metrics/memory.py).
 MEMORY_KEYS = (("memory/max_active_gib", "active"), ("memory/cpu_rss_peak_gib", "cpu rss"))
 LOSS_KEY = "loss/global_avg"
+VALIDATION_KEY = "loss/validation"
 # The role tag of a prediction run (python -m titan_exp plan): compared with, never as, a training run.
 PREDICTION_ROLE = "prediction"
+
+
+# Params that say how a run was tracked, planned or what it derived, not what it was asked to compute:
+# never a difference between runs.
+NOT_CHOICES = ("tracking.", "derived/", "plan.", "parity.", "sweep.")
+# Params that say where the ranks ran and how the run was kept: not what its ranks computed, so
+# runs that differ only here scale alike (the columns still show them where they vary).
+PLACEMENT = ("launcher.", "checkpoint.folder", "data.cache_dir", "profiling.save_")
+# What changes with the data-parallel size alone when a layout is scaled out (strong or weak), and
+# a key read or not by that size (FSDP's resharding: nothing is sharded on one device).
+DATA_PARALLEL_KEYS = (
+    "parallelism.data_parallel_shard_degree",
+    "parallelism.data_parallel_replicate_degree",
+    "training.global_batch_size",
+    "parallelism.fsdp_reshard_after_forward",
+)
+# Params the strategy table shows in columns of their own (the run's name gives the degrees).
+SHOWN_ELSEWHERE = (
+    "parallelism.data_parallel_shard_degree",
+    "parallelism.data_parallel_replicate_degree",
+    "parallelism.tensor_parallel_degree",
+    "parallelism.pipeline_parallel_degree",
+    "parallelism.context_parallel_degree",
+    "launcher.nproc_per_node",
+    "launcher.nodes",
+)
 
 
 @dataclass
@@ -22,34 +49,78 @@ class RunSummary:
     run_id: str
     name: str
     status: str
-    model: str
-    strategy: str
-    quantize: str
     mesh: dict[str, int]
     device: str
-    # Tokens each rank processes per micro-batch: runs that differ here do not scale the same work.
-    tokens_per_micro_batch: int
     world_size: int
     tps_per_device: float | None
     mfu_pct: float | None
     peak_memory_gib: float | None
     memory_kind: str
     final_loss: float | None
+    # The resolved config and derived facts as MLflow holds them ({"training.steps": "50", ...}).
+    params: dict[str, str] = field(default_factory=dict)
+    validation_loss: float | None = None
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
     failure_reason: str = ""
-    # TPS/device over that of the smallest world size in the same family (filled by add_scaling_efficiency).
+    # TPS/device over that of the smallest data-parallel size in the same family, where the family
+    # has more than one (filled by add_scaling_efficiency).
     scaling_efficiency: float | None = None
     # The latest prediction of the same layout in the experiment (python -m titan_exp plan), if any.
     predicted_tps_per_device: float | None = None
     predicted_peak_memory_gib: float | None = None
 
     @property
+    def data_parallel_size(self) -> int:
+        return self.mesh.get("dp_replicate", 1) * self.mesh.get("dp_shard", 1)
+
+    @property
     def family(self) -> tuple:
-        """Runs that differ only in their data-parallel degree: the same model, strategy, precision,
-        model-parallel degrees, device kind and per-rank batch. Scaling efficiency is measured
-        within a family."""
-        model_parallel = tuple(self.mesh.get(dim, 1) for dim in ("tp", "pp", "cp"))
-        return (self.model, self.strategy, self.quantize, model_parallel, self.device, self.tokens_per_micro_batch)
+        """What runs that differ only in their data-parallel size share: every choice of the config
+        that the layout reads but where the ranks ran, and the device kind. Scaling efficiency is
+        measured within a family."""
+        kept = (
+            (key, value)
+            for key, value in self.params.items()
+            if not key.startswith(NOT_CHOICES + PLACEMENT) and key not in DATA_PARALLEL_KEYS and self.reads(key)
+        )
+        return (self.device, *sorted(kept))
+
+    def reads(self, key: str) -> bool:
+        """Whether the run's layout reads this config key (runs logged before we recorded it: all)."""
+        return key not in self.params.get(UNREAD_KEYS_PARAM, "").split(",")
+
+    @property
+    def oversubscribed(self) -> bool:
+        """CPU ranks that time-shared cores (more rank threads than rank 0's cores on its node): the
+        throughput measures the sharing, not the layout."""
+        params = self.params
+        cores = cpu_count(params.get("derived/cpu_set", ""))
+        if self.device != "cpu" or not cores:
+            return False
+        threads = int(params.get("launcher.nproc_per_node", 1)) * int(params.get("launcher.cpu_threads_per_rank", 1))
+        return threads > cores
+
+
+def cpu_count(cpu_set: str) -> int:
+    """'0-2,5' → 4; '' → 0."""
+    count = 0
+    for part in filter(None, cpu_set.split(",")):
+        first, _, last = part.partition("-")
+        count += int(last or first) - int(first) + 1
+    return count
+
+
+def varying_params(summaries: list[RunSummary]) -> list[str]:
+    """The config keys with different values in runs that read them (those the table shows
+    elsewhere left out), in config order: what a comparison must say beside each run."""
+    keys = dict.fromkeys(key for s in summaries for key in s.params)
+    return [
+        key
+        for key in keys
+        if not key.startswith(NOT_CHOICES)
+        and key not in SHOWN_ELSEWHERE
+        and len({s.params.get(key, "") for s in summaries if s.reads(key)}) > 1
+    ]
 
 
 def latest_sweep(client, experiment_id: str):
@@ -91,19 +162,15 @@ def loss_curve(client, run_id: str, key: str = LOSS_KEY) -> list[tuple[int, floa
 
 
 def summarize(client, run) -> RunSummary:
-    metrics, tags, params = run.data.metrics, run.data.tags, run.data.params
+    metrics, tags = run.data.metrics, run.data.tags
     memory_key, memory_kind = next(((k, kind) for k, kind in MEMORY_KEYS if k in metrics), (None, ""))
     curve = loss_curve(client, run.info.run_id)
     return RunSummary(
         run_id=run.info.run_id,
         name=run.info.run_name,
         status=run.info.status,
-        model=tags.get("model", "?"),
-        strategy=tags.get("strategy", "?"),
-        quantize=tags.get("quantize", "none"),
         mesh=parse_mesh(tags.get("mesh", "")),
         device=tags.get("device", "?"),
-        tokens_per_micro_batch=int(params.get("training.local_batch_size", 0)) * int(params.get("training.seq_len", 0)),
         world_size=int(tags.get("world_size", 0) or 0),
         tps_per_device=metrics.get(TPS_KEY),
         mfu_pct=metrics.get(MFU_KEY),
@@ -112,6 +179,8 @@ def summarize(client, run) -> RunSummary:
         else None,
         memory_kind=memory_kind,
         final_loss=curve[-1][1] if curve else None,
+        params=dict(run.data.params),
+        validation_loss=metrics.get(VALIDATION_KEY),
         loss_curve=curve,
         failure_reason=tags.get("failure_reason", ""),
         **_predicted(client, run),
@@ -129,16 +198,26 @@ def _predicted(client, run) -> dict[str, float | None]:
 
 def add_scaling_efficiency(summaries: list[RunSummary]) -> None:
     """Each finished run's TPS/device relative to the median TPS/device of its family's smallest
-    world size (failed runs neither get one nor serve as the baseline)."""
+    data-parallel size, in families that hold more than one data-parallel size (elsewhere there is
+    no scaling to measure; failed runs neither get one nor serve as the baseline)."""
     families: dict[tuple, list[RunSummary]] = {}
     for summary in summaries:
-        if summary.status == "FINISHED" and summary.tps_per_device is not None and summary.world_size > 0:
+        if summary.status == "FINISHED" and summary.tps_per_device is not None:
             families.setdefault(summary.family, []).append(summary)
     for members in families.values():
-        smallest = min(s.world_size for s in members)
-        baseline = statistics.median(s.tps_per_device for s in members if s.world_size == smallest)
+        sizes = {s.data_parallel_size for s in members}
+        if len(sizes) < 2:
+            continue
+        baseline = statistics.median(s.tps_per_device for s in members if s.data_parallel_size == min(sizes))
         for summary in members:
             summary.scaling_efficiency = summary.tps_per_device / baseline if baseline > 0 else None
+
+
+def best_first(summaries: list[RunSummary]) -> list[RunSummary]:
+    """Finished runs by TPS/device, highest first, then the rest in their order."""
+    measured = [s for s in summaries if s.status == "FINISHED" and s.tps_per_device is not None]
+    rest = [s for s in summaries if all(s is not m for m in measured)]
+    return sorted(measured, key=lambda s: -s.tps_per_device) + rest
 
 
 def parse_mesh(text: str) -> dict[str, int]:

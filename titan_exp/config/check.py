@@ -43,8 +43,8 @@ def cautions(cfg: JobConfig, dims: ParallelDims) -> list[str]:
     return said
 
 
-def ignored_keys(cfg: JobConfig, dims: ParallelDims) -> list[tuple[str, object, str]]:
-    """(key, value, why) of each key set away from its default that this layout does not read."""
+def unread_keys(cfg: JobConfig, dims: ParallelDims) -> list[tuple[str, str]]:
+    """(key, why) of each key this layout does not read, whatever its value."""
     ac, data, unquantized = cfg.activation_checkpoint, cfg.data, cfg.quantize.name == "none"
     source = f"data.source is {data.source}"
     # (section name, its keys, whether they are unread, why)
@@ -60,14 +60,18 @@ def ignored_keys(cfg: JobConfig, dims: ParallelDims) -> list[tuple[str, object, 
         ("data", ("corpus_path", "tokenizer_vocab_size"), data.source != "text", source),
         ("data", ("synthetic_vocab_size", "synthetic_branching"), data.source != "synthetic", source),
     ]
+    return [(f"{section}.{name}", why) for section, names, is_unread, why in unread if is_unread for name in names]
+
+
+def ignored_keys(cfg: JobConfig, dims: ParallelDims) -> list[tuple[str, object, str]]:
+    """(key, value, why) of each key set away from its default that this layout does not read."""
     found = []
-    for section_name, names, is_unread, why in unread:
+    for key, why in unread_keys(cfg, dims):
+        section_name, name = key.split(".")
         section = getattr(cfg, section_name)
-        defaults = type(section)()
-        for name in names:
-            value = getattr(section, name)
-            if is_unread and value != getattr(defaults, name):
-                found.append((f"{section_name}.{name}", value, why))
+        value = getattr(section, name)
+        if value != getattr(type(section)(), name):
+            found.append((key, value, why))
     return found
 
 

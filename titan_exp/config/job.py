@@ -63,6 +63,12 @@ class ResolvedJob:
         t = self.config.training
         return t.global_batch_size // (t.local_batch_size * self.dims.dp)
 
+    @property
+    def pipeline_microbatches(self) -> int:
+        """Microbatches that flow through the pipeline's stages per local batch."""
+        t = self.config.training
+        return t.local_batch_size // self.config.parallelism.pipeline_parallel_microbatch_size
+
     def with_parent_run(self, run_id: str) -> "ResolvedJob":
         """The same job, its MLflow run a child of `run_id` (a sweep's parent run)."""
         return self.replaced(tracking={"parent_run_id": run_id})
@@ -82,13 +88,21 @@ class ResolvedJob:
         return dataclasses.replace(job, placement=placement)
 
     def run_name(self) -> str:
-        """e.g. llama3_debug·fsdp2, llama3_8b·fsdp8·tp2·float8 (tracking.run_name wins when set)."""
+        """The model, the layout and every choice that changes how it runs, e.g. llama3_debug·fsdp2,
+        llama3_8b·fsdp8·tp2·float8·ac_full·compile, llama3_debug·pp2·Interleaved1F1B·4mb: the runs
+        of a sweep over any of them are told apart by name (tracking.run_name wins when set)."""
         cfg = self.config
         if cfg.tracking.run_name:
             return cfg.tracking.run_name
         parts = [self.model_name, self.dims.label()]
+        if self.dims.pp > 1:
+            parts += [cfg.parallelism.pipeline_parallel_schedule, f"{self.pipeline_microbatches}mb"]
         if cfg.quantize.name != "none":
             parts.append(cfg.quantize.name)
+        if cfg.activation_checkpoint.mode != "none":
+            parts.append(f"ac_{cfg.activation_checkpoint.mode}")
+        if cfg.compile.enable:
+            parts.append("compile")
         return "·".join(parts)
 
     @property

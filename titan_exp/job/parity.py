@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hydra import compose
 
+from titan_exp.compare.plots import overlay
 from titan_exp.compare.runs import LOSS_KEY, loss_curve
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
@@ -113,29 +114,12 @@ def _report(curves: dict[str, list[float]], held_out: dict[str, list[float]], rt
         )
     table = "\n".join(lines)
     (job_dir / "loss_parity.md").write_text(table + "\n")
-    _plot(curves, job_dir / "loss_parity.png")
+    overlay(
+        {name: list(enumerate(curve, start=1)) for name, curve in curves.items()},
+        job_dir / "loss_parity.png",
+        "Loss parity across layouts (same seed checkpoint)",
+        "loss (global average)",
+    )
     print(table, flush=True)
     print(f"overlay plot: {job_dir / 'loss_parity.png'}", flush=True)
     return passed
-
-
-def _plot(curves: dict[str, list[float]], path: Path) -> None:
-    """The curves overlaid, whole steps on the x axis, the legend under the axes: a layout's name
-    is long, and inside the axes it would hide the curves."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    # The figure grows with the legend (a line per layout) so the axes keep their height.
-    figure, axis = plt.subplots(figsize=(9, 4.5 + 0.17 * len(curves)), layout="constrained")
-    for n, (name, curve) in enumerate(curves.items()):
-        # Past ten layouts the colours repeat: a marker of its own tells them apart.
-        axis.plot(range(1, len(curve) + 1), curve, color=f"C{n % 10}", marker="os^D"[n // 10 % 4], ms=3, label=name)
-    axis.set(xlabel="step", ylabel="loss (global average)", title="Loss parity across layouts (same seed checkpoint)")
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axis.grid(alpha=0.3)
-    figure.legend(loc="outside lower center", fontsize=7, frameon=False)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)

@@ -20,6 +20,9 @@ _MAX_TAG_LENGTH = 5000
 PARENT_TAG = "mlflow.parentRunId"
 # Set to "sweep" on a parent run over several jobs (a sweep, a parity check), which trains nothing itself.
 ROLE_TAG = "titan_exp.role"
+# The param of a training run listing the config keys its layout does not read (comma-separated):
+# a comparison shows no value of theirs for it.
+UNREAD_KEYS_PARAM = "derived/unread_keys"
 
 
 def git_commit() -> str:

@@ -5,11 +5,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from titan_exp.config.check import unread_keys
 from titan_exp.config.sections import VALIDATION_LOSS
 from titan_exp.metrics import startup
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.metrics.format import format_line, format_summary
 from titan_exp.metrics.throughput import ThroughputMeter
+from titan_exp.tracking.run import UNREAD_KEYS_PARAM
 from titan_exp.tracking.writer import BackgroundTracker
 from titan_exp.train.step import StepOutcome
 
@@ -44,7 +46,8 @@ class Leader:
         }
         print(format_summary(facts), flush=True)
         if self.tracker:
-            self.tracker.log_params(facts)
+            unread = ",".join(key for key, _ in unread_keys(job.config, dims))
+            self.tracker.log_params(facts | {UNREAD_KEYS_PARAM: unread})
         # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
         mfu_peak = None if job.config.quantize.low_precision else self.peak_flops
         self.meter = ThroughputMeter(per_token, mfu_peak, dims.non_data_parallel_size, trainer.device)

@@ -16,6 +16,14 @@ def _pyplot():
     return plt
 
 
+def _save(plt, figure, path: Path, legend: bool) -> None:
+    """Written and closed; a legend goes under the axes, where long run names hide no data."""
+    if legend:
+        figure.legend(loc="outside lower center", fontsize=7, frameon=False)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def overlay(curves: dict[str, list[tuple[int, float]]], path: Path, title: str, ylabel: str) -> None:
     """Curves of (step, value) in one axes, whole steps on x, the legend under the axes."""
     from matplotlib.ticker import MaxNLocator
@@ -31,10 +39,7 @@ def overlay(curves: dict[str, list[tuple[int, float]]], path: Path, title: str, 
     axis.set(xlabel="step", ylabel=ylabel, title=title)
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.grid(alpha=0.3)
-    if drawn:
-        figure.legend(loc="outside lower center", fontsize=7, frameon=False)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(plt, figure, path, legend=bool(drawn))
 
 
 def bars(labels: list[str], values: list[float], path: Path, xlabel: str) -> None:
@@ -45,8 +50,7 @@ def bars(labels: list[str], values: list[float], path: Path, xlabel: str) -> Non
     axis.set_yticks(range(len(labels)), labels, fontsize=7)
     axis.invert_yaxis()
     axis.set(xlabel=xlabel, title=xlabel.split(" (")[0] + " per run")
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(plt, figure, path, legend=False)
 
 
 def scaling(families: dict[str, list[RunSummary]], path: Path) -> None:
@@ -66,6 +70,4 @@ def scaling(families: dict[str, list[RunSummary]], path: Path) -> None:
         title="Scaling efficiency",
     )
     axis.grid(alpha=0.3)
-    figure.legend(loc="outside lower center", fontsize=7, frameon=False)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(plt, figure, path, legend=True)

@@ -11,6 +11,7 @@ from titan_exp.compare.runs import (
     RunSummary,
     add_scaling_efficiency,
     best_first,
+    families,
     summarize,
     sweep_points,
     varying_params,
@@ -174,13 +175,10 @@ def write_plots(summaries: list[RunSummary], out_dir: Path) -> list[Path]:
     plots.bars(labels, [s.tps_per_device or 0.0 for s in summaries], paths[1], "tokens/s per device (steady state)")
     kinds = ", ".join(sorted({s.memory_kind for s in summaries if s.memory_kind}))
     plots.bars(labels, [s.peak_memory_gib or 0.0 for s in summaries], paths[2], f"peak memory GiB ({kinds})")
-    families: dict[tuple, list[RunSummary]] = {}
-    for s in summaries:
-        if s.scaling_efficiency is not None:
-            families.setdefault(s.family, []).append(s)
-    if families:
+    scaled = families([s for s in summaries if s.scaling_efficiency is not None])
+    if scaled:
         paths.append(out_dir / "scaling.png")
-        plots.scaling({_family_label(members): members for members in families.values()}, paths[-1])
+        plots.scaling({_family_label(members): members for members in scaled}, paths[-1])
     return paths
 
 

@@ -26,16 +26,11 @@ NOT_CHOICES = ("tracking.", "derived/", "plan.", "parity.", "sweep.")
 PLACEMENT = ("launcher.", "checkpoint.folder", "data.cache_dir", "profiling.save_")
 # What changes with the data-parallel size alone when a layout is scaled out (strong or weak), and
 # a key read or not by that size (FSDP's resharding: nothing is sharded on one device).
-DATA_PARALLEL_KEYS = (
-    "parallelism.data_parallel_shard_degree",
-    "parallelism.data_parallel_replicate_degree",
-    "training.global_batch_size",
-    "parallelism.fsdp_reshard_after_forward",
-)
+DATA_PARALLEL_DEGREES = ("parallelism.data_parallel_shard_degree", "parallelism.data_parallel_replicate_degree")
+DATA_PARALLEL_KEYS = (*DATA_PARALLEL_DEGREES, "training.global_batch_size", "parallelism.fsdp_reshard_after_forward")
 # Params the strategy table shows in columns of their own (the run's name gives the degrees).
 SHOWN_ELSEWHERE = (
-    "parallelism.data_parallel_shard_degree",
-    "parallelism.data_parallel_replicate_degree",
+    *DATA_PARALLEL_DEGREES,
     "parallelism.tensor_parallel_degree",
     "parallelism.pipeline_parallel_degree",
     "parallelism.context_parallel_degree",
@@ -196,15 +191,20 @@ def _predicted(client, run) -> dict[str, float | None]:
     }
 
 
+def families(summaries: list[RunSummary]) -> list[list[RunSummary]]:
+    """The runs grouped by family, in the order each family first appears."""
+    grouped: dict[tuple, list[RunSummary]] = {}
+    for summary in summaries:
+        grouped.setdefault(summary.family, []).append(summary)
+    return list(grouped.values())
+
+
 def add_scaling_efficiency(summaries: list[RunSummary]) -> None:
     """Each finished run's TPS/device relative to the median TPS/device of its family's smallest
     data-parallel size, in families that hold more than one data-parallel size (elsewhere there is
     no scaling to measure; failed runs neither get one nor serve as the baseline)."""
-    families: dict[tuple, list[RunSummary]] = {}
-    for summary in summaries:
-        if summary.status == "FINISHED" and summary.tps_per_device is not None:
-            families.setdefault(summary.family, []).append(summary)
-    for members in families.values():
+    measured = [s for s in summaries if s.status == "FINISHED" and s.tps_per_device is not None]
+    for members in families(measured):
         sizes = {s.data_parallel_size for s in members}
         if len(sizes) < 2:
             continue

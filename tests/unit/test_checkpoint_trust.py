@@ -20,6 +20,7 @@ from titan_exp.checkpoint.errors import UntrustedCheckpointError
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, step_dir
 from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
+from titan_exp.models.llama3.args import Llama3Config
 
 # Saved and loaded in one process, as a seed checkpoint is: DCP's warning about it is ours to ignore
 # (titan_exp/dependency_warnings.py), any other is an error.
@@ -50,7 +51,9 @@ def checkpointer(folder: Path, seed: int) -> TrainCheckpointer:
     net(torch.randn(3, 4)).sum().backward()
     optimizer.step()
     scheduler.step()
-    return TrainCheckpointer(CheckpointConfig(enable=True, folder=str(folder)), [net], [optimizer], [scheduler])
+    return TrainCheckpointer(
+        CheckpointConfig(enable=True, folder=str(folder)), [net], [optimizer], [scheduler], Llama3Config()
+    )
 
 
 def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:

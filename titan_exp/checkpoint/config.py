@@ -18,10 +18,23 @@ class CheckpointConfig(Section):
     create_seed_checkpoint: bool = False
     # Weights to start from (a step folder, e.g. a seed checkpoint), resharded to this layout.
     initial_load_path: Optional[str] = None
+    # initial_load_path is a Hugging Face model folder (config.json + safetensors), e.g. Llama 3's.
+    initial_load_in_hf: bool = False
+    # The last step's folder holds the weights in Hugging Face's format too (safetensors and
+    # config.json), which transformers' from_pretrained opens as it is.
+    last_save_in_hf: bool = False
 
     def check(self, key: str) -> None:
         if (self.enable or self.create_seed_checkpoint) and not self.folder:
             raise ConfigError(f"{key}.folder", "''", "must name a folder")
         check_positive(f"{key}.interval", self.interval)
+        if self.initial_load_in_hf and not self.initial_load_path:
+            raise ConfigError(
+                f"{key}.initial_load_in_hf", True, f"says how to read {key}.initial_load_path, which is not set"
+            )
+        if self.last_save_in_hf and not self.enable:
+            raise ConfigError(
+                f"{key}.last_save_in_hf", True, f"needs {key}.enable=true (add checkpoint=periodic) to save at all"
+            )
         if self.keep_latest_k < 0:
             raise ConfigError(f"{key}.keep_latest_k", self.keep_latest_k, "must be >= 0 (0 keeps every checkpoint)")

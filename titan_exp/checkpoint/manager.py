@@ -2,8 +2,10 @@
 and a checkpoint written by one layout loads into any other (DCP reshards by parameter name).
 Where they lie in the folder: checkpoint/layout.py."""
 
+import functools
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,21 +22,28 @@ from torch.distributed.checkpoint.state_dict import (
 from launchers.tasks import last_line
 from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.checkpoint.errors import UntrustedCheckpointError, unwrapped
+from titan_exp.checkpoint.hf import save_hf
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, complete_steps, saving_dir, step_dir
 from titan_exp.checkpoint.space import SpaceCheckingPlanner
 from titan_exp.checkpoint.trusted import load_trusted, open_checkpoint
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
+from titan_exp.models.llama3.args import Llama3Config
 
 
-def save_whole(state: dict, folder: str, step: int, is_writer: bool) -> None:
+def save_whole(
+    state: dict, folder: str, step: int, is_writer: bool, also: Callable[[Path], None] | None = None
+) -> None:
     """Save `state` as step-N of `folder` (every rank takes part), written under another name and
     renamed by the writer once DCP has finished (its .metadata last): a save cut short is never
     taken for a checkpoint. A save the disk cannot hold is refused before anything is written
-    (space.py); one that fails leaves no step-N.saving behind."""
+    (space.py); one that fails leaves no step-N.saving behind. `also` writes more into the folder
+    before it is complete (the weights in Hugging Face's format)."""
     partial, done = saving_dir(folder, step), step_dir(folder, step)
     try:
         ignore_unavoidable_warnings()  # DCP's in a process alone (a seed checkpoint)
         dcp.save(state, checkpoint_id=str(partial), planner=SpaceCheckingPlanner(folder))
+        if also:
+            also(partial)
     except (Exception, CheckpointException) as err:  # DCP's is a BaseException
         # DCP fails a save on every rank once all have stopped writing: the writer removes what they
         # wrote, which nothing would ever read and which would only fill the disk.
@@ -81,8 +90,11 @@ class TrainCheckpointer:
         parts: list[torch.nn.Module],
         optimizers: list[torch.optim.Optimizer],
         schedulers: list,
+        model: Llama3Config,
     ):
+        """`model`: the model's config, for the last save in Hugging Face's format."""
         self.cfg, self.parts, self.optimizers, self.schedulers = cfg, parts, optimizers, schedulers
+        self.model = model
         self.options = StateDictOptions(flatten_optimizer_state_dict=True)
 
     def _part_states(self) -> list[tuple[dict, dict]]:
@@ -148,12 +160,15 @@ class TrainCheckpointer:
         """Save every cfg.interval steps and at the last step; returns whether it saved."""
         if not self.cfg.enable or (step % self.cfg.interval and step != last_step):
             return False
-        self.save(step, is_writer)
+        self.save(step, is_writer, last=step == last_step)
         return True
 
-    def save(self, step: int, is_writer: bool) -> None:
-        """Save `step` now (every rank takes part); `is_writer` prunes old step folders."""
-        save_whole(self._merged(self._part_states(), step), self.cfg.folder, step, is_writer)
+    def save(self, step: int, is_writer: bool, last: bool = False) -> None:
+        """Save `step` now (every rank takes part); `is_writer` prunes old step folders. The `last`
+        step's weights go into its folder in Hugging Face's format too with checkpoint.last_save_in_hf."""
+        export = last and self.cfg.last_save_in_hf
+        also = functools.partial(save_hf, self.parts, cfg=self.model, is_writer=is_writer) if export else None
+        save_whole(self._merged(self._part_states(), step), self.cfg.folder, step, is_writer, also)
         if is_writer and self.cfg.keep_latest_k > 0:
             for old in complete_steps(self.cfg.folder)[: -self.cfg.keep_latest_k]:
                 shutil.rmtree(step_dir(self.cfg.folder, old), ignore_errors=True)

@@ -17,6 +17,7 @@ from titan_exp.config import check
 from titan_exp.config.aliases import apply_aliases
 from titan_exp.config.job import Placement, ResolvedJob, threads_per_rank
 from titan_exp.config.schema import JobConfig
+from titan_exp.models.llama3.hf_format import fields_from_hf, read_hf_config
 from titan_exp.parallel.config import resolved_context_parallel_impl
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.rules import ConfigError
@@ -30,6 +31,7 @@ def resolve(cfg: JobConfig, place: bool = True) -> ResolvedJob:
     planner's): resolved as for a dry run, the world as the launcher spells it out, placed nowhere."""
     cfg = copy.deepcopy(cfg)
     apply_aliases(cfg)
+    _model_from_hf(cfg)
     cfg.debug.comm_mode = os.environ.get("COMM_MODE") or cfg.debug.comm_mode
     cfg.check()
     placement = _place(cfg) if place and cfg.debug.comm_mode == "real" else _place_nowhere(cfg)
@@ -40,6 +42,23 @@ def resolve(cfg: JobConfig, place: bool = True) -> ResolvedJob:
         check.check_cpu_ranks(cfg.launcher, placement.nproc_per_node, cpu_cores())
     cfg.freeze()
     return ResolvedJob(cfg, dims, placement)
+
+
+def _model_from_hf(cfg: JobConfig) -> None:
+    """model=hf: the model's fields from model.hf_path's config.json (read here, not in the
+    pre-flight: every rule after this one depends on the model's shape)."""
+    model = cfg.model
+    if model.name != "hf":
+        if model.hf_path is not None:
+            raise ConfigError("model.hf_path", model.hf_path, "is read by model=hf only; add model=hf")
+        return
+    if model.hf_path is None:
+        raise ConfigError("model.hf_path", None, "model=hf takes its shape from a Hugging Face model folder; set it")
+    hf = read_hf_config(model.hf_path, "model.hf_path")
+    for name, value in fields_from_hf(hf, "model.hf_path", model.hf_path).items():
+        setattr(model, name, value)
+    model.hf_path = str(Path(model.hf_path).resolve())
+    model.flavor = Path(model.hf_path).name
 
 
 def _spawns_cpu_ranks_here(cfg: JobConfig, placement: Placement) -> bool:

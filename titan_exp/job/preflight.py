@@ -18,6 +18,7 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.workload import model_parameters
 from titan_exp.job.memory import Budget, check_memory_fit
+from titan_exp.models.llama3.hf_format import check_hf_checkpoint
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import Store
 from titan_exp.tracking.store import is_store_busy, server_answers
@@ -76,7 +77,9 @@ def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:
             f"checkpoint.folder={c.folder} holds step-{resumes_at} already, so nothing is left to train; "
             "raise training.steps or point checkpoint.folder elsewhere",
         )
-    if c.initial_load_path is not None and not (Path(c.initial_load_path) / ".metadata").is_file():
+    if c.initial_load_in_hf:
+        check_hf_checkpoint(cfg.model, c.initial_load_path, "checkpoint.initial_load_path")
+    elif c.initial_load_path is not None and not (Path(c.initial_load_path) / ".metadata").is_file():
         raise ConfigError(
             "checkpoint.initial_load_path",
             c.initial_load_path,

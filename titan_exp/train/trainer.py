@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from launchers.env import RankEnv, wait_for_rendezvous
 from launchers.signals import StopRequested, stop_requested
+from titan_exp.checkpoint.hf import load_hf
 from titan_exp.checkpoint.layout import step_dir
 from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model
 from titan_exp.config.job import ResolvedJob
@@ -86,7 +87,7 @@ class Trainer:
         self.job, self.env, self.device, self.model, self.mesh, self.leader = job, env, device, model, mesh, leader
         self.optimizers = _Optimizers.build(model, job)
         self.checkpointer = TrainCheckpointer(
-            cfg.checkpoint, model.parts, self.optimizers.optimizers, self.optimizers.schedulers
+            cfg.checkpoint, model.parts, self.optimizers.optimizers, self.optimizers.schedulers, cfg.model
         )
         self.resumed_step = self.checkpointer.resume()
         if self.resumed_step and leader:
@@ -304,6 +305,8 @@ def _materialize(model: ModelParts, job: ResolvedJob, device: torch.device) -> N
     for part in model.parts:
         part.to_empty(device=device)
         part.init_weights(cfg.debug.seed)
-        if cfg.checkpoint.initial_load_path:
+        if cfg.checkpoint.initial_load_in_hf:
+            load_hf(part, cfg.checkpoint.initial_load_path, cfg.model)
+        elif cfg.checkpoint.initial_load_path:
             load_model(part, cfg.checkpoint.initial_load_path)
         part.train()

@@ -35,6 +35,8 @@ class Llama3Config(Section):
     # SwiGLU hidden size = multiple_of-rounded(ffn_dim_multiplier * 8/3 * dim), as in Meta's reference code.
     multiple_of: int = 256
     ffn_dim_multiplier: Optional[float] = None
+    # The SwiGLU hidden size given outright (HF's intermediate_size); None: from the two keys above.
+    intermediate_size: Optional[int] = None
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     # Llama 3.1-style frequency scaling; None disables it.
@@ -44,13 +46,15 @@ class Llama3Config(Section):
     rope_original_max_seq_len: int = 8192
     max_seq_len: int = 2048
     tie_word_embeddings: bool = False
+    # model=hf: a Hugging Face model folder whose config.json gives every field above (config/resolve.py).
+    hf_path: Optional[str] = None
 
     def check(self, key: str) -> None:
         """Shapes that would fail inside the ranks, or silently build a different model (an attention
         width that is not `dim`, a kv-head count of 0 read as "as many as heads")."""
         for name in _POSITIVE:
             check_positive(f"{key}.{name}", getattr(self, name))
-        for name in ("ffn_dim_multiplier", "rope_scaling_factor"):
+        for name in ("ffn_dim_multiplier", "intermediate_size", "rope_scaling_factor"):
             if getattr(self, name) is not None:
                 check_positive(f"{key}.{name}", getattr(self, name))
         if self.dim % self.n_heads:
@@ -86,6 +90,8 @@ class Llama3Config(Section):
 
     @property
     def ffn_hidden_dim(self) -> int:
+        if self.intermediate_size is not None:
+            return self.intermediate_size
         hidden = int(2 * 4 * self.dim / 3)
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)

@@ -1,6 +1,8 @@
 """The comparison's arithmetic, its columns and plots, and reading runs back, on their own (runs
 built in memory with the params MLflow holds)."""
 
+import csv
+
 import pytest
 
 from titan_exp.compare.report import NOT_READ, OVERSUBSCRIBED, columns, table, write_report
@@ -111,6 +113,20 @@ def test_the_table_has_a_column_for_each_key_that_differs_and_dashes_where_it_is
     assert column(rows, "parallelism.name", varying) == ["pp", "pp", "fsdp"]
     # Keys that only runs which do not read them set differently are no difference.
     assert varying_params(runs[1:]) == ["parallelism.name"]
+
+
+def test_the_csv_leaves_a_key_empty_where_the_run_does_not_read_it(tmp_path):
+    schedule = "parallelism.pipeline_parallel_schedule"
+    runs = [
+        _summary("pp2·1F1B", "pp", 2, 400.0, {"pp": 2}, **{schedule: "1F1B"}),
+        _summary("pp2·GPipe", "pp", 2, 380.0, {"pp": 2}, **{schedule: "GPipe"}),
+        _summary("fsdp2", "fsdp", 2, 500.0, {"dp_shard": 2}, **{schedule: "GPipe"}),
+    ]
+    runs[2].params[UNREAD_KEYS_PARAM] = schedule
+    write_report(runs, tmp_path, "t")
+    with open(tmp_path / "strategy_table.csv") as file:
+        cells = {row["strategy"]: row[schedule] for row in csv.DictReader(file)}
+    assert cells == {"pp2·1F1B": "1F1B", "pp2·GPipe": "GPipe", "fsdp2": ""}
 
 
 def test_best_first_puts_failed_runs_last_in_their_order():

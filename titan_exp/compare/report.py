@@ -146,7 +146,8 @@ def write_csv(summaries: list[RunSummary], path: Path, varying: list[str] = ()) 
             writer.writerow(
                 [
                     s.name,
-                    *(s.params.get(key, "") for key in varying),
+                    # Empty where the run's layout does not read the key, as the tables' dash.
+                    *(s.params.get(key, "") if s.reads(key) else "" for key in varying),
                     s.world_size,
                     s.tps_per_device,
                     s.oversubscribed,

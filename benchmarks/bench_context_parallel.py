@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 
 from titan_exp.estimate.memory import gathered_kv, rank_memory
 from titan_exp.estimate.workload import Workload
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 from titan_exp.units import GIB
 
@@ -57,7 +57,7 @@ def measured(workdir: Path, cp: int) -> dict[str, float]:
 
 def estimated(cp: int) -> dict[str, float]:
     """estimate/memory.py's activations (GiB) and the gathered K/V in them, for rank 0 of the same job."""
-    model = Llama3Config()  # the defaults are the debug model's
+    model = ModelConfig()  # the defaults are the debug model's
     layout = ParallelismConfig(data_parallel_shard_degree=1, context_parallel_degree=cp)
     estimate = rank_memory(Workload(model, layout, ActivationCheckpointConfig(), 1, SEQ_LEN, device="cpu"))
     kv = model.n_layers * gathered_kv(model, 1, SEQ_LEN, cp) * 4

@@ -44,10 +44,10 @@ def test_llama3_405b_on_512_ranks_fsdp8_tp8_pp8():
     assert report["total_params"] == 405_853_388_800
     # Rank 0 holds stage 0 (embeddings + layers 0..14 of 126), every weight split 64 ways
     # (FSDP 8 × TP 8) except the norms, which TP replicates.
-    from titan_exp.models.llama3.args import Llama3Config
+    from titan_exp.models.config import ModelConfig
     from titan_exp.models.llama3.model import Transformer
 
-    cfg = Llama3Config(
+    cfg = ModelConfig(
         dim=16384,
         n_layers=126,
         n_heads=128,
@@ -83,7 +83,7 @@ def test_context_parallel_dry_run_holds_a_slice_of_the_activations_and_the_gathe
     """Debug model at seq 2048 on 4 ranks: cp=2 keeps half the activations of its fsdp4 twin, plus
     the other rank's K and V each attention layer gathered (estimate/memory.py's count of them)."""
     from titan_exp.estimate.memory import gathered_kv
-    from titan_exp.models.llama3.args import Llama3Config
+    from titan_exp.models.config import ModelConfig
     from titan_exp.units import GIB
 
     activations = {}
@@ -92,7 +92,7 @@ def test_context_parallel_dry_run_holds_a_slice_of_the_activations_and_the_gathe
         report = dry_run([*args, "training.seq_len=2048", "training.local_batch_size=1", "tracking=none"])
         assert report["mesh"] == ("dp_shard4" if cp == 1 else "dp_shard2·cp2")
         activations[cp] = report["rank0_step_peak_activation_gib"]
-    debug = Llama3Config()
+    debug = ModelConfig()
     kv = debug.n_layers * gathered_kv(debug, 1, 2048, 2) * 4 / GIB
     assert activations[2] == pytest.approx(activations[1] / 2 + kv, rel=0.1), (activations, kv)
 

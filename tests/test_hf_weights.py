@@ -14,7 +14,7 @@ import transformers
 from titan_exp.checkpoint.manager import load_model
 from titan_exp.data.config import DataConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.models.llama3.hf_format import fields_from_hf
 from titan_exp.models.llama3.model import Transformer
 
@@ -96,7 +96,7 @@ def logits_of_export(step_folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """(transformers' logits from the exported safetensors, ours from the same step's DCP checkpoint)."""
     inputs, _ = first_batch()
     hf_model = transformers.LlamaForCausalLM.from_pretrained(step_folder, dtype=torch.float32)
-    cfg = Llama3Config(**fields_from_hf(json.loads((step_folder / "config.json").read_text()), "test", ""))
+    cfg = ModelConfig(**fields_from_hf(json.loads((step_folder / "config.json").read_text()), "test", ""))
     ours = Transformer(cfg)
     ours.init_weights(seed=1)  # overwritten by the load below
     load_model(ours, str(step_folder))

@@ -20,7 +20,7 @@ from titan_exp.checkpoint.errors import UntrustedCheckpointError
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, step_dir
 from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 
 # Saved and loaded in one process, as a seed checkpoint is: DCP's warning about it is ours to ignore
 # (titan_exp/dependency_warnings.py), any other is an error.
@@ -52,7 +52,7 @@ def checkpointer(folder: Path, seed: int) -> TrainCheckpointer:
     optimizer.step()
     scheduler.step()
     return TrainCheckpointer(
-        CheckpointConfig(enable=True, folder=str(folder)), [net], [optimizer], [scheduler], Llama3Config()
+        CheckpointConfig(enable=True, folder=str(folder)), [net], [optimizer], [scheduler], ModelConfig()
     )
 
 

@@ -59,9 +59,18 @@ def test_every_option_composes_into_its_section(group: str, option: str) -> None
     `name`, where it sets one, is the typed section's name)."""
     section = getattr(composed(f"{group}={option}"), group)
     values = option_values(group, option)
-    assert section == dataclasses.replace(schema_default(group), **values)
+    assert section == with_values(schema_default(group), values)
     if "name" in values:
         assert section.name == values["name"]
+
+
+def with_values(default: object, values: dict) -> object:
+    """`default` with `values` on top, a nested section's (model.moe) merged into its own default."""
+    changes = {
+        key: with_values(getattr(default, key), value) if dataclasses.is_dataclass(getattr(default, key)) else value
+        for key, value in values.items()
+    }
+    return dataclasses.replace(default, **changes)
 
 
 @pytest.mark.parametrize("group", [g for g in GROUPS if sum(o[0] == g for o in OPTIONS) > 1])

@@ -9,11 +9,11 @@ import torch
 
 from titan_exp.estimate.workload import model_parameters
 from titan_exp.metrics.flops import flops_per_token
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.models.llama3.model import Transformer
 
-DEBUG = Llama3Config()  # 6 layers, 16 heads of 16, dim 256, vocab 2048
-LLAMA3_8B = Llama3Config(
+DEBUG = ModelConfig()  # 6 layers, 16 heads of 16, dim 256, vocab 2048
+LLAMA3_8B = ModelConfig(
     flavor="8b", dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128_256,
     multiple_of=1024, ffn_dim_multiplier=1.3, rope_scaling_factor=8.0, max_seq_len=131_072,
 )  # fmt: skip

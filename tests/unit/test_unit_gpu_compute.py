@@ -9,12 +9,12 @@ from layouts import layout
 from titan_exp.estimate.gpu_compute import RECOMPUTED_BY_OP_AC, _gemm, _linear, block_seconds, gpu_compute, head_seconds
 from titan_exp.estimate.hardware_profiles import hardware_profiles
 from titan_exp.estimate.workload import Workload
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig
 
 H100 = hardware_profiles()["h100"]
 # Llama 3 8B's shapes, FSDP 8, one microbatch of 2 × 8192 tokens in bfloat16.
-LLAMA3_8B = Llama3Config(
+LLAMA3_8B = ModelConfig(
     dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128_256, ffn_dim_multiplier=1.3, multiple_of=1024
 )
 

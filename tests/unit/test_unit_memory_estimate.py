@@ -18,7 +18,7 @@ from titan_exp.estimate.memory import (
     rank_memory,
 )
 from titan_exp.estimate.workload import Workload, layer_parameters, model_parameters, part_parameters
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import split_into_stages
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
@@ -26,9 +26,9 @@ from titan_exp.parallel.stages import StagePlan
 
 from conftest import compose_config
 
-# The debug model (Llama3Config's defaults, titan_exp/conf/model/llama3_debug.yaml): dim 256, 6 layers, 16 heads
+# The debug model (ModelConfig's defaults, titan_exp/conf/model/llama3_debug.yaml): dim 256, 6 layers, 16 heads
 # of 16, 4 kv heads, vocab 2048, ffn hidden round_up_256(int(8/3·256) = 682) = 768.
-DEBUG = Llama3Config()
+DEBUG = ModelConfig()
 # Per layer: wq + wo 2·256·256 = 131,072; wk + wv 2·256·(4·16) = 32,768; w1, w2, w3 3·256·768 = 589,824;
 # two norms 2·256 = 512.
 DEBUG_LAYER = 131_072 + 32_768 + 589_824 + 512  # 754,176
@@ -39,17 +39,17 @@ DEBUG_PARAMS = 6 * DEBUG_LAYER + 2 * DEBUG_EMBEDDING + 256  # 5,573,888
 NO_AC = ActivationCheckpointConfig(mode="none")
 
 
-def memory(p: ParallelismConfig, *, m: Llama3Config = DEBUG, batch: int = 4, seq_len: int = 256, **kw) -> RankMemory:
+def memory(p: ParallelismConfig, *, m: ModelConfig = DEBUG, batch: int = 4, seq_len: int = 256, **kw) -> RankMemory:
     """One rank's peak on a GPU (no CPU process baseline), fp32, no checkpointing unless given."""
     return rank_memory(Workload(m, p, kw.pop("ac", NO_AC), batch, seq_len, **kw))
 
 
 @pytest.fixture(scope="module")
-def llama3_8b() -> Llama3Config:
+def llama3_8b() -> ModelConfig:
     return OmegaConf.to_object(compose_config(["model=llama3_8b"])).model
 
 
-def test_llama3_8b_has_its_published_parameter_count(llama3_8b: Llama3Config) -> None:
+def test_llama3_8b_has_its_published_parameter_count(llama3_8b: ModelConfig) -> None:
     """titan_exp/conf/model/llama3_8b.yaml: 8,030,261,248 parameters. By hand: ffn hidden
     round_up_1024(int(1.3·int(8/3·4096) = 1.3·10922)) = 14,336; a layer 2·4096² (wq, wo) +
     2·4096·1024 (wk, wv) + 3·4096·14,336 + 2·4096 = 218,112,000; 32 of them, 2·128,256·4096
@@ -348,7 +348,7 @@ def test_total_is_the_sum_and_describe_leaves_out_empty_parts() -> None:
     assert m.describe() == "parameters 1.0 + optimizer state 2.0 + activations 0.5 + process 0.2 GiB"
 
 
-def _held_by_each_pp_rank(m: Llama3Config, p: ParallelismConfig) -> list[int]:
+def _held_by_each_pp_rank(m: ModelConfig, p: ParallelismConfig) -> list[int]:
     """Parameters each pipeline rank's parts hold, as the trainer cuts the (meta) model."""
     with torch.device("meta"):
         model = Transformer(m)

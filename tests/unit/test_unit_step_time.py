@@ -12,10 +12,10 @@ from titan_exp.estimate.gpu_compute import gpu_compute
 from titan_exp.estimate.hardware_profiles import hardware_profiles
 from titan_exp.estimate.step_time import ComputeTimes, StepTime, _collective, step_time
 from titan_exp.estimate.workload import Workload, model_parameters
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 
-DEBUG = Llama3Config()  # 6 layers of 754,176 parameters, dim 256, 16 heads of 16, vocab 2048
+DEBUG = ModelConfig()  # 6 layers of 754,176 parameters, dim 256, 16 heads of 16, vocab 2048
 # A made-up GPU with round figures.
 HW = HardwareConfig(
     name="test",
@@ -50,7 +50,7 @@ def step(
     p: ParallelismConfig,
     hw: HardwareConfig = HW,
     *,
-    m: Llama3Config = DEBUG,
+    m: ModelConfig = DEBUG,
     batch: int = 4,
     accumulation: int = 1,
     param_bytes: int = 4,
@@ -244,7 +244,7 @@ def test_async_tensor_parallel_is_no_slower_on_an_h100() -> None:
     """Llama 3 8B's shapes, TP 8 × FSDP 8, 2 × 8192 tokens in bfloat16, compute modelled op by op on
     the h100 profile: async TP shortens the step, and changes neither compute nor bubble."""
     h100 = hardware_profiles()["h100"]
-    m = Llama3Config(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128_256, multiple_of=1024)
+    m = ModelConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128_256, multiple_of=1024)
     plain = Workload(m, layout(dp_shard=8, tp=8), ActivationCheckpointConfig(), 2, 8192, param_dtype="bfloat16")
     overlapped = dataclasses.replace(plain, async_tp=True)
     before, after = (step_time(w, h100, gpu_compute(w, h100)) for w in (plain, overlapped))

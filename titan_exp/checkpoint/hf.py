@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.models.llama3.hf_format import CONFIG_FILE, heads_of, hf_config, hf_key, is_tied_output
 
 # Where DCP's writer puts each rank's slices before merging them into whole tensors beside it.
@@ -37,7 +37,7 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def load_hf(part: torch.nn.Module, folder: str, cfg: Llama3Config) -> None:
+def load_hf(part: torch.nn.Module, folder: str, cfg: ModelConfig) -> None:
     """The weights of `part` (a whole model or a pipeline stage, in any layout) from the HF
     checkpoint in `folder` (single or sharded safetensors); its shape was checked before the ranks
     started (job/preflight.py)."""
@@ -55,7 +55,7 @@ def load_hf(part: torch.nn.Module, folder: str, cfg: Llama3Config) -> None:
     set_model_state_dict(part, state)
 
 
-def save_hf(parts: list[torch.nn.Module], folder: Path, cfg: Llama3Config, is_writer: bool) -> None:
+def save_hf(parts: list[torch.nn.Module], folder: Path, cfg: ModelConfig, is_writer: bool) -> None:
     """The weights of every rank's `parts` into `folder` as `model-0000N-of-0000M.safetensors`, their
     index and the config.json that `transformers`' from_pretrained opens (every rank takes part)."""
     named: dict[str, torch.Tensor] = {}

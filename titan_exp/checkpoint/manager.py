@@ -27,7 +27,7 @@ from titan_exp.checkpoint.layout import NotEnoughSpaceError, complete_steps, sav
 from titan_exp.checkpoint.space import SpaceCheckingPlanner
 from titan_exp.checkpoint.trusted import load_trusted, open_checkpoint
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 
 
 def save_whole(
@@ -90,7 +90,7 @@ class TrainCheckpointer:
         parts: list[torch.nn.Module],
         optimizers: list[torch.optim.Optimizer],
         schedulers: list,
-        model: Llama3Config,
+        model: ModelConfig,
     ):
         """`model`: the model's config, for the last save in Hugging Face's format."""
         self.cfg, self.parts, self.optimizers, self.schedulers = cfg, parts, optimizers, schedulers

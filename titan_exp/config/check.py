@@ -11,6 +11,9 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.rules import ConfigError
 
+# Model families whose weights are read and written in Hugging Face's format (LlamaForCausalLM).
+HF_FAMILIES = ("llama3", "hf")
+
 
 def check_job(cfg: JobConfig, dims: ParallelDims, placement: Placement, placed: bool = True) -> None:
     """Every rule across sections, once the degrees and the placement are known (`placed=False`:
@@ -160,6 +163,19 @@ def check_layout(cfg: JobConfig, dims: ParallelDims) -> None:
             raise ConfigError(
                 "parallelism.enable_async_tensor_parallel", True, "needs compile.enable=true (it is an inductor pass)"
             )
+    moe_model = cfg.model.moe.enabled and f"{cfg.model.name}_{cfg.model.flavor}"
+    if moe_model and dims.tp > 1:
+        raise ConfigError(
+            "parallelism.tensor_parallel_degree",
+            dims.tp,
+            f"{moe_model}'s experts are not split by tensor parallelism yet; use a data-parallel or pipeline layout",
+        )
+    if moe_model and cfg.quantize.name != "none":
+        raise ConfigError(
+            "quantize",
+            cfg.quantize.name,
+            f"{moe_model}'s experts are not converted to low precision yet; use quantize=none",
+        )
     if cfg.quantize.name == "mxfp8" and dims.tp > 1:
         raise ConfigError(
             "quantize",
@@ -196,6 +212,14 @@ def check_against_model(cfg: JobConfig) -> None:
     if t.seq_len > m.max_seq_len:
         raise ConfigError(
             "training.seq_len", t.seq_len, f"exceeds model max_seq_len={m.max_seq_len} of {m.name}_{m.flavor}; lower it"
+        )
+    c = cfg.checkpoint
+    hf_key = "initial_load_in_hf" if c.initial_load_in_hf else "last_save_in_hf" if c.last_save_in_hf else None
+    if hf_key and (m.name not in HF_FAMILIES or m.qk_norm or m.attention_head_dim or m.moe.enabled):
+        raise ConfigError(
+            f"checkpoint.{hf_key}",
+            True,
+            f"Hugging Face's format is read and written for Llama 3 models only, not {m.name}_{m.flavor}",
         )
     vocab = getattr(d, d.vocab_key)
     if not 0 < vocab <= m.vocab_size:

@@ -21,7 +21,7 @@ from titan_exp.config.sections import (
 )
 from titan_exp.data.config import DataConfig
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.objective import SweepConfig
 from titan_exp.optim.config import LRSchedulerConfig, OptimizerConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, CommConfig, CompileConfig, ParallelismConfig
@@ -36,7 +36,7 @@ FIRST_CHECKED = ("debug", "launcher")
 
 @dataclass
 class JobConfig(Section):
-    model: Llama3Config = field(default_factory=Llama3Config)
+    model: ModelConfig = field(default_factory=ModelConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)

@@ -1,6 +1,6 @@
 """Config sections that belong to the job as a whole rather than to one component: the training
 loop's (training, metrics, debug), placement's (launcher) and the run modes' (parity, plan).
-Components' own sections sit next to their code (models/llama3/args.py, parallel/config.py,
+Components' own sections sit next to their code (models/config.py, parallel/config.py,
 optim/config.py, data/, quantize/, checkpoint/, tracking/). Key names are torchtitan's and torchrun's."""
 
 import dataclasses

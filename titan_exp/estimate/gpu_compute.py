@@ -78,9 +78,9 @@ def linear_shapes(w: Workload) -> dict[str, tuple[float, float]]:
         "wk": (m.dim, kv / tp),
         "wv": (m.dim, kv / tp),
         "wo": (q / tp, m.dim),
-        "w1": (m.dim, m.ffn_hidden_dim / tp),
-        "w3": (m.dim, m.ffn_hidden_dim / tp),
-        "w2": (m.ffn_hidden_dim / tp, m.dim),
+        "w1": (m.dim, m.active_ffn_hidden_dim / tp),
+        "w3": (m.dim, m.active_ffn_hidden_dim / tp),
+        "w2": (m.active_ffn_hidden_dim / tp, m.dim),
     }
 
 
@@ -110,7 +110,7 @@ def _elementwise_bytes(w: Workload) -> float:
     """Bytes one token's forward through a block reads and writes outside matmuls and attention,
     on one rank (sequence parallel under TP: everything is split over tp)."""
     m, tp, a = w.model, w.parallelism.tensor_parallel_degree, DTYPE_BYTES[w.param_dtype]
-    dim, kv, ffn = m.dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim
+    dim, kv, ffn = m.dim, m.kv_heads * m.head_dim, m.active_ffn_hidden_dim
     if w.compiled:
         # Fused regions: residual + norm (read 2, write 2) twice; rotary on q and k; K/V repeated to
         # every head for SDPA; attention's output made contiguous; SwiGLU (read 2, write 1).

@@ -59,7 +59,7 @@ from titan_exp.estimate.workload import (
     layer_parameters,
     pipeline_ranks,
 )
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import (
     SINGLE_STAGE_SCHEDULES,
     V_SHAPED_SCHEDULES,
@@ -133,7 +133,7 @@ def pipeline_chunks_in_flight(p: ParallelismConfig, microbatches: int, pp_rank: 
     return min(microbatches * v, (v - 1) * pp + 2 * (pp - 1 - pp_rank) + 1)
 
 
-def gathered_kv(m: Llama3Config, batch: int, seq_len: int, cp: int) -> float:
+def gathered_kv(m: ModelConfig, batch: int, seq_len: int, cp: int) -> float:
     """Elements of other cp ranks' K and V one attention layer holds under the all-gather context
     parallelism: gathered over the cp ranks and repeated to every query head, kept for the layer's
     backward."""
@@ -146,7 +146,7 @@ def layer_activations(w: Workload, mode: str) -> float:
     (q/k/v and w1/w3 read one normed input each) and a row-wise linear's partial output; the rest
     is split over tp (sequence parallel, or heads and ffn columns)."""
     m, tp = w.model, w.parallelism.tensor_parallel_degree
-    dim, kv, ffn = m.dim, m.kv_heads * m.head_dim, m.ffn_hidden_dim
+    dim, kv, ffn = m.dim, m.kv_heads * m.head_dim, m.active_ffn_hidden_dim
     if mode == "full":  # the block's input
         return dim / tp
     if mode == "op":
@@ -224,7 +224,7 @@ def _buffers(w: Workload, rank: PipelineRank) -> _Buffers:
     # of which about half are alive at once (each op's saved inputs are freed as its backward runs,
     # while the gradients of earlier ones appear); compiled, fused backward kernels write half that.
     grads = layer_activations(dataclasses.replace(w, compiled=False), "none") * (0.25 if w.compiled else 0.5)
-    float8_casts = (layer_parameters(m) / tp + tokens * m.ffn_hidden_dim / tp) if w.float8 else 0
+    float8_casts = (layer_parameters(m) / tp + tokens * m.active_ffn_hidden_dim / tp) if w.float8 else 0
     return _Buffers(
         states=(int(local * _PARAM_BYTES), int(local * _ADAM_BYTES)),
         sharded_grads=int(local * _GRAD_BYTES),

@@ -5,7 +5,7 @@ stages, as the trainer cuts them: parallel/stages.py)."""
 
 from dataclasses import dataclass
 
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 
@@ -17,7 +17,7 @@ class Workload:
     """What a step asks of each rank: the model, the resolved layout, the step's shapes and dtypes,
     and the device kind (cuda or cpu: attention kernels and allocators differ)."""
 
-    model: Llama3Config
+    model: ModelConfig
     parallelism: ParallelismConfig
     ac: ActivationCheckpointConfig
     local_batch_size: int
@@ -60,16 +60,37 @@ class Workload:
         return p.data_parallel_shard_degree * p.context_parallel_degree
 
 
-def layer_parameters(m: Llama3Config) -> int:
-    """One transformer block's: attention's four projections, the SwiGLU's three, two norms."""
+def block_parameters(m: ModelConfig, layer: int) -> int:
+    """Transformer block `layer`'s: attention's four projections (and q/k norms), its feed-forward
+    (a SwiGLU, or a MoE layer's router, experts and shared experts), two norms."""
     attention = m.dim * m.n_heads * m.head_dim * 2 + 2 * m.dim * m.kv_heads * m.head_dim
-    return attention + 3 * m.dim * m.ffn_hidden_dim + 2 * m.dim
+    attention += 2 * m.head_dim if m.qk_norm else 0
+    if m.is_moe_layer(layer):
+        moe = m.moe
+        shared = 3 * m.dim * moe.num_shared_experts * moe.hidden_dim
+        ffn = m.dim * moe.num_experts + moe.num_experts * moe.expert_parameters(m.dim) + shared
+    else:
+        ffn = 3 * m.dim * m.ffn_hidden_dim
+    return attention + ffn + 2 * m.dim
 
 
-def model_parameters(m: Llama3Config) -> int:
+def layer_parameters(m: ModelConfig) -> int:
+    """One block's (their mean where dense and MoE blocks mix: the estimates take every layer alike)."""
+    return sum(block_parameters(m, layer) for layer in range(m.n_layers)) // m.n_layers
+
+
+def model_parameters(m: ModelConfig) -> int:
     """Every parameter of the model (a tied output counted once)."""
     outside_layers = m.vocab_size * m.dim * (1 if m.tie_word_embeddings else 2) + m.dim
-    return m.n_layers * layer_parameters(m) + outside_layers
+    return sum(block_parameters(m, layer) for layer in range(m.n_layers)) + outside_layers
+
+
+def inactive_parameters(m: ModelConfig) -> int:
+    """The parameters a token does not go through: the experts its router did not pick."""
+    if not m.moe.enabled:
+        return 0
+    moe_layers = sum(m.is_moe_layer(layer) for layer in range(m.n_layers))
+    return moe_layers * (m.moe.num_experts - m.moe.top_k) * m.moe.expert_parameters(m.dim)
 
 
 @dataclass(frozen=True)
@@ -82,7 +103,7 @@ class PipelineRank:
     last: bool
     stages: int
 
-    def parameters(self, m: Llama3Config) -> int:
+    def parameters(self, m: ModelConfig) -> int:
         embedding = m.vocab_size * m.dim if self.first else 0
         # The final norm and the output projection (a tied output is the embedding, counted once).
         shares_embedding = m.tie_word_embeddings and self.first
@@ -103,7 +124,7 @@ def pipeline_ranks(p: ParallelismConfig, n_layers: int) -> dict[int, PipelineRan
     return ranks
 
 
-def part_parameters(m: Llama3Config, p: ParallelismConfig) -> int:
+def part_parameters(m: ModelConfig, p: ParallelismConfig) -> int:
     """Parameters of the busiest pipeline rank's parts before sharding (the whole model without a
     pipeline)."""
     return max(rank.parameters(m) for rank in pipeline_ranks(p, m.n_layers).values())

@@ -11,8 +11,9 @@ from titan_exp.config.check import cautions
 from titan_exp.config.compose import compose_job_config
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.resolve import resolve
-from titan_exp.estimate.workload import model_parameters
+from titan_exp.estimate.workload import inactive_parameters, model_parameters
 from titan_exp.job.outcome import EXIT_BAD_CONFIG, composition_error
+from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import MESH_DIMS
 from titan_exp.rules import ConfigError
 
@@ -41,7 +42,7 @@ def summary(job: ResolvedJob) -> str:
         (
             "model",
             f"{job.model_name}: {model_parameters(m):,} parameters, dim {m.dim}, {m.n_layers} layers, "
-            f"{m.n_heads} heads ({m.n_kv_heads or m.n_heads} kv)",
+            f"{m.n_heads} heads ({m.n_kv_heads or m.n_heads} kv)" + _experts(m),
         ),  # fmt: skip
         ("memory saving", f"activation checkpointing {cfg.activation_checkpoint.mode}, compile {cfg.compile.enable}"),
         ("device profile", f"hardware={cfg.hardware.name} (what `titan_exp plan` predicts for)"),
@@ -74,3 +75,11 @@ def main(argv: list[str]) -> int:
     if not args.summary:
         print("\n# the resolved config\n" + OmegaConf.to_yaml(OmegaConf.structured(job.config)), end="")
     return 0
+
+
+def _experts(m: ModelConfig) -> str:
+    """A MoE model's experts and the parameters a token goes through."""
+    if not m.moe.enabled:
+        return ""
+    active = model_parameters(m) - inactive_parameters(m)
+    return f", {m.moe.top_k} of {m.moe.num_experts} experts per token ({active:,} parameters active)"

@@ -10,7 +10,7 @@ import re
 import struct
 from pathlib import Path
 
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
 from titan_exp.rules import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -48,12 +48,12 @@ def hf_key(name: str) -> str:
     return f"model.layers.{match.group(1)}.{_LAYER_KEYS[match.group(2)]}"
 
 
-def is_tied_output(name: str, cfg: Llama3Config) -> bool:
+def is_tied_output(name: str, cfg: ModelConfig) -> bool:
     """The output projection of a tied model: the embedding itself, which HF stores once."""
     return cfg.tie_word_embeddings and name == "output.weight"
 
 
-def heads_of(name: str, cfg: Llama3Config) -> int | None:
+def heads_of(name: str, cfg: ModelConfig) -> int | None:
     """The heads whose rows HF permutes in `name` (None: not a rotary weight)."""
     if name.endswith(ROTARY_KEYS[0]):
         return cfg.n_heads
@@ -87,7 +87,7 @@ def read_hf_config(folder: str, key: str) -> dict:
 
 
 def fields_from_hf(hf: dict, key: str, folder: str) -> dict[str, object]:
-    """Our model fields (Llama3Config) of a HF Llama config; a config this model cannot be is refused,
+    """Our model fields (ModelConfig) of a HF Llama config; a config this model cannot be is refused,
     naming `key`, the config key that gave its `folder`."""
 
     def refuse(why: str) -> ConfigError:
@@ -135,7 +135,7 @@ def _rope_fields(hf: dict) -> dict[str, object] | None:
     }
 
 
-def hf_config(cfg: Llama3Config, dtype: str) -> dict:
+def hf_config(cfg: ModelConfig, dtype: str) -> dict:
     """The config.json `transformers` opens our model with (LlamaForCausalLM)."""
     rope: dict[str, object] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
     if cfg.rope_scaling_factor is not None:
@@ -171,7 +171,7 @@ def hf_config(cfg: Llama3Config, dtype: str) -> dict:
     }
 
 
-def expected_shapes(cfg: Llama3Config) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF's name and shape of every tensor a checkpoint of `cfg` holds."""
     hd, ffn = cfg.head_dim, cfg.ffn_hidden_dim
     per_layer = {
@@ -220,10 +220,10 @@ _COMPARED = (
 )
 
 
-def check_hf_checkpoint(cfg: Llama3Config, folder: str, key: str) -> None:
+def check_hf_checkpoint(cfg: ModelConfig, folder: str, key: str) -> None:
     """A HF checkpoint that `cfg`'s model can load: its config.json describes the same model (else the
     differing field is named, with the fix) and its safetensors hold every tensor in its shape."""
-    theirs = Llama3Config(**fields_from_hf(read_hf_config(folder, key), key, folder))
+    theirs = ModelConfig(**fields_from_hf(read_hf_config(folder, key), key, folder))
     for name in _COMPARED:
         ours_value, their_value = getattr(cfg, name), getattr(theirs, name)
         if ours_value != their_value and not _close(ours_value, their_value):

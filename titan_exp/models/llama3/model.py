@@ -1,4 +1,6 @@
-"""Llama 3: RMSNorm, rotary embeddings (with Llama 3.1 frequency scaling), grouped-query attention, SwiGLU.
+"""Llama 3: RMSNorm, rotary embeddings (with Llama 3.1 frequency scaling), grouped-query attention, SwiGLU;
+with the choices Qwen3 makes beside them (models/config.py): q/k norms, heads of their own width,
+mixture-of-experts feed-forwards (models/moe/layer.py).
 
 Layers live in a ModuleDict keyed by their index so that a pipeline stage can drop the layers it does
 not own and keep the original names (and checkpoint keys).
@@ -12,10 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from titan_exp.models.llama3.args import Llama3Config
+from titan_exp.models.config import ModelConfig
+from titan_exp.models.moe.layer import MoE
+from titan_exp.models.swiglu import SwiGLU
 
 
-def precompute_freqs_cis(cfg: Llama3Config, seq_len: int) -> torch.Tensor:
+def precompute_freqs_cis(cfg: ModelConfig, seq_len: int) -> torch.Tensor:
     """Complex rotations e^{i·pos·freq}, shape (seq_len, head_dim/2)."""
     dim = cfg.head_dim
     freqs = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32)[: dim // 2] / dim))
@@ -25,7 +29,7 @@ def precompute_freqs_cis(cfg: Llama3Config, seq_len: int) -> torch.Tensor:
     return torch.polar(torch.ones(seq_len, dim // 2), torch.outer(positions, freqs))
 
 
-def _scale_llama31_freqs(freqs: torch.Tensor, cfg: Llama3Config) -> torch.Tensor:
+def _scale_llama31_freqs(freqs: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     # Long wavelengths are slowed by the factor, short ones kept, the band between interpolated.
     low_freq_wavelen = cfg.rope_original_max_seq_len / cfg.rope_low_freq_factor
     high_freq_wavelen = cfg.rope_original_max_seq_len / cfg.rope_high_freq_factor
@@ -67,7 +71,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Llama3Config):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.kv_heads
@@ -78,6 +82,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.dim, bias=False)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -85,37 +91,32 @@ class Attention(nn.Module):
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
         return self.wo(self.attend(q, k, v).reshape(batch, seq, -1))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, cfg: Llama3Config):
-        super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.ffn_hidden_dim, bias=False)
-        self.w2 = nn.Linear(cfg.ffn_hidden_dim, cfg.dim, bias=False)
-        self.w3 = nn.Linear(cfg.dim, cfg.ffn_hidden_dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class TransformerBlock(nn.Module):
-    def __init__(self, layer_id: int, cfg: Llama3Config):
+    def __init__(self, layer_id: int, cfg: ModelConfig):
         super().__init__()
         self.layer_id = layer_id
         self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        # A MoE layer's feed-forward is `moe`, a dense one's `feed_forward` (their parameters' names differ).
+        moe = cfg.is_moe_layer(layer_id)
+        self.feed_forward = None if moe else SwiGLU(cfg.dim, cfg.ffn_hidden_dim)
+        self.moe = MoE(cfg.dim, cfg.moe) if moe else None
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), freqs_cis)
-        return h + self.feed_forward(self.ffn_norm(h))
+        ffn = self.moe if self.moe is not None else self.feed_forward
+        return h + ffn(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: Llama3Config):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
@@ -168,9 +169,10 @@ class Transformer(nn.Module):
             std = self.cfg.dim**-0.5
             nn.init.trunc_normal_(t, std=std, a=-3 * std, b=3 * std, generator=gen)
         else:
-            # Output projections of each block are scaled down with depth (torchtitan's depth init).
+            # Output projections of each block are scaled down with depth (torchtitan's depth init),
+            # an expert's as a dense layer's (experts.w2 stacks them).
             layer_id = int(name.split(".")[1])
-            is_out_proj = name.endswith(("wo.weight", "w2.weight", "w3.weight"))
+            is_out_proj = name.removesuffix(".weight").endswith(("wo", "w2", "w3"))
             std = 0.02 / (2 * (layer_id + 1)) ** 0.5 if is_out_proj else 0.02
             # trunc_normal_'s default bounds, ±2 absolute (torchtitan's): no truncation at these stds.
             nn.init.trunc_normal_(t, std=std, generator=gen)

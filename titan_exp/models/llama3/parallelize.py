@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -147,6 +147,23 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool 
     }
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan)
+        for norm in (block.attention.q_norm, block.attention.k_norm):
+            if norm is not None:
+                _replicate_head_norm(norm, tp_mesh)
+
+
+def _replicate_head_norm(norm: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """A q/k norm (Qwen3's) under TP: its weight replicated over the tp ranks, its input each rank's
+    heads (dim 2 of batch, seq, heads, head_dim). Declared so, the weight's gradient is a partial
+    sum that DTensor reduces over the ranks, each of which saw only its own heads."""
+
+    def heads_in(module, inputs, mesh):
+        return (DTensor.from_local(inputs[0], mesh, [Shard(2)], run_check=False),)
+
+    def local_out(module, output, mesh):
+        return output.to_local()
+
+    distribute_module(norm, tp_mesh, input_fn=heads_in, output_fn=local_out)
 
 
 def _enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> None:

@@ -1,8 +1,11 @@
-"""Llama 3 model hyper-parameters: the `model` config group is read into this."""
+"""The model's hyper-parameters: the `model` config group is read into this. One decoder-only
+transformer with the choices its families make: Llama 3 (GQA, SwiGLU), Qwen3 (q/k norms, wider
+heads, mixture-of-experts layers: `model.moe`)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
+from titan_exp.models.moe.config import MoEConfig
 from titan_exp.rules import ConfigError, Section, check_positive, label
 
 # Fields that must be finite and > 0.
@@ -22,8 +25,9 @@ _POSITIVE = (
 
 
 @dataclass
-class Llama3Config(Section):
-    # Labels of the model option (conf/model/<name>_<flavor>.yaml), in run names and tables.
+class ModelConfig(Section):
+    # Labels of the model option (conf/model/<name>_<flavor>.yaml), in run names and tables; the
+    # name is the family (llama3, qwen3, hf).
     name: str = label("llama3", chosen_by="model=<option>")
     flavor: str = label("debug", chosen_by="model=<option>")
     dim: int = 256
@@ -31,6 +35,10 @@ class Llama3Config(Section):
     n_heads: int = 16
     # None means multi-head attention (as many kv heads as heads).
     n_kv_heads: Optional[int] = 4
+    # Each head's width; None: dim / n_heads (Llama 3). Qwen3's heads are 128 wide at every size.
+    attention_head_dim: Optional[int] = None
+    # An RMSNorm over each head's q and k before the rotary embedding (Qwen3).
+    qk_norm: bool = False
     vocab_size: int = 2048
     # SwiGLU hidden size = multiple_of-rounded(ffn_dim_multiplier * 8/3 * dim), as in Meta's reference code.
     multiple_of: int = 256
@@ -48,16 +56,22 @@ class Llama3Config(Section):
     tie_word_embeddings: bool = False
     # model=hf: a Hugging Face model folder whose config.json gives every field above (config/resolve.py).
     hf_path: Optional[str] = None
+    moe: MoEConfig = field(default_factory=MoEConfig)
 
     def check(self, key: str) -> None:
         """Shapes that would fail inside the ranks, or silently build a different model (an attention
         width that is not `dim`, a kv-head count of 0 read as "as many as heads")."""
         for name in _POSITIVE:
             check_positive(f"{key}.{name}", getattr(self, name))
-        for name in ("ffn_dim_multiplier", "intermediate_size", "rope_scaling_factor"):
+        self.moe.check(f"{key}.moe")
+        if self.moe.enabled and self.moe.n_dense_layers >= self.n_layers:
+            raise ConfigError(
+                f"{key}.moe.n_dense_layers", self.moe.n_dense_layers, f"leaves none of the {self.n_layers} layers MoE"
+            )
+        for name in ("ffn_dim_multiplier", "intermediate_size", "attention_head_dim", "rope_scaling_factor"):
             if getattr(self, name) is not None:
                 check_positive(f"{key}.{name}", getattr(self, name))
-        if self.dim % self.n_heads:
+        if self.attention_head_dim is None and self.dim % self.n_heads:
             raise ConfigError(
                 f"{key}.n_heads", self.n_heads, f"must divide model dim={self.dim} (each head takes dim / n_heads)"
             )
@@ -86,7 +100,18 @@ class Llama3Config(Section):
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.attention_head_dim or self.dim // self.n_heads
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe.enabled and layer >= self.moe.n_dense_layers
+
+    @property
+    def active_ffn_hidden_dim(self) -> int:
+        """The SwiGLU hidden width a token's feed-forward computes through: its routed and shared
+        experts' in a MoE layer (the FLOPs and activations per token), else ffn_hidden_dim."""
+        if not self.moe.enabled:
+            return self.ffn_hidden_dim
+        return (self.moe.top_k + self.moe.num_shared_experts) * self.moe.hidden_dim
 
     @property
     def ffn_hidden_dim(self) -> int:

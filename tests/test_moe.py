@@ -1,0 +1,115 @@
+"""Qwen3 trains to the same loss in every layout that runs it, as a user checks it: one
+`experiment=loss_parity` run per model (a seed checkpoint, then each layout from it), its layouts'
+curves read back from MLflow; and the q/k norms' gradients under tensor parallelism, on real gloo
+ranks, against one device's."""
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+
+from launchers.env import free_port
+from titan_exp.config.compose import compose_job_config
+from titan_exp.job.parity import layout_folder
+from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.llama3.parallelize import apply_tensor_parallel
+from titan_exp.tracking.journal import RUN_ID_FILE
+
+from conftest import loss_curve, mlflow_client, run_cli
+
+STEPS = 6
+RTOL = 1e-4
+# Each layout takes the same 4 sequences a step (experiment=loss_parity's local batch is 4).
+LAYOUTS = {
+    "qwen3_moe_debug": {
+        "single": "parallelism=single",
+        "fsdp2": "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2",
+        "pp2": "parallelism=pp launcher.nproc_per_node=2 parallelism.pipeline_parallel_schedule=1F1B",
+        "cp2": "parallelism=cp launcher.nproc_per_node=2",
+    },
+    # The dense model's q/k norms under tensor parallelism (their weight's gradient summed over the heads' ranks).
+    "qwen3_debug": {
+        "single": "parallelism=single",
+        "tp2": "parallelism=tp launcher.nproc_per_node=2",
+    },
+}
+
+
+def parity_curves(model: str, folder: Path) -> dict[str, list[float]]:
+    db = folder / "mlflow.db"
+    layouts = LAYOUTS[model]
+    result = run_cli(
+        [
+            "experiment=loss_parity",
+            f"model={model}",
+            f"training.steps={STEPS}",
+            "parity.layouts=[" + ",".join(f"'{layout}'" for layout in layouts.values()) + "]",
+            f"tracking.uri=sqlite:///{db}",
+        ],
+        folder,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = mlflow_client(db)
+    run_ids = {
+        name: (folder / "run" / layout_folder(layout) / RUN_ID_FILE).read_text().strip()
+        for name, layout in layouts.items()
+    }
+    assert {client.get_run(run_id).data.tags["model"] for run_id in run_ids.values()} == {model}
+    return {name: loss_curve(db, run_id) for name, run_id in run_ids.items()}
+
+
+@pytest.mark.parametrize("model", LAYOUTS)
+def test_every_layout_reproduces_the_single_device_curve(model, tmp_path):
+    curves = parity_curves(model, tmp_path)
+    reference = curves.pop("single")
+    assert len(reference) == STEPS and reference[-1] < reference[0], reference  # it trains
+    for name, curve in curves.items():
+        assert curve == pytest.approx(reference, rel=RTOL), name
+
+
+def _tensor_parallel_grads(rank: int, port: int, results: dict) -> None:
+    """Rank `rank` of 2: the q/k norms' gradients of one backward under TP, gathered whole."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        model = one_layer_qwen3()
+        apply_tensor_parallel(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
+        logits = model(TOKENS).full_tensor()
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), TOKENS.flatten()).backward()
+        attention = model.layers["0"].attention
+        results[rank] = {name: getattr(attention, name).weight.grad.full_tensor() for name in ("q_norm", "k_norm")}
+    finally:
+        dist.destroy_process_group()
+
+
+TOKENS = torch.randint(0, 2048, (2, 32), generator=torch.Generator().manual_seed(0))
+
+
+def one_layer_qwen3() -> Transformer:
+    cfg = dataclasses.replace(compose_job_config(["model=qwen3_debug"]).model, n_layers=1)
+    model = Transformer(cfg)
+    model.init_weights(seed=0)
+    for norm in (model.layers["0"].attention.q_norm, model.layers["0"].attention.k_norm):
+        torch.nn.init.normal_(norm.weight, mean=1.0, std=0.1, generator=torch.Generator().manual_seed(1))
+    return model
+
+
+def test_qk_norm_gradients_under_tensor_parallel_are_the_whole_models():
+    """Each TP rank holds half the heads: the norms' weight gradient is the sum over both halves,
+    the single-device gradient, on every rank (a weight taken as replicated with its input would
+    get only its own heads' half, and the ranks' weights would drift apart)."""
+    single = one_layer_qwen3()
+    logits = single(TOKENS)
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), TOKENS.flatten()).backward()
+    results = mp.Manager().dict()
+    mp.spawn(_tensor_parallel_grads, args=(free_port(), results), nprocs=2)
+    for rank in range(2):
+        for name in ("q_norm", "k_norm"):
+            expected = getattr(single.layers["0"].attention, name).weight.grad
+            torch.testing.assert_close(results[rank][name], expected, rtol=1e-4, atol=1e-6, msg=f"{name} rank {rank}")

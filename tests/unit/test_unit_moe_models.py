@@ -1,0 +1,133 @@
+"""Qwen3, dense and mixture-of-experts (models/config.py, models/moe/): parameter counts held to
+`transformers`' own Qwen3 models on the meta device and to the counts the option files state, FLOPs
+on the active parameters, and the MoE layer held to a token-by-token reference."""
+
+import re
+
+import pytest
+import torch
+import transformers
+
+from titan_exp import CONF_DIR
+from titan_exp.config.compose import compose_job_config
+from titan_exp.estimate.workload import inactive_parameters, model_parameters
+from titan_exp.metrics.flops import flops_per_token
+from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.moe.config import MoEConfig
+from titan_exp.models.moe.layer import MoE
+
+QWEN3 = ("qwen3_debug", "qwen3_moe_debug", "qwen3_0.6b", "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b")
+# Qwen's model cards: (total, active) in billions, to the digits they give.
+PUBLISHED = {
+    "qwen3_0.6b": (0.6, 0.6),
+    "qwen3_8b": (8.2, 8.2),
+    "qwen3_30b_a3b": (30.5, 3.3),
+    "qwen3_235b_a22b": (235, 22),
+}
+
+
+def transformers_qwen3(flavor: str) -> torch.nn.Module:
+    m = compose_job_config([f"model={flavor}"]).model
+    shape = dict(
+        hidden_size=m.dim,
+        num_hidden_layers=m.n_layers,
+        num_attention_heads=m.n_heads,
+        num_key_value_heads=m.kv_heads,
+        head_dim=m.head_dim,
+        vocab_size=m.vocab_size,
+        tie_word_embeddings=m.tie_word_embeddings,
+    )
+    if m.moe.enabled:
+        moe = dict(
+            num_experts=m.moe.num_experts, num_experts_per_tok=m.moe.top_k, moe_intermediate_size=m.moe.hidden_dim
+        )
+        config = transformers.Qwen3MoeConfig(**shape, **moe, decoder_sparse_step=1, mlp_only_layers=[])
+        model_class = transformers.Qwen3MoeForCausalLM
+    else:
+        config = transformers.Qwen3Config(**shape, intermediate_size=m.ffn_hidden_dim)
+        model_class = transformers.Qwen3ForCausalLM
+    with torch.device("meta"):
+        return model_class(config)
+
+
+def stated_counts(flavor: str) -> list[int]:
+    """The parameter counts the option file's first comment states (total, then active if given)."""
+    first_line = (CONF_DIR / "model" / f"{flavor}.yaml").read_text().splitlines()[0]
+    return [int(n.replace(",", "")) for n in re.findall(r"\d{1,3}(?:,\d{3})+", first_line)]
+
+
+@pytest.mark.parametrize("flavor", QWEN3)
+def test_parameter_counts_agree_with_transformers_and_the_option_file(flavor):
+    m = compose_job_config([f"model={flavor}"]).model
+    with torch.device("meta"):
+        ours = Transformer(m).num_params()
+    theirs = sum(p.numel() for p in transformers_qwen3(flavor).parameters())
+    assert ours == theirs == model_parameters(m)
+    stated = stated_counts(flavor)
+    assert stated[0] == ours
+    if m.moe.enabled:
+        assert stated[1] == ours - inactive_parameters(m)
+
+
+@pytest.mark.parametrize("flavor", sorted(PUBLISHED))
+def test_counts_round_to_the_published_sizes(flavor):
+    m = compose_job_config([f"model={flavor}"]).model
+    total, active = model_parameters(m), model_parameters(m) - inactive_parameters(m)
+    # Within the last digit given (3,353,032,704 active is Qwen's "3.3B").
+    last_digit = 1 if PUBLISHED[flavor][0] >= 100 else 0.1
+    assert (total / 1e9, active / 1e9) == pytest.approx(PUBLISHED[flavor], abs=last_digit)
+
+
+def test_moe_flops_count_the_experts_a_token_goes_through():
+    m = compose_job_config(["model=qwen3_30b_a3b"]).model
+    n, embedding = model_parameters(m), m.vocab_size * m.dim
+    attention = 12 * m.n_layers * m.n_heads * m.head_dim * 4096
+    assert flops_per_token(m, n, embedding, 4096) == 6 * (n - inactive_parameters(m) - embedding) + attention
+    # 8 of 128 experts: about a tenth of the dense count.
+    assert flops_per_token(m, n, embedding, 4096) < 0.15 * (6 * (n - embedding) + attention)
+
+
+def reference_moe(layer: MoE, x: torch.Tensor) -> torch.Tensor:
+    """Token by token: the router's choice, each chosen expert's SwiGLU, summed with its weight."""
+    cfg, experts = layer.cfg, layer.experts
+    logits = layer.router.gate(x).float()
+    scores = logits.softmax(-1) if cfg.score_func == "softmax" else logits.sigmoid()
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        chosen = scores[t].topk(cfg.top_k).indices
+        weights = scores[t, chosen] / (scores[t, chosen].sum() if cfg.route_norm else 1)
+        for e, w in zip(chosen.tolist(), weights):
+            hidden = torch.nn.functional.silu(experts.w1[e] @ x[t]) * (experts.w3[e] @ x[t])
+            out[t] += cfg.route_scale * w * (experts.w2[e] @ hidden)
+    return out + (layer.shared(x) if layer.shared is not None else 0)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        MoEConfig(num_experts=8, top_k=2, hidden_dim=16),
+        MoEConfig(num_experts=8, top_k=3, hidden_dim=16, score_func="sigmoid", route_scale=2.5, num_shared_experts=1),
+    ],
+    ids=["softmax", "sigmoid_shared"],
+)
+def test_the_moe_layer_equals_a_token_by_token_reference(cfg):
+    torch.manual_seed(0)
+    layer = MoE(32, cfg)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    x = torch.randn(2, 24, 32)
+    out = layer(x)
+    torch.testing.assert_close(out.view(-1, 32), reference_moe(layer, x.view(-1, 32)), rtol=1e-5, atol=1e-5)
+    out.square().sum().backward()
+    assert layer.router.gate.weight.grad.abs().sum() > 0  # the routing weights train
+
+
+def test_grouped_routing_keeps_each_token_within_its_best_groups():
+    cfg = MoEConfig(num_experts=8, top_k=2, hidden_dim=4, score_func="sigmoid", n_groups=4, topk_groups=1)
+    layer = MoE(16, cfg)
+    torch.nn.init.normal_(layer.router.gate.weight)
+    tokens = torch.randn(64, 16)
+    _, experts = layer.router(tokens)
+    scores = layer.router.gate(tokens).sigmoid().view(64, 4, 2)
+    best_group = scores.topk(2, dim=-1).values.sum(-1).argmax(-1)
+    assert (experts // 2 == best_group.unsqueeze(-1)).all()  # both experts from the one best group

@@ -1,0 +1,62 @@
+"""The `model.moe` section: mixture-of-experts feed-forward layers (models/moe/layer.py). Zero
+experts is a dense model; the keys follow torchtitan's MoE args."""
+
+from dataclasses import dataclass
+
+from titan_exp.rules import ConfigError, Section, check_positive, one_of
+
+
+@dataclass
+class MoEConfig(Section):
+    # Routed experts of each MoE layer; 0: every feed-forward is dense (model.intermediate_size or
+    # the multiple_of rule).
+    num_experts: int = 0
+    # Experts each token is sent to.
+    top_k: int = 1
+    # Each expert's SwiGLU hidden size (Hugging Face's moe_intermediate_size).
+    hidden_dim: int = 0
+    # Experts every token goes through beside its routed ones, as one SwiGLU of
+    # num_shared_experts × hidden_dim (DeepSeek's shared experts).
+    num_shared_experts: int = 0
+    # The first layers keep a dense feed-forward (DeepSeek-V3: 3).
+    n_dense_layers: int = 0
+    # Router scores: a softmax over the experts (Qwen3) or a sigmoid per expert (DeepSeek-V3).
+    score_func: str = one_of("softmax", "sigmoid")
+    # The chosen experts' scores rescaled to sum to 1 (Hugging Face's norm_topk_prob).
+    route_norm: bool = True
+    # The routed experts' combined output scaled by this (DeepSeek-V3's routed_scaling_factor).
+    route_scale: float = 1.0
+    # Grouped routing (DeepSeek-V3): the experts fall into n_groups groups and a token's experts
+    # come from its topk_groups best groups only.
+    n_groups: int = 1
+    topk_groups: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_experts > 0
+
+    def check(self, key: str) -> None:
+        super().check(key)
+        if not self.enabled:
+            return
+        check_positive(f"{key}.hidden_dim", self.hidden_dim)
+        check_positive(f"{key}.route_scale", self.route_scale)
+        if not 0 < self.top_k <= self.num_experts:
+            raise ConfigError(f"{key}.top_k", self.top_k, f"must lie in [1, model.moe.num_experts={self.num_experts}]")
+        if self.num_shared_experts < 0 or self.n_dense_layers < 0:
+            name = "num_shared_experts" if self.num_shared_experts < 0 else "n_dense_layers"
+            raise ConfigError(f"{key}.{name}", getattr(self, name), "must be >= 0")
+        if self.n_groups < 1 or self.num_experts % self.n_groups:
+            raise ConfigError(f"{key}.n_groups", self.n_groups, f"must divide model.moe.num_experts={self.num_experts}")
+        if not 0 < self.topk_groups <= self.n_groups:
+            raise ConfigError(
+                f"{key}.topk_groups", self.topk_groups, f"must lie in [1, model.moe.n_groups={self.n_groups}]"
+            )
+        if self.topk_groups * (self.num_experts // self.n_groups) < self.top_k:
+            raise ConfigError(
+                f"{key}.topk_groups", self.topk_groups, f"leaves fewer experts than model.moe.top_k={self.top_k}"
+            )
+
+    def expert_parameters(self, dim: int) -> int:
+        """One expert's: its SwiGLU's three matrices."""
+        return 3 * dim * self.hidden_dim

@@ -1,0 +1,82 @@
+"""A mixture-of-experts feed-forward: a router picks each token's top-k experts, the tokens are
+grouped by expert (a stable sort, so the grouping is the same in every layout), each expert's
+SwiGLU runs over its group, and the outputs come back weighted by the router's scores, plus the
+shared experts' output. Expert weights are stacked (experts × ...) so FSDP shards them by expert."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan_exp.models.moe.config import MoEConfig
+from titan_exp.models.swiglu import SwiGLU
+
+
+class Router(nn.Module):
+    def __init__(self, dim: int, cfg: MoEConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.gate = nn.Linear(dim, cfg.num_experts, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, experts), each (tokens, top_k): whom each token goes to, and with what weight."""
+        cfg = self.cfg
+        logits = self.gate(tokens).float()  # scores in float32 whatever the compute dtype
+        scores = logits.softmax(dim=-1) if cfg.score_func == "softmax" else logits.sigmoid()
+        eligible = self._best_groups(scores) if cfg.n_groups > 1 else scores
+        experts = eligible.topk(cfg.top_k, dim=-1).indices
+        weights = scores.gather(-1, experts)
+        if cfg.route_norm:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return (weights * cfg.route_scale).type_as(tokens), experts
+
+    def _best_groups(self, scores: torch.Tensor) -> torch.Tensor:
+        """`scores` with the experts outside each token's topk_groups best groups set to -inf; a
+        group is as good as the sum of its two best scores (DeepSeek-V3's rule)."""
+        cfg = self.cfg
+        grouped = scores.view(scores.shape[0], cfg.n_groups, -1)
+        group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+        keep = group_scores.topk(cfg.topk_groups, dim=-1).indices
+        mask = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)
+        return grouped.masked_fill(mask.unsqueeze(-1), float("-inf")).flatten(1)
+
+
+class GroupedExperts(nn.Module):
+    """Every expert's SwiGLU, stacked: w1 and w3 (experts, hidden, dim), w2 (experts, dim, hidden)."""
+
+    def __init__(self, dim: int, cfg: MoEConfig):
+        super().__init__()
+        experts, hidden = cfg.num_experts, cfg.hidden_dim
+        self.w1 = nn.Parameter(torch.empty(experts, hidden, dim))
+        self.w2 = nn.Parameter(torch.empty(experts, dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(experts, hidden, dim))
+
+    def forward(self, grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """`grouped`: the tokens sorted by expert, counts[e] of them for expert e."""
+        # One matmul per expert: correct everywhere; torch's grouped GEMM (CUDA, bf16) is for later.
+        outputs = []
+        for expert, rows in enumerate(torch.split(grouped, counts)):
+            hidden = F.silu(rows @ self.w1[expert].T) * (rows @ self.w3[expert].T)
+            outputs.append(hidden @ self.w2[expert].T)
+        return torch.cat(outputs)
+
+
+class MoE(nn.Module):
+    def __init__(self, dim: int, cfg: MoEConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.router = Router(dim, cfg)
+        self.experts = GroupedExperts(dim, cfg)
+        self.shared = SwiGLU(dim, cfg.num_shared_experts * cfg.hidden_dim) if cfg.num_shared_experts else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        weights, experts = self.router(tokens)
+        flat = experts.flatten()
+        order = flat.argsort(stable=True)  # grouped by expert, each group in token order
+        counts = torch.bincount(flat, minlength=self.cfg.num_experts)
+        source = order // self.cfg.top_k  # the token each sorted row came from
+        routed = self.experts(tokens[source], counts.tolist()) * weights.flatten()[order].unsqueeze(-1)
+        out = torch.zeros_like(tokens).index_add_(0, source, routed)
+        if self.shared is not None:
+            out = out + self.shared(tokens)
+        return out.view_as(x)

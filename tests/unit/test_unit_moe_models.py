@@ -131,3 +131,14 @@ def test_grouped_routing_keeps_each_token_within_its_best_groups():
     scores = layer.router.gate(tokens).sigmoid().view(64, 4, 2)
     best_group = scores.topk(2, dim=-1).values.sum(-1).argmax(-1)
     assert (experts // 2 == best_group.unsqueeze(-1)).all()  # both experts from the one best group
+
+
+def test_a_dry_runs_fake_tokens_are_routed_evenly():
+    """Fake tensors (COMM_MODE=fake_backend, the planner's measured pass) hold no routing to count:
+    the layer runs on them, its shapes those of a balanced routing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        layer = MoE(32, MoEConfig(num_experts=8, top_k=2, hidden_dim=16))
+        out = layer(torch.empty(2, 10, 32))
+    assert out.shape == (2, 10, 32)

@@ -6,6 +6,7 @@ shared experts' output. Expert weights are stacked (experts × ...) so FSDP shar
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from titan_exp.models.moe.config import MoEConfig
 from titan_exp.models.swiglu import SwiGLU
@@ -73,10 +74,20 @@ class MoE(nn.Module):
         weights, experts = self.router(tokens)
         flat = experts.flatten()
         order = flat.argsort(stable=True)  # grouped by expert, each group in token order
-        counts = torch.bincount(flat, minlength=self.cfg.num_experts)
         source = order // self.cfg.top_k  # the token each sorted row came from
-        routed = self.experts(tokens[source], counts.tolist()) * weights.flatten()[order].unsqueeze(-1)
+        routed = self.experts(tokens[source], _counts(flat, self.cfg.num_experts)) * weights.flatten()[order].unsqueeze(
+            -1
+        )
         out = torch.zeros_like(tokens).index_add_(0, source, routed)
         if self.shared is not None:
             out = out + self.shared(tokens)
         return out.view_as(x)
+
+
+def _counts(experts: torch.Tensor, num_experts: int) -> list[int]:
+    """Rows routed to each expert. A dry run's fake tensors hold no routing to count: there the
+    tokens are taken as spread evenly (the balanced case the memory of a dry run then measures)."""
+    if is_fake(experts):
+        share, extra = divmod(experts.numel(), num_experts)
+        return [share + (expert < extra) for expert in range(num_experts)]
+    return torch.bincount(experts, minlength=num_experts).tolist()

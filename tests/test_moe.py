@@ -1,4 +1,4 @@
-"""Qwen3 trains to the same loss in every layout that runs it, as a user checks it: one
+"""Qwen3 and DeepSeek-V3 train to the same loss in every layout that runs it, as a user checks it: one
 `experiment=loss_parity` run per model (a seed checkpoint, then each layout from it), its layouts'
 curves read back from MLflow; and the q/k norms' gradients under tensor parallelism, on real gloo
 ranks, against one device's."""
@@ -27,6 +27,13 @@ RTOL = 1e-4
 # Each layout takes the same 4 sequences a step (experiment=loss_parity's local batch is 4).
 LAYOUTS = {
     "qwen3_moe_debug": {
+        "single": "parallelism=single",
+        "fsdp2": "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2",
+        "pp2": "parallelism=pp launcher.nproc_per_node=2 parallelism.pipeline_parallel_schedule=1F1B",
+        "cp2": "parallelism=cp launcher.nproc_per_node=2",
+    },
+    # Latent attention, grouped sigmoid routing and a shared expert.
+    "deepseek_v3_debug": {
         "single": "parallelism=single",
         "fsdp2": "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2",
         "pp2": "parallelism=pp launcher.nproc_per_node=2 parallelism.pipeline_parallel_schedule=1F1B",

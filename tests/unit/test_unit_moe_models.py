@@ -1,6 +1,7 @@
-"""Qwen3, dense and mixture-of-experts (models/config.py, models/moe/): parameter counts held to
-`transformers`' own Qwen3 models on the meta device and to the counts the option files state, FLOPs
-on the active parameters, and the MoE layer held to a token-by-token reference."""
+"""Qwen3 (dense and mixture-of-experts) and DeepSeek-V3 (latent attention, YaRN, grouped sigmoid
+routing, shared experts): parameter counts held to `transformers`' own models on the meta device
+and to the counts the option files state, YaRN's frequencies to transformers', FLOPs on the active
+parameters, and the MoE layer held to a token-by-token reference."""
 
 import re
 
@@ -15,6 +16,7 @@ from titan_exp.metrics.flops import flops_per_token
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.moe.config import MoEConfig
 from titan_exp.models.moe.layer import MoE
+from titan_exp.models.rotary import precompute_freqs_cis
 
 QWEN3 = ("qwen3_debug", "qwen3_moe_debug", "qwen3_0.6b", "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b")
 # Qwen's model cards: (total, active) in billions, to the digits they give.
@@ -23,7 +25,9 @@ PUBLISHED = {
     "qwen3_8b": (8.2, 8.2),
     "qwen3_30b_a3b": (30.5, 3.3),
     "qwen3_235b_a22b": (235, 22),
+    "deepseek_v3_671b": (671, 37),
 }
+DEEPSEEK_V3 = ("deepseek_v3_debug", "deepseek_v3_16b", "deepseek_v3_671b")
 
 
 def transformers_qwen3(flavor: str) -> torch.nn.Module:
@@ -50,18 +54,47 @@ def transformers_qwen3(flavor: str) -> torch.nn.Module:
         return model_class(config)
 
 
+def transformers_deepseek_v3(flavor: str) -> torch.nn.Module:
+    m = compose_job_config([f"model={flavor}"]).model
+    config = transformers.DeepseekV3Config(
+        hidden_size=m.dim,
+        intermediate_size=m.ffn_hidden_dim,
+        moe_intermediate_size=m.moe.hidden_dim,
+        num_hidden_layers=m.n_layers,
+        first_k_dense_replace=m.moe.n_dense_layers,
+        num_attention_heads=m.n_heads,
+        num_key_value_heads=m.n_heads,
+        n_routed_experts=m.moe.num_experts,
+        n_shared_experts=m.moe.num_shared_experts,
+        num_experts_per_tok=m.moe.top_k,
+        n_group=m.moe.n_groups,
+        topk_group=m.moe.topk_groups,
+        kv_lora_rank=m.mla.kv_lora_rank,
+        q_lora_rank=m.mla.q_lora_rank or None,
+        qk_nope_head_dim=m.mla.qk_nope_head_dim,
+        qk_rope_head_dim=m.mla.qk_rope_head_dim,
+        v_head_dim=m.mla.v_head_dim,
+        vocab_size=m.vocab_size,
+        tie_word_embeddings=False,
+    )
+    with torch.device("meta"):
+        return transformers.DeepseekV3ForCausalLM(config)
+
+
 def stated_counts(flavor: str) -> list[int]:
-    """The parameter counts the option file's first comment states (total, then active if given)."""
-    first_line = (CONF_DIR / "model" / f"{flavor}.yaml").read_text().splitlines()[0]
-    return [int(n.replace(",", "")) for n in re.findall(r"\d{1,3}(?:,\d{3})+", first_line)]
+    """The parameter counts the option file's leading comment states (total, then active if given)."""
+    lines = (CONF_DIR / "model" / f"{flavor}.yaml").read_text().splitlines()
+    comment = " ".join(line for line in lines if line.startswith("#"))
+    return [int(n.replace(",", "")) for n in re.findall(r"\d{1,3}(?:,\d{3})+", comment)]
 
 
-@pytest.mark.parametrize("flavor", QWEN3)
+@pytest.mark.parametrize("flavor", QWEN3 + DEEPSEEK_V3)
 def test_parameter_counts_agree_with_transformers_and_the_option_file(flavor):
     m = compose_job_config([f"model={flavor}"]).model
     with torch.device("meta"):
         ours = Transformer(m).num_params()
-    theirs = sum(p.numel() for p in transformers_qwen3(flavor).parameters())
+    built = transformers_deepseek_v3(flavor) if flavor in DEEPSEEK_V3 else transformers_qwen3(flavor)
+    theirs = sum(p.numel() for p in built.parameters())
     assert ours == theirs == model_parameters(m)
     stated = stated_counts(flavor)
     assert stated[0] == ours
@@ -142,3 +175,20 @@ def test_a_dry_runs_fake_tokens_are_routed_evenly():
         layer = MoE(32, MoEConfig(num_experts=8, top_k=2, hidden_dim=16))
         out = layer(torch.empty(2, 10, 32))
     assert out.shape == (2, 10, 32)
+
+
+def test_yarn_frequencies_are_transformers():
+    """DeepSeek-V3's rotary frequencies (YaRN, factor 40 over 4,096 positions) as transformers computes them."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    m = compose_job_config(["model=deepseek_v3_671b"]).model
+    scaling = dict(factor=40.0, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)
+    config = transformers.DeepseekV3Config(
+        qk_rope_head_dim=m.mla.qk_rope_head_dim,
+        rope_theta=m.rope_theta,
+        max_position_embeddings=m.max_seq_len,
+        rope_scaling={"rope_type": "yarn", **scaling, "original_max_position_embeddings": 4096},
+    )
+    theirs, _ = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    ours = precompute_freqs_cis(m, 2)[1].angle()  # position 1: the frequencies themselves
+    torch.testing.assert_close(ours, theirs.float(), rtol=1e-6, atol=1e-7)

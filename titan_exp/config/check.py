@@ -163,18 +163,20 @@ def check_layout(cfg: JobConfig, dims: ParallelDims) -> None:
             raise ConfigError(
                 "parallelism.enable_async_tensor_parallel", True, "needs compile.enable=true (it is an inductor pass)"
             )
-    moe_model = cfg.model.moe.enabled and f"{cfg.model.name}_{cfg.model.flavor}"
-    if moe_model and dims.tp > 1:
+    model = f"{cfg.model.name}_{cfg.model.flavor}"
+    moe_model = cfg.model.moe.enabled
+    if dims.tp > 1 and (moe_model or cfg.model.mla.enabled):
+        unsplit = "experts" if moe_model else "latent attention"
         raise ConfigError(
             "parallelism.tensor_parallel_degree",
             dims.tp,
-            f"{moe_model}'s experts are not split by tensor parallelism yet; use a data-parallel or pipeline layout",
+            f"tensor parallelism does not split {model}'s {unsplit} yet; use a data-parallel or pipeline layout",
         )
     if moe_model and cfg.quantize.name != "none":
         raise ConfigError(
             "quantize",
             cfg.quantize.name,
-            f"{moe_model}'s experts are not converted to low precision yet; use quantize=none",
+            f"{model}'s experts are not converted to low precision yet; use quantize=none",
         )
     if cfg.quantize.name == "mxfp8" and dims.tp > 1:
         raise ConfigError(

@@ -61,10 +61,13 @@ class Workload:
 
 
 def block_parameters(m: ModelConfig, layer: int) -> int:
-    """Transformer block `layer`'s: attention's four projections (and q/k norms), its feed-forward
+    """Transformer block `layer`'s: attention's projections (and q/k norms, or latent attention's), its feed-forward
     (a SwiGLU, or a MoE layer's router, experts and shared experts), two norms."""
-    attention = m.dim * m.n_heads * m.head_dim * 2 + 2 * m.dim * m.kv_heads * m.head_dim
-    attention += 2 * m.head_dim if m.qk_norm else 0
+    if m.mla.enabled:
+        attention = m.mla.attention_parameters(m.dim, m.n_heads)
+    else:
+        attention = m.dim * m.n_heads * m.head_dim * 2 + 2 * m.dim * m.kv_heads * m.head_dim
+        attention += 2 * m.head_dim if m.qk_norm else 0
     if m.is_moe_layer(layer):
         moe = m.moe
         shared = 3 * m.dim * moe.num_shared_experts * moe.hidden_dim

@@ -1,12 +1,14 @@
 """The model's hyper-parameters: the `model` config group is read into this. One decoder-only
 transformer with the choices its families make: Llama 3 (GQA, SwiGLU), Qwen3 (q/k norms, wider
-heads, mixture-of-experts layers: `model.moe`)."""
+heads, mixture-of-experts layers: `model.moe`), DeepSeek-V3 (latent attention: `model.mla`, YaRN,
+MoE layers after dense ones, shared experts, grouped sigmoid routing)."""
 
 from dataclasses import dataclass, field
 from typing import Optional
 
+from titan_exp.models.deepseek_v3.config import MLAConfig
 from titan_exp.models.moe.config import MoEConfig
-from titan_exp.rules import ConfigError, Section, check_positive, label
+from titan_exp.rules import ConfigError, Section, check_positive, label, one_of
 
 # Fields that must be finite and > 0.
 _POSITIVE = (
@@ -47,8 +49,12 @@ class ModelConfig(Section):
     intermediate_size: Optional[int] = None
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
-    # Llama 3.1-style frequency scaling; None disables it.
+    # Frequency scaling by this factor; None disables it. llama3: Llama 3.1's (the two factors and
+    # the original length below); yarn: YaRN's (DeepSeek-V3: beta_fast, beta_slow, the original length).
     rope_scaling_factor: Optional[float] = None
+    rope_scaling_type: str = one_of("llama3", "yarn")
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_seq_len: int = 8192
@@ -57,13 +63,16 @@ class ModelConfig(Section):
     # model=hf: a Hugging Face model folder whose config.json gives every field above (config/resolve.py).
     hf_path: Optional[str] = None
     moe: MoEConfig = field(default_factory=MoEConfig)
+    mla: MLAConfig = field(default_factory=MLAConfig)
 
     def check(self, key: str) -> None:
         """Shapes that would fail inside the ranks, or silently build a different model (an attention
         width that is not `dim`, a kv-head count of 0 read as "as many as heads")."""
         for name in _POSITIVE:
             check_positive(f"{key}.{name}", getattr(self, name))
+        super().check(key)
         self.moe.check(f"{key}.moe")
+        self.mla.check(f"{key}.mla")
         if self.moe.enabled and self.moe.n_dense_layers >= self.n_layers:
             raise ConfigError(
                 f"{key}.moe.n_dense_layers", self.moe.n_dense_layers, f"leaves none of the {self.n_layers} layers MoE"
@@ -75,11 +84,11 @@ class ModelConfig(Section):
             raise ConfigError(
                 f"{key}.n_heads", self.n_heads, f"must divide model dim={self.dim} (each head takes dim / n_heads)"
             )
-        if self.head_dim % 2:
+        if self.rope_dim % 2:
             raise ConfigError(
-                f"{key}.n_heads",
-                self.n_heads,
-                f"leaves an odd head dim {self.head_dim}; rotary embeddings need it even",
+                f"{key}.mla.qk_rope_head_dim" if self.mla.enabled else f"{key}.n_heads",
+                self.mla.qk_rope_head_dim if self.mla.enabled else self.n_heads,
+                f"leaves an odd rotary dim {self.rope_dim}; rotary embeddings need it even",
             )
         if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
             raise ConfigError(
@@ -87,7 +96,8 @@ class ModelConfig(Section):
                 self.n_kv_heads,
                 f"must divide n_heads={self.n_heads} (null: as many as heads, multi-head attention)",
             )
-        if self.rope_scaling_factor is not None and not self.rope_high_freq_factor > self.rope_low_freq_factor:
+        llama3_scaling = self.rope_scaling_factor is not None and self.rope_scaling_type == "llama3"
+        if llama3_scaling and not self.rope_high_freq_factor > self.rope_low_freq_factor:
             raise ConfigError(
                 f"{key}.rope_high_freq_factor",
                 self.rope_high_freq_factor,
@@ -101,6 +111,17 @@ class ModelConfig(Section):
     @property
     def head_dim(self) -> int:
         return self.attention_head_dim or self.dim // self.n_heads
+
+    @property
+    def rope_dim(self) -> int:
+        """The channels of each head the rotary embedding turns."""
+        return self.mla.qk_rope_head_dim if self.mla.enabled else self.head_dim
+
+    @property
+    def attention_flops_dim(self) -> float:
+        """Each head's width in attention's two matmuls, on average (q·k, then the values): latent
+        attention's differ."""
+        return (self.mla.qk_head_dim + self.mla.v_head_dim) / 2 if self.mla.enabled else self.head_dim
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe.enabled and layer >= self.moe.n_dense_layers

@@ -6,41 +6,17 @@ Layers live in a ModuleDict keyed by their index so that a pipeline stage can dr
 not own and keep the original names (and checkpoint keys).
 """
 
-import math
 import zlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from titan_exp.models.config import ModelConfig
+from titan_exp.models.deepseek_v3.attention import LatentAttention
 from titan_exp.models.moe.layer import MoE
+from titan_exp.models.rotary import apply_rotary_emb, causal_attention, precompute_freqs_cis
 from titan_exp.models.swiglu import SwiGLU
-
-
-def precompute_freqs_cis(cfg: ModelConfig, seq_len: int) -> torch.Tensor:
-    """Complex rotations e^{i·pos·freq}, shape (seq_len, head_dim/2)."""
-    dim = cfg.head_dim
-    freqs = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32)[: dim // 2] / dim))
-    if cfg.rope_scaling_factor is not None:
-        freqs = _scale_llama31_freqs(freqs, cfg)
-    positions = torch.arange(seq_len, dtype=torch.float32)
-    return torch.polar(torch.ones(seq_len, dim // 2), torch.outer(positions, freqs))
-
-
-def _scale_llama31_freqs(freqs: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    # Long wavelengths are slowed by the factor, short ones kept, the band between interpolated.
-    low_freq_wavelen = cfg.rope_original_max_seq_len / cfg.rope_low_freq_factor
-    high_freq_wavelen = cfg.rope_original_max_seq_len / cfg.rope_high_freq_factor
-    wavelen = 2 * math.pi / freqs
-    smooth = (cfg.rope_original_max_seq_len / wavelen - cfg.rope_low_freq_factor) / (
-        cfg.rope_high_freq_factor - cfg.rope_low_freq_factor
-    )
-    interpolated = (1 - smooth) * freqs / cfg.rope_scaling_factor + smooth * freqs
-    scaled = torch.where(wavelen > low_freq_wavelen, freqs / cfg.rope_scaling_factor, interpolated)
-    return torch.where(wavelen < high_freq_wavelen, freqs, scaled)
-
 
 # Name parts that wrappers insert (activation checkpointing, torch.compile); not part of the model.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -51,23 +27,6 @@ def canonical_name(name: str) -> str:
     for part in _WRAPPER_PARTS:
         name = name.replace(part, "")
     return name
-
-
-def apply_rotary_emb(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-    """Rotate (batch, seq, heads, head_dim) pairs of channels by position."""
-    x_complex = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    rotated = x_complex * freqs_cis[: x.shape[1]].view(1, x.shape[1], 1, -1)
-    return torch.view_as_real(rotated).flatten(3).type_as(x)
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention over one whole sequence: q (batch, seq, heads, head_dim), k and v with the kv
-    heads (grouped-query attention: each repeated for its group of query heads)."""
-    repeats = q.shape[2] // k.shape[2]
-    k = k.repeat_interleave(repeats, dim=2)
-    v = v.repeat_interleave(repeats, dim=2)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-    return out.transpose(1, 2)
 
 
 class Attention(nn.Module):
@@ -102,7 +61,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.attention = Attention(cfg)
+        self.attention = LatentAttention(cfg) if cfg.mla.enabled else Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         # A MoE layer's feed-forward is `moe`, a dense one's `feed_forward` (their parameters' names differ).
         moe = cfg.is_moe_layer(layer_id)

@@ -1,0 +1,50 @@
+"""Multi-head latent attention (DeepSeek-V3): keys and values are rebuilt per head from one
+compressed latent (and queries from another, where q_lora_rank is set); each head's query and key
+carry a rotary part, the key's shared by every head, and a part without position."""
+
+import math
+
+import torch
+from torch import nn
+
+from titan_exp.models.config import ModelConfig
+from titan_exp.models.rotary import apply_rotary_emb, causal_attention
+
+
+class LatentAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        mla = cfg.mla
+        self.mla = mla
+        # q, k, v -> output, all (batch, seq, heads, head_dim); context parallelism swaps in its own.
+        self.attend = causal_attention
+        heads = cfg.n_heads
+        if mla.q_lora_rank:
+            self.wq_a = nn.Linear(cfg.dim, mla.q_lora_rank, bias=False)
+            self.q_norm = nn.RMSNorm(mla.q_lora_rank, eps=cfg.norm_eps)
+            self.wq_b = nn.Linear(mla.q_lora_rank, heads * mla.qk_head_dim, bias=False)
+        else:
+            self.wq = nn.Linear(cfg.dim, heads * mla.qk_head_dim, bias=False)
+        self.wkv_a = nn.Linear(cfg.dim, mla.kv_lora_rank + mla.qk_rope_head_dim, bias=False)
+        self.kv_norm = nn.RMSNorm(mla.kv_lora_rank, eps=cfg.norm_eps)
+        self.wkv_b = nn.Linear(mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
+        self.wo = nn.Linear(heads * mla.v_head_dim, cfg.dim, bias=False)
+        # The attention's scale relative to SDPA's own 1/√(qk head dim): YaRN's mscale², folded into q.
+        self.q_scale = 1.0
+        if cfg.rope_scaling_type == "yarn" and cfg.rope_scaling_factor:
+            self.q_scale = (0.1 * mla.mscale * math.log(cfg.rope_scaling_factor) + 1.0) ** 2
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        mla = self.mla
+        q = self.wq_b(self.q_norm(self.wq_a(x))) if mla.q_lora_rank else self.wq(x)
+        q = q.view(batch, seq, -1, mla.qk_head_dim)
+        q_nope, q_rope = q.split([mla.qk_nope_head_dim, mla.qk_rope_head_dim], dim=-1)
+        latent, k_rope = self.wkv_a(x).split([mla.kv_lora_rank, mla.qk_rope_head_dim], dim=-1)
+        q_rope = apply_rotary_emb(q_rope, freqs_cis)
+        k_rope = apply_rotary_emb(k_rope.unsqueeze(2), freqs_cis)  # one rotary key for every head
+        kv = self.wkv_b(self.kv_norm(latent)).view(batch, seq, -1, mla.qk_nope_head_dim + mla.v_head_dim)
+        k_nope, v = kv.split([mla.qk_nope_head_dim, mla.v_head_dim], dim=-1)
+        q = torch.cat([q_nope, q_rope], dim=-1) * self.q_scale
+        k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
+        return self.wo(self.attend(q, k, v).reshape(batch, seq, -1))

@@ -38,6 +38,19 @@ def test_a_training_checkpoint_gives_its_weights_as_initial_load_path(tmp_path, 
     assert loss_curve(db, fresh_run.info.run_id)[0] - loss_curve(db, loaded_run.info.run_id)[0] > 1.0
 
 
+def test_a_tracked_run_checkpoints_into_a_folder_that_does_not_exist_yet(tmp_path, store):
+    """The MLflow writer names its run beside the checkpoints (for a resume) as soon as the run is
+    created, before the first save has made the folder."""
+    uri, db = store
+    folder = tmp_path / "new" / "ckpt"
+    # One save, at the last of 20 steps of 256 tokens: the run is created well before it.
+    saves = ["checkpoint=periodic", f"checkpoint.folder={folder}", "checkpoint.interval=100", "training.steps=20"]
+    done = run_cli([*RUN, "parallelism=single", "training.seq_len=256", *saves, uri], tmp_path / "run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = mlflow_runs(db)
+    assert run.info.status == "FINISHED" and (folder / "mlflow_run_id").read_text() == run.info.run_id
+
+
 def test_a_folder_that_holds_the_last_step_already_is_refused(tmp_path):
     from titan_exp.checkpoint.layout import step_dir
 

@@ -26,6 +26,7 @@ from titan_exp.checkpoint.hf import save_hf
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, complete_steps, saving_dir, step_dir
 from titan_exp.checkpoint.space import SpaceCheckingPlanner
 from titan_exp.checkpoint.trusted import load_trusted, open_checkpoint
+from titan_exp.data.loader import BatchLoader
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 from titan_exp.models.config import ModelConfig
 
@@ -91,10 +92,12 @@ class TrainCheckpointer:
         optimizers: list[torch.optim.Optimizer],
         schedulers: list,
         model: ModelConfig,
+        data: BatchLoader | None = None,
     ):
-        """`model`: the model's config, for the last save in Hugging Face's format."""
+        """`model`: the model's config, for the last save in Hugging Face's format; `data`: a
+        streamed data source, whose position is saved and resumed with the rest."""
         self.cfg, self.parts, self.optimizers, self.schedulers = cfg, parts, optimizers, schedulers
-        self.model = model
+        self.model, self.data = model, data
         self.options = StateDictOptions(flatten_optimizer_state_dict=True)
 
     def _part_states(self) -> list[tuple[dict, dict]]:
@@ -110,12 +113,15 @@ class TrainCheckpointer:
             model.update(model_state)
             optimizer.update(optim_state)
         # Every part's scheduler follows the same schedule: one state serves them all.
-        return {
+        state = {
             "model": model,
             "optimizer": optimizer,
             "lr_scheduler": self.schedulers[0].state_dict(),
             "step": torch.tensor(step),
         }
+        if self.data is not None:  # the same on every rank: each reads the whole stream
+            state["dataloader"] = self.data.state_after(step)
+        return state
 
     def resume(self) -> int:
         """Load the newest readable checkpoint of cfg.folder; returns its step (0 when there is
@@ -154,6 +160,8 @@ class TrainCheckpointer:
             )
         for scheduler in self.schedulers:
             scheduler.load_state_dict(state["lr_scheduler"])
+        if self.data is not None:
+            self.data.resume(state["dataloader"])
         return int(state["step"])
 
     def maybe_save(self, step: int, last_step: int, is_writer: bool) -> bool:

@@ -50,6 +50,7 @@ def unread_keys(cfg: JobConfig, dims: ParallelDims) -> list[tuple[str, str]]:
     """(key, why) of each key this layout does not read, whatever its value."""
     ac, data, unquantized = cfg.activation_checkpoint, cfg.data, cfg.quantize.name == "none"
     source = f"data.source is {data.source}"
+    tokenizer = f"{source}" if data.source != "text" else "data.tokenizer_path is set"
     # (section name, its keys, whether they are unread, why)
     unread = [
         ("parallelism", PIPELINE_KEYS, dims.pp == 1, "parallelism.pipeline_parallel_degree is 1"),
@@ -60,8 +61,11 @@ def unread_keys(cfg: JobConfig, dims: ParallelDims) -> list[tuple[str, str]]:
         ("compile", ("backend", "components"), not cfg.compile.enable, "compile.enable is false"),
         ("quantize", ("recipe", "filter_fqns", "enable_fsdp_float8_all_gather"), unquantized, "quantize=none"),
         ("checkpoint", ("interval", "keep_latest_k"), not cfg.checkpoint.enable, "checkpoint.enable is false"),
-        ("data", ("corpus_path", "tokenizer_vocab_size"), data.source != "text", source),
+        ("data", ("corpus_path",), data.source != "text", source),
+        ("data", ("tokenizer_vocab_size",), data.source != "text" or data.tokenizer_path is not None, tokenizer),
         ("data", ("synthetic_vocab_size", "synthetic_branching"), data.source != "synthetic", source),
+        ("data", ("paths", "text_field"), data.source != "files", source),
+        ("validation", ("paths",), data.source != "files" or not cfg.validation.enable, "it is read by data=files"),
     ]
     return [(f"{section}.{name}", why) for section, names, is_unread, why in unread if is_unread for name in names]
 
@@ -223,6 +227,8 @@ def check_against_model(cfg: JobConfig) -> None:
             True,
             f"Hugging Face's format is read and written for Llama 3 models only, not {m.name}_{m.flavor}",
         )
+    if d.vocab_key is None:  # a tokenizer file's: the pre-flight reads it
+        return
     vocab = getattr(d, d.vocab_key)
     if not 0 < vocab <= m.vocab_size:
         raise ConfigError(f"data.{d.vocab_key}", vocab, f"must lie in [1, model vocab_size={m.vocab_size}]")

@@ -70,9 +70,12 @@ class ValidationConfig(Section):
     freq: int = 10
     # Global batches of the held-out split per measurement, each as large as a training step's.
     steps: int = 1
-    # The share of the data held out from training: the text corpus's last windows (the synthetic
-    # chain draws samples of its own for validation and takes nothing from training).
+    # The share of the data held out from training: the text corpus's last windows, data=files' documents
+    # chosen by a hash of their place (the synthetic chain draws samples of its own for validation
+    # and takes nothing from training).
     held_out_fraction: float = 0.05
+    # data=files: the validation split read from these globs instead (nothing then held out).
+    paths: list[str] = field(default_factory=list)
 
     def check(self, key: str) -> None:
         check_positive(f"{key}.freq", self.freq)

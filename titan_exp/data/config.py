@@ -1,6 +1,6 @@
 """The `data` config group."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from titan_exp.rules import ConfigError, Section, one_of
@@ -11,8 +11,17 @@ MIN_BPE_VOCAB = 258
 
 @dataclass
 class DataConfig(Section):
-    # text: a real corpus through a BPE tokenizer; synthetic: a seeded, learnable token stream.
-    source: str = one_of("text", "synthetic")
+    # text: a real corpus through a BPE tokenizer; synthetic: a seeded, learnable token stream;
+    # files: your own documents (data.paths) through your tokenizer (data.tokenizer_path).
+    source: str = one_of("text", "synthetic", "files")
+    # A Hugging Face tokenizer.json (Llama 3's format), BOS and EOS taken from it (or from the
+    # tokenizer_config.json beside it); text: instead of the BPE trained on the corpus.
+    tokenizer_path: Optional[str] = None
+    # files: globs of .txt (documents separated by blank lines), .jsonl, .parquet files and folders
+    # written by datasets' save_to_disk, e.g. '[data/*.jsonl,data/extra.parquet]'.
+    paths: list[str] = field(default_factory=list)
+    # files: the field of a jsonl record, the column of a parquet file or saved dataset, that holds the text.
+    text_field: str = "text"
     # A UTF-8 text file, documents separated by blank lines. None: the Python documentation that ships
     # with every CPython (pydoc_data), so nothing is downloaded.
     corpus_path: Optional[str] = None
@@ -26,14 +35,24 @@ class DataConfig(Section):
     synthetic_branching: int = 4
 
     @property
-    def vocab_key(self) -> str:
-        """The key that sets how many token ids the data uses."""
+    def vocab_key(self) -> str | None:
+        """The key that sets how many token ids the data uses (None: data.tokenizer_path's file says)."""
+        if self.tokenizer_path is not None or self.source == "files":
+            return None
         return "tokenizer_vocab_size" if self.source == "text" else "synthetic_vocab_size"
 
     def check(self, key: str) -> None:
         super().check(key)
         if not self.cache_dir:
             raise ConfigError(f"{key}.cache_dir", "''", "must name a folder")
+        if self.source == "files" and not (self.paths and self.tokenizer_path):
+            missing = "paths" if not self.paths else "tokenizer_path"
+            what = "globs of your documents" if missing == "paths" else "your tokenizer.json"
+            raise ConfigError(f"{key}.{missing}", getattr(self, missing), f"data=files reads {what}; set it")
+        if self.source == "synthetic" and self.tokenizer_path is not None:
+            raise ConfigError(f"{key}.tokenizer_path", self.tokenizer_path, "synthetic data has no text to tokenize")
+        if self.vocab_key is None:
+            return
         vocab = getattr(self, self.vocab_key)
         if self.source == "text" and vocab < MIN_BPE_VOCAB:
             fix = f"a byte-level BPE needs at least {MIN_BPE_VOCAB} ids (256 bytes + 2 special tokens)"

@@ -6,7 +6,9 @@ data-parallel rank r takes samples t·G + (m·dp + r)·B + [0, B), B the local b
 run resumed at step t sees exactly the samples an uninterrupted one would.
 
 Each source has two splits: `train`, and `validation`, held out from it (validation/): the text
-corpus's last windows, the synthetic chain's own stream of samples.
+corpus's last windows, the synthetic chain's own stream of samples, data=files' documents chosen by
+a hash (or validation.paths). data=files is read as a stream (data/files.py): its position at a
+step goes into the checkpoint.
 """
 
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 
 from titan_exp.data.config import DataConfig
+from titan_exp.data.files import FilesSource
 from titan_exp.data.text import prepare_tokens
 
 
@@ -26,9 +29,12 @@ class BatchPlan:
     dp_rank: int
     accumulation_steps: int
 
+    @property
+    def global_batch(self) -> int:
+        return self.local_batch_size * self.dp_degree * self.accumulation_steps
+
     def sample_ids(self, step: int, microbatch: int) -> np.ndarray:
-        global_batch = self.local_batch_size * self.dp_degree * self.accumulation_steps
-        first = step * global_batch + (microbatch * self.dp_degree + self.dp_rank) * self.local_batch_size
+        first = step * self.global_batch + (microbatch * self.dp_degree + self.dp_rank) * self.local_batch_size
         return np.arange(first, first + self.local_batch_size)
 
 
@@ -93,18 +99,43 @@ class SyntheticSource:
         return torch.tensor(rows, dtype=torch.int64)
 
 
+Source = TextSource | SyntheticSource | FilesSource
+
+
 def build_source(
-    cfg: DataConfig, seq_len: int, seed: int, split: str = "train", held_out: float = 0.0
-) -> TextSource | SyntheticSource:
-    """`held_out`: the fraction of the data kept for the validation split (0: no validation)."""
+    cfg: DataConfig,
+    seq_len: int,
+    seed: int,
+    split: str = "train",
+    held_out: float = 0.0,
+    validation_paths: list[str] = (),
+) -> Source:
+    """`held_out`: the fraction of the data kept for the validation split (0: no validation);
+    `validation_paths`: data=files' validation split read from these globs instead."""
+    if cfg.source == "files":
+        paths = validation_paths if split == "validation" and validation_paths else None
+        return FilesSource(cfg, seq_len, seed, split, 0.0 if paths else held_out, paths)
     sources = {"text": TextSource, "synthetic": SyntheticSource}
     return sources[cfg.source](cfg, seq_len, seed, split, held_out)
 
 
 class BatchLoader:
-    def __init__(self, source: TextSource | SyntheticSource, plan: BatchPlan):
+    def __init__(self, source: Source, plan: BatchPlan):
         self.source = source
         self.plan = plan
+
+    @property
+    def streamed(self) -> bool:
+        """Read as a stream (data=files), whose position a checkpoint keeps; the other sources
+        compute any sample from its index."""
+        return isinstance(self.source, FilesSource)
+
+    def state_after(self, step: int) -> str:
+        """The stream's position once `step` steps have read their batches."""
+        return self.source.state_at(step * self.plan.global_batch)
+
+    def resume(self, state: str) -> None:
+        self.source.load_state(state)
 
     def get(self, step: int, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels), each (local_batch_size, seq_len): labels are inputs shifted by one."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from titan_exp.data.config import DataConfig
+from titan_exp.data.tokenizer import load_tokenizer
 
 EOS = "<|end_of_text|>"
 BOS = "<|begin_of_text|>"
@@ -46,13 +47,17 @@ def train_tokenizer(documents: list[str], vocab_size: int):
 
 
 def prepare_tokens(cfg: DataConfig) -> Path:
-    """Tokenize the corpus into a cached .npy of int32 ids (documents joined by EOS); return its path.
+    """Tokenize the corpus into a cached .npy of int32 ids (documents joined by EOS; through
+    data.tokenizer_path's tokenizer, BOS + ids + EOS each) and return its path.
 
     Safe to call from several processes: each writes to a temporary file and renames it into place.
     """
     documents = load_documents(cfg.corpus_path)
     digest = hashlib.sha256(PREPARE_VERSION.encode())
-    digest.update(str(cfg.tokenizer_vocab_size).encode())
+    if cfg.tokenizer_path is not None:
+        digest.update(Path(cfg.tokenizer_path).read_bytes())
+    else:
+        digest.update(str(cfg.tokenizer_vocab_size).encode())
     for doc in documents:
         digest.update(doc.encode())
     cache = Path(cfg.cache_dir) / f"text-{digest.hexdigest()[:16]}"
@@ -60,13 +65,18 @@ def prepare_tokens(cfg: DataConfig) -> Path:
     if tokens_path.exists():
         return tokens_path
     cache.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(documents, cfg.tokenizer_vocab_size)
-    eos = tokenizer.token_to_id(EOS)
     ids: list[int] = []
-    for encoding in tokenizer.encode_batch(documents):
-        ids.extend(encoding.ids)
-        ids.append(eos)
-    _atomic_write(cache / "tokenizer.json", lambda f: f.write(tokenizer.to_str().encode()))
+    if cfg.tokenizer_path is not None:
+        given = load_tokenizer(cfg.tokenizer_path)
+        for doc in documents:
+            ids.extend(given.encode(doc))
+    else:
+        tokenizer = train_tokenizer(documents, cfg.tokenizer_vocab_size)
+        eos = tokenizer.token_to_id(EOS)
+        for encoding in tokenizer.encode_batch(documents):
+            ids.extend(encoding.ids)
+            ids.append(eos)
+        _atomic_write(cache / "tokenizer.json", lambda f: f.write(tokenizer.to_str().encode()))
     _atomic_write(tokens_path, lambda f: np.save(f, np.asarray(ids, dtype=np.int32)))
     return tokens_path
 

@@ -16,6 +16,8 @@ from launchers.devices import available_memory, gpu_memory
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, folder_bytes, latest_step, step_dir
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
+from titan_exp.data.documents import SAVED_DATASET_MARK, SUFFIXES, expand, first_record_fields
+from titan_exp.data.tokenizer import load_tokenizer
 from titan_exp.estimate.workload import model_parameters
 from titan_exp.job.memory import Budget, check_memory_fit
 from titan_exp.models.llama3.hf_format import check_hf_checkpoint
@@ -35,6 +37,12 @@ def preflight(job: ResolvedJob, memory: bool = True) -> None:
     _writable_folder("data.cache_dir", cfg.data.cache_dir)  # tokenized corpora, the measured CPU peak FLOP/s
     if cfg.data.source == "text" and cfg.data.corpus_path is not None:
         _text_file("data.corpus_path", Path(cfg.data.corpus_path))
+    if cfg.data.tokenizer_path is not None:
+        _tokenizer_file(cfg)
+    if cfg.data.source == "files":
+        _document_files("data.paths", cfg.data.paths, cfg.data.text_field)
+        if cfg.validation.enable and cfg.validation.paths:
+            _document_files("validation.paths", cfg.validation.paths, cfg.data.text_field)
     _checkpoint_folders(cfg, room=memory and not job.dry_run)
     if job.store is not None:
         _reachable_store(job.store)
@@ -59,6 +67,44 @@ def _text_file(key: str, path: Path) -> None:
         raise ConfigError(key, path, f"not UTF-8 text (byte {err.start}); {fix}") from None
     if "\x00" in text:
         raise ConfigError(key, path, f"a binary file (it holds NUL bytes); {fix}")
+
+
+def _tokenizer_file(cfg: JobConfig) -> None:
+    """A tokenizer.json the tokenizers library reads, with an end-of-document token, whose ids the
+    model's embedding holds."""
+    path, vocab = cfg.data.tokenizer_path, cfg.model.vocab_size
+    if not Path(path).is_file():
+        raise ConfigError("data.tokenizer_path", path, "no such file; point it at a tokenizer.json")
+    try:
+        tokenizer = load_tokenizer(path)
+    except ValueError as err:
+        raise ConfigError("data.tokenizer_path", path, str(err)) from None
+    if tokenizer.vocab_size > vocab:
+        raise ConfigError(
+            "data.tokenizer_path",
+            path,
+            f"its {tokenizer.vocab_size} token ids exceed model.vocab_size={vocab}; "
+            "pick a model whose vocabulary holds them (or raise model.vocab_size)",
+        )
+
+
+def _document_files(key: str, globs: list[str], text_field: str) -> None:
+    """Every glob matches something this project reads, whose records hold `text_field` (judged by
+    the first record of each file: a corpus may be large)."""
+    for pattern in globs:
+        matches = expand([pattern])
+        if not matches:
+            raise ConfigError(key, pattern, "matches no file; check the path (globs like data/*.jsonl are fine)")
+        for path in matches:
+            saved = path.is_dir() and (path / SAVED_DATASET_MARK).is_file()
+            if not saved and path.suffix not in SUFFIXES:
+                kinds = ", ".join(SUFFIXES)
+                raise ConfigError(key, pattern, f"matches {path}, which is not {kinds} or a saved dataset folder")
+            fields = first_record_fields(path)
+            if fields is not None and text_field not in fields:
+                raise ConfigError(
+                    "data.text_field", text_field, f"{path}'s records have {', '.join(fields) or 'no fields'}; name one"
+                )
 
 
 def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:

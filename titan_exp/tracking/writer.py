@@ -181,6 +181,7 @@ def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_files: tuple[Pa
         error, run = _last_line(traceback.format_exc()), None
     if run is not None:
         for path in run_id_files:
+            path.parent.mkdir(parents=True, exist_ok=True)  # a checkpoint folder before its first save
             path.write_text(run.run_id)
         print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
         monitor = start_system_metrics(cfg, run.run_id) if cfg.system_metrics else None

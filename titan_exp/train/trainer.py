@@ -86,14 +86,16 @@ class Trainer:
         cfg = job.config
         self.job, self.env, self.device, self.model, self.mesh, self.leader = job, env, device, model, mesh, leader
         self.optimizers = _Optimizers.build(model, job)
+        train_batches = self._batch_loader("train")
         self.checkpointer = TrainCheckpointer(
-            cfg.checkpoint, model.parts, self.optimizers.optimizers, self.optimizers.schedulers, cfg.model
-        )
+            cfg.checkpoint, model.parts, self.optimizers.optimizers, self.optimizers.schedulers, cfg.model,
+            train_batches if train_batches.streamed else None,
+        )  # fmt: skip
         self.resumed_step = self.checkpointer.resume()
         if self.resumed_step and leader:
             print(f"resumed from {step_dir(cfg.checkpoint.folder, self.resumed_step)}", flush=True)
         pipeline = self._pipeline() if job.dims.pp > 1 else None
-        self.forward_backward = ForwardBackward(job, model.parts, pipeline, mesh, self._batch_loader("train"), device)
+        self.forward_backward = ForwardBackward(job, model.parts, pipeline, mesh, train_batches, device)
         validation = cfg.validation
         self.validator = (
             Validator(validation, cfg.training.steps, self.forward_backward, self._batch_loader("validation"), mesh)
@@ -224,8 +226,10 @@ class Trainer:
             dist.barrier()
         t = cfg.training
         plan = BatchPlan(t.local_batch_size, t.seq_len, self.job.dims.dp, self.mesh.dp_rank, self.job.accumulation)
-        held_out = cfg.validation.held_out_fraction if cfg.validation.enable else 0.0
-        return BatchLoader(build_source(cfg.data, t.seq_len, cfg.debug.seed, split, held_out), plan)
+        validation = cfg.validation
+        held_out = validation.held_out_fraction if validation.enable else 0.0
+        source = build_source(cfg.data, t.seq_len, cfg.debug.seed, split, held_out, validation.paths)
+        return BatchLoader(source, plan)
 
     def _log_profiling(self) -> None:
         """Every rank's profiling files into rank 0's run, once all ranks have written theirs."""

@@ -1,0 +1,106 @@
+"""data=files: your own documents, read lazily from `data.paths` (globs of .txt, .jsonl, .parquet
+and folders written by `datasets.save_to_disk`), through `data.tokenizer_path`, packed into windows
+of seq_len+1 tokens across document boundaries (BOS + ids + EOS each, as torchtitan packs).
+
+The windows form one stream, in file order (the globs' matches sorted) and record order within a
+file, read again from the start when it ends (the next epoch). Sample i is window i, whatever the
+layout: every rank reads the stream forward and keeps the windows its BatchPlan gives it, so the
+global batch is the same in every layout. Memory holds one record batch and one document's tokens,
+whatever the corpus's size. The position in the stream (file, record, the tokens carried over,
+the window) is what a checkpoint saves: a resumed run reads on from there, without reading again."""
+
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from titan_exp.data.documents import expand, records
+from titan_exp.data.tokenizer import DocumentTokenizer, load_tokenizer
+
+
+@dataclass
+class Position:
+    """Where the stream stands: the next record to read, the tokens read past the last window, and
+    that window's index (the next sample)."""
+
+    file: int = 0
+    record: int = 0
+    window: int = 0
+    carry: list[int] = field(default_factory=list)
+
+
+class FilesSource:
+    """Sample i: window i of the stream of this split's documents. `held_out`: the share of
+    documents kept for the validation split (chosen by a hash of their place, so the train split
+    never sees them); `paths` overrides data.paths (validation.paths)."""
+
+    def __init__(self, cfg, seq_len: int, seed: int, split: str = "train", held_out: float = 0.0, paths=None):
+        self.files = expand(list(paths or cfg.paths))
+        self.text_field = cfg.text_field
+        self.tokenizer: DocumentTokenizer = load_tokenizer(cfg.tokenizer_path)
+        self.window = seq_len + 1
+        # Documents whose hash falls below this are the validation split's (0: no split by hash).
+        self.threshold = int(held_out * 2**32) if not paths else 0
+        self.validation = split == "validation"
+        self.position = Position()
+        self._documents: Iterator[list[int]] | None = None
+
+    def _keeps(self, file: int, record: int) -> bool:
+        if not self.threshold:
+            return True
+        held_out = zlib.crc32(f"{file}:{record}".encode()) < self.threshold
+        return held_out == self.validation
+
+    def _read(self) -> Iterator[list[int]]:
+        """Token ids of the documents from the position on, the position following each, for ever."""
+        position = self.position
+        while True:
+            whole_pass, found = position.file == 0 and position.record == 0, False
+            for file in range(position.file, len(self.files)):
+                for text in records(self.files[file], self.text_field, position.record):
+                    keep = self._keeps(file, position.record)
+                    position.record += 1
+                    if keep:
+                        found = True
+                        yield self.tokenizer.encode(text)
+                position.file, position.record = file + 1, 0
+            if whole_pass and not found:
+                split = "validation" if self.validation else "train"
+                raise ValueError(f"the files of data.paths hold no documents for the {split} split")
+            position.file = 0  # the next epoch, in the same order
+
+    def _next_window(self) -> list[int]:
+        position = self.position
+        if self._documents is None:
+            self._documents = self._read()
+        while len(position.carry) < self.window:
+            position.carry.extend(next(self._documents))
+        window, position.carry = position.carry[: self.window], position.carry[self.window :]
+        position.window += 1
+        return window
+
+    def _seek(self, window: int) -> None:
+        """To window `window`: read on to it, or from the start when it lies behind (the validation
+        split's batches are the same ones each time)."""
+        if window < self.position.window:
+            self.position, self._documents = Position(), None
+        while self.position.window < window:
+            self._next_window()
+
+    def samples(self, ids: np.ndarray) -> torch.Tensor:
+        rows = []
+        for sample in ids:
+            self._seek(int(sample))
+            rows.append(self._next_window())
+        return torch.tensor(rows, dtype=torch.int64)
+
+    def state_at(self, window: int) -> str:
+        """The stream's position at `window` (read on to it), as a checkpoint keeps it."""
+        self._seek(window)
+        return json.dumps(asdict(self.position))
+
+    def load_state(self, state: str) -> None:
+        self.position, self._documents = Position(**json.loads(state)), None

@@ -23,6 +23,7 @@ from titan_exp.tracking.journal import RUN_ID_FILE
 from conftest import loss_curve, mlflow_client, run_cli
 
 STEPS = 6
+LOAD = "moe/load_imbalance"  # the worst MoE layer's routed tokens per expert, max over mean
 RTOL = 1e-4
 # Each layout takes the same 4 sequences a step (experiment=loss_parity's local batch is 4).
 LAYOUTS = {
@@ -68,16 +69,21 @@ def parity_curves(model: str, folder: Path) -> dict[str, list[float]]:
         for name, layout in layouts.items()
     }
     assert {client.get_run(run_id).data.tags["model"] for run_id in run_ids.values()} == {model}
-    return {name: loss_curve(db, run_id) for name, run_id in run_ids.items()}
+    load = {name: [m.value for m in client.get_metric_history(run_id, LOAD)] for name, run_id in run_ids.items()}
+    return {name: loss_curve(db, run_id) for name, run_id in run_ids.items()}, load
 
 
 @pytest.mark.parametrize("model", LAYOUTS)
 def test_every_layout_reproduces_the_single_device_curve(model, tmp_path):
-    curves = parity_curves(model, tmp_path)
+    curves, load = parity_curves(model, tmp_path)
     reference = curves.pop("single")
     assert len(reference) == STEPS and reference[-1] < reference[0], reference  # it trains
     for name, curve in curves.items():
         assert curve == pytest.approx(reference, rel=RTOL), name
+    # The experts' load, a count of the routing, is the same in every layout (a dense model has none).
+    moe = model != "qwen3_debug"
+    assert all(len(curve) == (STEPS if moe else 0) for curve in load.values()), load
+    assert all(curve == load["single"] for curve in load.values()), load
 
 
 def _tensor_parallel_grads(rank: int, port: int, results: dict) -> None:

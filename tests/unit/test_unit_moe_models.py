@@ -192,3 +192,27 @@ def test_yarn_frequencies_are_transformers():
     theirs, _ = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
     ours = precompute_freqs_cis(m, 2)[1].angle()  # position 1: the frequencies themselves
     torch.testing.assert_close(ours, theirs.float(), rtol=1e-6, atol=1e-7)
+
+
+def test_the_bias_moves_each_expert_toward_the_mean_load():
+    """DeepSeek-V3's balancing: an expert that got more than the mean is picked less after the
+    step, one that got fewer more; the load counted is the training forwards' only."""
+    from titan_exp.models.moe.balance import ExpertBalance
+
+    cfg = compose_job_config(["model=deepseek_v3_debug"]).model
+    model = Transformer(cfg)
+    model.init_weights(seed=0)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(tokens)  # a validation forward: not counted
+    assert all(m.tokens_per_expert.sum() == 0 for m in model.modules() if isinstance(m, MoE))
+    model(tokens)
+    layer = model.layers["1"].moe
+    load = layer.tokens_per_expert.clone()
+    assert load.sum() == 2 * 64 * cfg.moe.top_k
+    metrics = ExpertBalance([model], cfg, torch.device("cpu")).after_step()
+    bias = layer.router.expert_bias
+    assert (bias[load > load.mean()] < 0).all() and (bias[load < load.mean()] > 0).all()
+    assert bias.abs().max() == cfg.moe.load_balance_coeff
+    assert metrics["moe/load_imbalance/layer_1"] == pytest.approx((load.max() / load.mean()).item())
+    assert layer.tokens_per_expert.sum() == 0  # counted afresh each step

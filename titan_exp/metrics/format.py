@@ -13,6 +13,7 @@ def format_line(step: int, metrics: dict[str, float]) -> str:
         f"lr {metrics['lr']:.2e}  tps/dev {metrics['throughput/tps_per_device']:,.0f}  "
         f"tflops {metrics['throughput/tflops']:.3f}  {mfu}  {mem}  "
         f"step {metrics['time/step_s']:.3f}s  data {metrics['time/data_loading_pct']:.1f}%"
+        + (f"  experts max/mean {metrics['moe/load_imbalance']:.2f}" if "moe/load_imbalance" in metrics else "")
     )
 
 

@@ -15,6 +15,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _ComputationType, get_schedule_class
 from torch.distributed.tensor import DTensor
 
+from titan_exp.models.moe.layer import uncounted
 from titan_exp.parallel.config import SINGLE_STAGE_SCHEDULES, ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 
@@ -36,6 +37,16 @@ class RankStages(Protocol):
     stage_plan: StagePlan
 
 
+class _Stage(PipelineStage):
+    """torch's stage, its first-step shape inference (a forward of its own, on the first microbatch
+    or on uninitialised tensors) left out of the experts' load: a MoE model's routing statistics
+    and bias updates are then those of the step's microbatches alone, as in every other layout."""
+
+    def _forward_metadata_inference(self, *args, **kwargs):  # torch 2.13's (private) hook
+        with uncounted():
+            return super()._forward_metadata_inference(*args, **kwargs)
+
+
 class Pipeline:
     """The stages of this rank and the schedule that drives them."""
 
@@ -51,8 +62,7 @@ class Pipeline:
         """`loss_fn(outputs, labels)`: the mean loss of one microbatch, run on the last stage."""
         plan, stage_ids = model.stage_plan, model.stage_ids
         stages = [
-            PipelineStage(part, stage, plan.num_stages, device, group=pp_group)
-            for part, stage in zip(model.parts, stage_ids)
+            _Stage(part, stage, plan.num_stages, device, group=pp_group) for part, stage in zip(model.parts, stage_ids)
         ]
         schedule_class = get_schedule_class(cfg.pipeline_parallel_schedule)
         # The loss is a mean per microbatch; the schedule scales gradients by 1/n_microbatches, so the

@@ -75,6 +75,7 @@ class Leader:
             "grad_norm": outcome.grad_norm.item(),
             "lr": outcome.lr,
             **self.meter.collect(),
+            **outcome.expert_load,
         }
         if self.tracker:  # queued before printed: a step on the console is a step in the run
             self.tracker.log_metrics(step, self.last)

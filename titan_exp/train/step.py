@@ -2,7 +2,7 @@
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,6 +27,8 @@ class StepOutcome:
     grad_norm: torch.Tensor
     lr: float
     data_seconds: float
+    # A MoE model's expert load (moe/balance.py); empty for a dense one.
+    expert_load: dict[str, float] = field(default_factory=dict)
 
 
 class ForwardBackward:

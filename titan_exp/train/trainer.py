@@ -27,6 +27,7 @@ from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.data.text import prepare_tokens
 from titan_exp.metrics import startup
 from titan_exp.metrics.peak_flops import cpu_peak_flops, gpu_peak_flops
+from titan_exp.models.moe.balance import ExpertBalance
 from titan_exp.optim.grad_clip import clip_grad_norm_
 from titan_exp.optim.lr_schedule import build_lr_scheduler
 from titan_exp.optim.optimizer import build_optimizer
@@ -103,6 +104,7 @@ class Trainer:
             else None
         )
         self.parameters = model.parameters
+        self.expert_balance = ExpertBalance(model.parts, cfg.model, device) if cfg.model.moe.enabled else None
         self.profiler = RankProfiler(
             cfg.profiling, job_dir, env.rank, device, model.parts,
             self.optimizers.optimizers, self.resumed_step + 1,
@@ -191,7 +193,8 @@ class Trainer:
         self.optimizers.step()
         for part in self.model.parts:
             after_optimizer_step(part, self.job.config.quantize)
-        return StepOutcome(loss, grad_norm, lr, data_seconds)
+        expert_load = self.expert_balance.after_step() if self.expert_balance else {}
+        return StepOutcome(loss, grad_norm, lr, data_seconds, expert_load)
 
     def _log(self, step: int, outcome: "StepOutcome") -> None:
         """Every log_freq steps (and the first and last): the global loss, which takes every rank."""

@@ -106,6 +106,9 @@ class Transformer(nn.Module):
         keeps its own shard, so single-device, DDP and FSDP runs start from the same weights.
         """
         self.freqs_cis = precompute_freqs_cis(self.cfg, self.cfg.max_seq_len).to(self.freqs_cis.device)
+        for name, buffer in self.named_buffers():
+            if name.endswith(("expert_bias", "tokens_per_expert")):  # the routers' state starts at zero
+                buffer.zero_()
         for wrapped_name, param in self.named_parameters():
             name = canonical_name(wrapped_name)
             full = torch.empty(param.shape, dtype=param.dtype, device=param.device)

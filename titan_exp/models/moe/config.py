@@ -2,6 +2,7 @@
 experts is a dense model; the keys follow torchtitan's MoE args."""
 
 from dataclasses import dataclass
+from typing import Optional
 
 from titan_exp.rules import ConfigError, Section, check_positive, one_of
 
@@ -30,6 +31,10 @@ class MoEConfig(Section):
     # come from its topk_groups best groups only.
     n_groups: int = 1
     topk_groups: int = 1
+    # DeepSeek-V3's auxiliary-loss-free balancing: after each step, each expert's selection bias
+    # moves this much toward the mean load (up if it got fewer tokens, down if more; 1e-3 in
+    # DeepSeek-V3). The bias picks the experts, never weighs their outputs. None: no bias.
+    load_balance_coeff: Optional[float] = None
 
     @property
     def enabled(self) -> bool:
@@ -40,6 +45,8 @@ class MoEConfig(Section):
         if not self.enabled:
             return
         check_positive(f"{key}.hidden_dim", self.hidden_dim)
+        if self.load_balance_coeff is not None:
+            check_positive(f"{key}.load_balance_coeff", self.load_balance_coeff)
         check_positive(f"{key}.route_scale", self.route_scale)
         if not 0 < self.top_k <= self.num_experts:
             raise ConfigError(f"{key}.top_k", self.top_k, f"must lie in [1, model.moe.num_experts={self.num_experts}]")

@@ -3,6 +3,10 @@ grouped by expert (a stable sort, so the grouping is the same in every layout), 
 SwiGLU runs over its group, and the outputs come back weighted by the router's scores, plus the
 shared experts' output. Expert weights are stacked (experts × ...) so FSDP shards them by expert."""
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,19 +15,40 @@ from torch._subclasses.fake_tensor import is_fake
 from titan_exp.models.moe.config import MoEConfig
 from titan_exp.models.swiglu import SwiGLU
 
+# Whether a forward's routed rows count toward the experts' load (moe/balance.py).
+_COUNTING = contextvars.ContextVar("moe_counting", default=True)
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Forwards inside route as always but leave the load uncounted (a pipeline stage's shape
+    inference: a forward of its own, not a microbatch of the step)."""
+    token = _COUNTING.set(False)
+    try:
+        yield
+    finally:
+        _COUNTING.reset(token)
+
 
 class Router(nn.Module):
     def __init__(self, dim: int, cfg: MoEConfig):
         super().__init__()
         self.cfg = cfg
         self.gate = nn.Linear(dim, cfg.num_experts, bias=False)
+        # Added to the scores to pick the experts, not to weigh them (moe/balance.py moves it).
+        # Saved with the model: it is state, though no gradient reaches it.
+        if cfg.load_balance_coeff is not None:
+            self.register_buffer("expert_bias", torch.zeros(cfg.num_experts))
+        else:
+            self.expert_bias = None
 
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, experts), each (tokens, top_k): whom each token goes to, and with what weight."""
         cfg = self.cfg
         logits = self.gate(tokens).float()  # scores in float32 whatever the compute dtype
         scores = logits.softmax(dim=-1) if cfg.score_func == "softmax" else logits.sigmoid()
-        eligible = self._best_groups(scores) if cfg.n_groups > 1 else scores
+        choice = scores + self.expert_bias if self.expert_bias is not None else scores
+        eligible = self._best_groups(choice) if cfg.n_groups > 1 else choice
         experts = eligible.topk(cfg.top_k, dim=-1).indices
         weights = scores.gather(-1, experts)
         if cfg.route_norm:
@@ -68,6 +93,10 @@ class MoE(nn.Module):
         self.router = Router(dim, cfg)
         self.experts = GroupedExperts(dim, cfg)
         self.shared = SwiGLU(dim, cfg.num_shared_experts * cfg.hidden_dim) if cfg.num_shared_experts else None
+        # Routed rows per expert since the last balance (moe/balance.py): training forwards only, an
+        # activation-checkpointed layer's twice (a uniform factor neither the balance nor the
+        # load's max/mean sees).
+        self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
@@ -75,9 +104,11 @@ class MoE(nn.Module):
         flat = experts.flatten()
         order = flat.argsort(stable=True)  # grouped by expert, each group in token order
         source = order // self.cfg.top_k  # the token each sorted row came from
-        routed = self.experts(tokens[source], _counts(flat, self.cfg.num_experts)) * weights.flatten()[order].unsqueeze(
-            -1
-        )
+        counts = _counts(flat, self.cfg.num_experts)
+        if torch.is_grad_enabled() and _COUNTING.get() and not is_fake(flat):
+            with torch.no_grad():
+                self.tokens_per_expert += torch.tensor(counts, dtype=self.tokens_per_expert.dtype)
+        routed = self.experts(tokens[source], counts) * weights.flatten()[order].unsqueeze(-1)
         out = torch.zeros_like(tokens).index_add_(0, source, routed)
         if self.shared is not None:
             out = out + self.shared(tokens)

@@ -1,0 +1,48 @@
+"""The experts' load after each step: every MoE layer's routed rows per expert, summed over all
+ranks (one all-reduce of a layers × experts matrix: each layer's rows come from the data- and
+context-parallel ranks of its pipeline stage, and ranks not holding it add zeros), its max over
+its mean (1.0 is perfect balance) for the metrics, and DeepSeek-V3's bias update where
+model.moe.load_balance_coeff is set."""
+
+import torch
+import torch.distributed as dist
+
+from titan_exp.models.config import ModelConfig
+from titan_exp.models.moe.layer import MoE
+
+
+class ExpertBalance:
+    def __init__(self, parts: list[torch.nn.Module], cfg: ModelConfig, device: torch.device):
+        # Each MoE layer this rank holds, by its index in the whole model.
+        self.layers = {
+            int(name.split(".")[1]): module
+            for part in parts
+            for name, module in part.named_modules()
+            if isinstance(module, MoE)
+        }
+        self.cfg, self.device = cfg, device
+
+    def after_step(self) -> dict[str, float]:
+        """Move the biases (collectives: every rank calls it at the same step); returns the load's
+        max/mean per layer (moe/load_imbalance/layer_N) and over the layers' worst (moe/load_imbalance)."""
+        moe = self.cfg.moe
+        counts = torch.zeros(self.cfg.n_layers, moe.num_experts, device=self.device)
+        for layer, module in self.layers.items():
+            counts[layer] = module.tokens_per_expert
+            module.tokens_per_expert.zero_()
+        if dist.is_initialized():
+            dist.all_reduce(counts)
+        if moe.load_balance_coeff is not None:
+            with torch.no_grad():
+                for layer, module in self.layers.items():
+                    load = counts[layer]
+                    module.router.expert_bias += moe.load_balance_coeff * torch.sign(load.mean() - load)
+        imbalance = {
+            layer: (counts[layer].max() / counts[layer].mean()).item()
+            for layer in range(self.cfg.n_layers)
+            if self.cfg.is_moe_layer(layer) and counts[layer].sum() > 0
+        }
+        metrics = {f"moe/load_imbalance/layer_{layer}": value for layer, value in imbalance.items()}
+        if imbalance:
+            metrics["moe/load_imbalance"] = max(imbalance.values())
+        return metrics

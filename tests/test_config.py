@@ -120,6 +120,9 @@ def test_a_line_break_in_a_value_for_the_batch_script_is_refused(key: str):
     assert err.value.key == key
 
 
+FILES = ["data=files", "data.paths=[d.jsonl]", "data.tokenizer_path=t.json"]
+
+
 def said_before_start(overrides: list[str]) -> list[str]:
     """The cautions `python -m titan_exp` says for these overrides."""
     from titan_exp.config.check import cautions
@@ -148,6 +151,13 @@ def test_a_warmup_longer_than_the_run_is_said_before_it_starts():
         (["compile.backend=eager"], "compile.backend=eager", "compile.enable is false"),
         (["quantize.recipe=tensorwise"], "quantize.recipe=tensorwise", "quantize=none"),
         (["data=synthetic", "data.tokenizer_vocab_size=512"], "data.tokenizer_vocab_size=512", "source is synthetic"),
+        (["data.tokenizer_path=t.json", "data.tokenizer_vocab_size=512"], "tokenizer_vocab_size=512", "tokenizer_path"),
+        (["data.text_field=body"], "data.text_field=body", "source is text"),
+        (
+            [*FILES, "validation.enable=true", "validation.paths=[v.jsonl]", "validation.held_out_fraction=0.1"],
+            "validation.held_out_fraction=0.1",
+            "validation.paths is set",
+        ),
     ],
 )
 def test_a_key_this_layout_does_not_read_is_said_before_it_starts(overrides: list[str], key: str, why: str):

@@ -2,6 +2,7 @@
 folder) through your own tokenizer.json, packed with document boundaries, split across
 data-parallel ranks, read lazily, and resumed exactly where a checkpoint left the stream."""
 
+import gc
 import json
 import tracemalloc
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import transformers
 
 from titan_exp.data.config import DataConfig
+from titan_exp.data.documents import records
 from titan_exp.data.files import FilesSource
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.data.text import load_documents, prepare_tokens, train_tokenizer
@@ -38,7 +40,7 @@ def write_formats(folder: Path, docs: list[str]) -> dict[str, Path]:
     (folder / "docs.txt").write_text("\n\n".join(docs) + "\n")
     (folder / "docs.jsonl").write_text("".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(docs)))
     pq.write_table(pa.table({"text": docs}), folder / "docs.parquet", row_group_size=16)
-    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(folder / "saved"))
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(folder / "saved"), num_shards=2)  # two .arrow files
     return {kind: folder / name for kind, name in [("txt", "docs.txt"), ("jsonl", "docs.jsonl"),
                                                     ("parquet", "docs.parquet"), ("saved", "saved")]}  # fmt: skip
 
@@ -68,16 +70,28 @@ def test_every_format_gives_the_documents_packed_with_their_boundaries(corpus):
     assert expected[0][0] == encoder.bos and encoder.eos in sum(expected, [])
     for kind, path in files.items():
         source = FilesSource(files_config([path], tokenizer), SEQ, seed=0)
-        assert source.samples(np.arange(20)).tolist() == expected, kind
+        assert source.samples(range(20)) == expected, kind
+
+
+def test_each_format_reads_on_from_any_record(corpus):
+    """A resume's start: from record `start` on, across parquet's row groups of 16 (passed over by
+    its metadata) and Arrow's record batches."""
+    files, _ = corpus
+    for kind, path in files.items():
+        for start in (0, 15, 16, 17, 50, 119, 120):
+            assert list(records(path, "text", start)) == DOCS[start:], (kind, start)
 
 
 def test_a_stream_that_ends_starts_again(corpus):
+    """At its end the stream reads the documents again in the same order (the next epoch), packing
+    on across the seam."""
     files, tokenizer = corpus
+    encoder = load_tokenizer(str(tokenizer))
+    stream = [t for doc in DOCS for t in encoder.encode(doc)] * 2
+    epoch = len(stream) // 2 // (SEQ + 1)
     source = FilesSource(files_config([files["jsonl"]], tokenizer), SEQ, seed=0)
-    tokens = sum(len(load_tokenizer(str(tokenizer)).encode(d)) for d in DOCS)
-    epoch = tokens // (SEQ + 1)
-    first, later = source.samples(np.arange(3)), source.samples(np.arange(epoch + 5, epoch + 8))
-    assert later.shape == first.shape  # read past the end: the second epoch
+    seam = range(epoch - 2, epoch + 3)
+    assert source.samples(seam) == [stream[i * (SEQ + 1) : (i + 1) * (SEQ + 1)] for i in seam]
 
 
 @pytest.mark.parametrize("dp,local,accumulation", [(1, 8, 1), (2, 4, 1), (4, 1, 2)])
@@ -89,31 +103,37 @@ def test_data_parallel_ranks_share_out_the_one_global_batch(corpus, dp, local, a
         BatchLoader(FilesSource(config, SEQ, seed=0), BatchPlan(local, SEQ, dp, r, accumulation)) for r in range(dp)
     ]
     for step in range(3):
-        rows = {tuple(row) for loader in ranks for m in range(accumulation) for row in loader.get(step, m)[0].tolist()}
-        assert rows == {tuple(row) for row in whole.get(step, 0)[0].tolist()}
+        by_sample = {}
+        for loader in ranks:
+            for m in range(accumulation):
+                by_sample.update(zip(loader.plan.sample_ids(step, m).tolist(), loader.get(step, m)[0].tolist()))
+        assert [by_sample[i] for i in sorted(by_sample)] == whole.get(step, 0)[0].tolist()
 
 
-def test_a_resumed_stream_reads_on_from_its_saved_position(corpus):
-    """The position after step 3 (12 windows of 4) loaded into a fresh source: steps 4 and 5 are the
-    uninterrupted run's, and the resumed source tokenizes only what comes after the position."""
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "parquet", "saved"])
+def test_a_resumed_stream_reads_on_from_its_saved_position(corpus, kind):
+    """The position after step 20 (160 windows of 8: past parquet's first row groups) loaded into a
+    fresh source: steps 20 and 21 are the uninterrupted run's, and the resumed source tokenizes
+    only what comes after the position."""
     files, tokenizer = corpus
-    config = files_config([files["txt"], files["jsonl"]], tokenizer)
-    plan = BatchPlan(4, SEQ, 1, 0, 1)
+    config = files_config([files[kind], files["jsonl"] if kind != "jsonl" else files["txt"]], tokenizer)
+    plan = BatchPlan(8, SEQ, 1, 0, 1)
     uninterrupted = BatchLoader(FilesSource(config, SEQ, seed=0), plan)
-    for step in range(3):
+    for step in range(20):
         uninterrupted.get(step, 0)
-    state = uninterrupted.state_after(3)
+    state = uninterrupted.state_after(20)
+    assert json.loads(state)["record"] > 32  # in parquet's third row group of 16
     resumed = BatchLoader(FilesSource(config, SEQ, seed=0), plan)
     resumed.resume(state)
     fresh = BatchLoader(FilesSource(config, SEQ, seed=0), plan)
     read_resumed, read_fresh = [], []
     resumed.source.tokenizer = _Counting(resumed.source.tokenizer, read_resumed)
     fresh.source.tokenizer = _Counting(fresh.source.tokenizer, read_fresh)
-    for step in (3, 4):
+    for step in (20, 21):
         assert resumed.get(step, 0)[0].tolist() == uninterrupted.get(step, 0)[0].tolist()
         assert fresh.get(step, 0)[0].tolist() == uninterrupted.get(step, 0)[0].tolist()
     # The fresh source read its way there from the first document; the resumed one did not.
-    assert 0 < len(read_resumed) < len(read_fresh) - 3 and read_fresh[0] == DOCS[0] != read_resumed[0]
+    assert 0 < len(read_resumed) < len(read_fresh) - 30 and read_fresh[0] == DOCS[0] != read_resumed[0]
 
 
 class _Counting:
@@ -126,35 +146,56 @@ class _Counting:
 
 
 def test_memory_does_not_grow_with_the_corpus(tmp_path, corpus):
-    """The first 40 windows of a corpus ten times larger take no more memory to read."""
+    """The first 40 windows of a corpus ten times larger take no more memory to read, in every
+    format: neither Python's (tracemalloc) nor Arrow's (the peak of a pool of its own)."""
     _, tokenizer = corpus
 
-    def peak_reading(docs: list[str], name: str) -> int:
-        paths = write_formats(tmp_path / name, docs)
-        source = FilesSource(files_config([paths["jsonl"], paths["txt"]], tokenizer), SEQ, seed=0)
+    def peaks(path: Path) -> tuple[int, int]:
+        source = FilesSource(files_config([path], tokenizer), SEQ, seed=0)
+        previous = pa.default_memory_pool()
+        pool = pa.proxy_memory_pool(previous)
+        pa.set_memory_pool(pool)
         tracemalloc.start()
-        source.samples(np.arange(40))
-        peak = tracemalloc.get_traced_memory()[1]
+        source.samples(range(40))
+        python_peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        return peak
+        del source  # its reader's Arrow buffers go back to the pool before the pool goes
+        gc.collect()
+        pa.set_memory_pool(previous)
+        return python_peak, pool.max_memory()
 
-    small, large = peak_reading(documents(2_000), "small"), peak_reading(documents(20_000, seed=1), "large")
-    assert large < 1.5 * small, (small, large)
+    small, large = (
+        write_formats(tmp_path / "small", documents(2_000)),
+        write_formats(tmp_path / "large", documents(20_000, seed=1)),
+    )
+    for kind in small:
+        (python_small, arrow_small), (python_large, arrow_large) = peaks(small[kind]), peaks(large[kind])
+        assert python_large < 1.5 * python_small and arrow_large <= 1.5 * arrow_small, (kind, small, large)
 
 
-def test_held_out_documents_are_never_trained_on(corpus):
+def documents_read(source: FilesSource, windows: int = 2_000) -> set[str]:
+    """The documents `source` tokenizes for its first windows (past an epoch of these corpora)."""
+    read: list[str] = []
+    source.tokenizer = _Counting(source.tokenizer, read)
+    source.samples(range(windows))
+    return set(read)
+
+
+def test_held_out_documents_are_never_trained_on(corpus, tmp_path):
     files, tokenizer = corpus
-    config = files_config([files["jsonl"]], tokenizer)
-    train = FilesSource(config, SEQ, seed=0, split="train", held_out=0.2)
-    validation = FilesSource(config, SEQ, seed=0, split="validation", held_out=0.2)
-    kept = {
-        split: [i for i in range(len(DOCS)) if src._keeps(0, i)] for split, src in [("t", train), ("v", validation)]
-    }
-    assert set(kept["t"]).isdisjoint(kept["v"]) and len(kept["t"]) + len(kept["v"]) == len(DOCS)
-    assert 0.1 < len(kept["v"]) / len(DOCS) < 0.3
-    other = write_formats(Path(str(files["jsonl"].parent) + "_validation"), documents(30, seed=7))
+    more = documents(60, seed=3)
+    config = files_config([files["jsonl"], write_formats(tmp_path / "more", more)["parquet"]], tokenizer)
+    train, validation = (
+        documents_read(FilesSource(config, SEQ, seed=0, split=split, held_out=0.2)) for split in ("train", "validation")
+    )
+    assert train.isdisjoint(validation) and train | validation == set(DOCS + more)
+    assert 0.1 < len(validation) / len(DOCS + more) < 0.3
+    # validation.paths: the validation split reads them, and the train split every document of data.paths.
+    other = write_formats(tmp_path / "validation", documents(30, seed=7))
     given = build_source(config, SEQ, 0, "validation", held_out=0.2, validation_paths=[str(other["jsonl"])])
-    assert given.samples(np.arange(4)).tolist() == expected_windows(documents(30, seed=7), tokenizer, 4)
+    assert given.samples(range(4)) == expected_windows(documents(30, seed=7), tokenizer, 4)
+    train = build_source(config, SEQ, 0, "train", held_out=0.2, validation_paths=[str(other["jsonl"])])
+    assert documents_read(train) == set(DOCS + more)
 
 
 def test_a_tokenizer_saved_by_transformers_names_its_own_bos_and_eos(tmp_path):
@@ -175,6 +216,34 @@ def test_a_tokenizer_saved_by_transformers_names_its_own_bos_and_eos(tmp_path):
     loaded = load_tokenizer(str(tmp_path / "hf" / "tokenizer.json"))
     assert (loaded.bos, loaded.eos) == (tokenizer.token_to_id("[START]"), tokenizer.token_to_id("[STOP]"))
     assert loaded.encode("a fox")[0] == loaded.bos and loaded.encode("a fox")[-1] == loaded.eos
+
+
+def test_bos_and_eos_from_a_tokenizer_config_in_either_form_or_the_usual_names(tmp_path):
+    """tokenizer_config.json's bos_token/eos_token as a string or as {"content": ...}; without one,
+    the family names; a tokenizer with an EOS but no BOS separates documents by EOS alone."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    def saved(name: str, specials: list[str], config: dict | None = None) -> str:
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        trainer = trainers.BpeTrainer(vocab_size=270, special_tokens=specials, initial_alphabet=alphabet)
+        tokenizer.train_from_iterator(DOCS, trainer)
+        (tmp_path / name).mkdir()
+        tokenizer.save(str(tmp_path / name / "tokenizer.json"))
+        if config is not None:
+            (tmp_path / name / "tokenizer_config.json").write_text(json.dumps(config))
+        return str(tmp_path / name / "tokenizer.json")
+
+    both = ["<s>", "</s>", "<|endoftext|>"]  # <s> 0, </s> 1, <|endoftext|> 2
+    named = {"bos_token": {"content": "<s>", "special": True}, "eos_token": "<|endoftext|>"}
+    from_config, from_names = load_tokenizer(saved("config", both, named)), load_tokenizer(saved("names", both))
+    assert (from_config.bos, from_config.eos) == (0, 2) and (from_names.bos, from_names.eos) == (0, 1)
+    eos_only = load_tokenizer(saved("eos_only", ["<|endoftext|>"]))
+    assert eos_only.bos is None and eos_only.encode("a fox")[-1] == eos_only.eos == 0
+    assert eos_only.eos not in eos_only.encode("a fox")[:-1] and eos_only.vocab_size == 270
+    with pytest.raises(ValueError, match="names eos_token <eos>, which it does not hold"):
+        load_tokenizer(saved("wrong", both, {"eos_token": "<eos>"}))
 
 
 RUN = ["training.seq_len=32", "training.local_batch_size=2", "metrics.log_freq=1", "launcher.device=cpu"]
@@ -210,20 +279,47 @@ def test_a_resumed_run_trains_on_the_tokens_an_uninterrupted_one_does(corpus, tm
     assert b"dataloader" in metadata
 
 
+# Files a refusal is about, written into {dir}.
+BAD_FILES = {
+    "docs.csv": "text\nhello\n",
+    "tokenizer.json": "{}",
+    "tiny.jsonl": json.dumps({"text": "a fox"}) + "\n",
+    "empty.jsonl": "",
+    "broken.jsonl": "not json\n",
+}
+
+
 @pytest.mark.parametrize(
     "change,expected",
     [
         (["data.paths=[/nowhere/*.jsonl]"], "data.paths=/nowhere/*.jsonl: matches no file"),
-        (["data.text_field=body"], "data.text_field=body: "),
+        (["data.paths=[{dir}/*.csv]"], "which is not .txt, .jsonl, .parquet or a saved dataset folder"),
+        (["data.text_field=body"], "data.text_field=body: {corpus}/docs.jsonl's records have id, text; name one"),
+        (["data.paths=[{dir}/broken.jsonl]"], "broken.jsonl: record 0 is not JSON"),
         (["data.tokenizer_path=/nowhere/tokenizer.json"], "data.tokenizer_path=/nowhere/tokenizer.json: no such file"),
+        (["data.tokenizer_path={dir}/tokenizer.json"], "not a tokenizer.json that the tokenizers library reads"),
         (["model.vocab_size=256"], "token ids exceed model.vocab_size=256"),
+        (["data.paths=[{dir}/tiny.jsonl]"], "tokens, fewer than one window of training.seq_len+1=33"),
+        (["data.paths=[{dir}/empty.jsonl]"], "the train split's documents hold 0 tokens"),
+        (
+            ["validation.enable=true", "validation.held_out_fraction=0.001"],
+            "validation.held_out_fraction=0.001: the validation split's documents hold 0 tokens",
+        ),
+        (
+            ["validation.enable=true", "validation.paths=[{dir}/tiny.jsonl]"],
+            "validation.paths=[{dir}/tiny.jsonl]: the validation split's documents hold",
+        ),
     ],
 )
 def test_bad_files_or_tokenizers_are_refused_before_any_rank_starts(corpus, tmp_path, change, expected):
+    for name, text in BAD_FILES.items():
+        (tmp_path / name).write_text(text)
+    where = {"dir": tmp_path, "corpus": corpus[0]["jsonl"].parent}
+    change = [c.format(**where) for c in change]
     done = run_cli([*files_run(corpus, "parallelism=single", "tracking=none"), *change], tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
     (line,) = done.stderr.strip().splitlines()
-    assert expected in line
+    assert expected.format(**where) in line
 
 
 def test_the_text_corpus_takes_a_given_tokenizer_too(corpus, tmp_path):

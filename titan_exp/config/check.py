@@ -51,6 +51,7 @@ def unread_keys(cfg: JobConfig, dims: ParallelDims) -> list[tuple[str, str]]:
     ac, data, unquantized = cfg.activation_checkpoint, cfg.data, cfg.quantize.name == "none"
     source = f"data.source is {data.source}"
     tokenizer = f"{source}" if data.source != "text" else "data.tokenizer_path is set"
+    validation_files = data.source == "files" and bool(cfg.validation.paths)
     # (section name, its keys, whether they are unread, why)
     unread = [
         ("parallelism", PIPELINE_KEYS, dims.pp == 1, "parallelism.pipeline_parallel_degree is 1"),
@@ -66,6 +67,7 @@ def unread_keys(cfg: JobConfig, dims: ParallelDims) -> list[tuple[str, str]]:
         ("data", ("synthetic_vocab_size", "synthetic_branching"), data.source != "synthetic", source),
         ("data", ("paths", "text_field"), data.source != "files", source),
         ("validation", ("paths",), data.source != "files" or not cfg.validation.enable, "it is read by data=files"),
+        ("validation", ("held_out_fraction",), validation_files, "validation.paths is set"),
     ]
     return [(f"{section}.{name}", why) for section, names, is_unread, why in unread if is_unread for name in names]
 

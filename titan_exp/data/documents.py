@@ -28,16 +28,46 @@ def records(path: Path, text_field: str, start: int = 0) -> Iterator[str]:
     elif path.suffix == ".txt":
         yield from _skip(_text_documents(path), start)
     elif path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as file:
-            lines = (line for line in file if line.strip())
-            yield from (json.loads(line)[text_field] for line in _skip(lines, start))
+        yield from _jsonl_records(path, text_field, start)
     elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        batches = pq.ParquetFile(path).iter_batches(batch_size=_BATCH_ROWS, columns=[text_field])
-        yield from _skip((text for batch in batches for text in batch.column(0).to_pylist()), start)
+        yield from _parquet_records(path, text_field, start)
     else:
         raise ValueError(f"{path}: not one of {', '.join(SUFFIXES)} or a saved dataset folder")
+
+
+def _jsonl_records(path: Path, text_field: str, start: int) -> Iterator[str]:
+    with open(path, encoding="utf-8") as file:
+        lines = (line for line in file if line.strip())
+        for index, line in enumerate(lines):
+            if index < start:  # passed over unparsed
+                continue
+            record = _json_record(path, index, line)
+            if text_field not in record:
+                raise ValueError(f"{path}: record {index} has no field {text_field!r} (data.text_field)")
+            yield record[text_field]
+
+
+def _json_record(path: Path, index: int, line: str) -> dict:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: record {index} is not JSON ({err})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: record {index} is a {type(record).__name__}, not an object with fields")
+    return record
+
+
+def _parquet_records(path: Path, text_field: str, start: int) -> Iterator[str]:
+    """From record `start` on: the row groups before it are passed over by the file's metadata, unread."""
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    group = 0
+    while group < parquet.num_row_groups and start >= (rows := parquet.metadata.row_group(group).num_rows):
+        start, group = start - rows, group + 1
+    groups = list(range(group, parquet.num_row_groups))
+    batches = parquet.iter_batches(batch_size=_BATCH_ROWS, row_groups=groups, columns=[text_field])
+    yield from _skip((text for batch in batches for text in batch.column(0).to_pylist()), start)
 
 
 def _arrow_records(folder: Path, text_field: str, start: int) -> Iterator[str]:
@@ -75,14 +105,14 @@ def _skip(items: Iterator, count: int) -> Iterator:
 
 
 def first_record_fields(path: Path) -> list[str] | None:
-    """The fields of a jsonl/parquet file's or saved dataset's records (None for text), read from
-    the first record or the schema only."""
+    """The fields of a jsonl/parquet file's or saved dataset's records, read from the first record
+    or the schema only; None where there is nothing to judge (text, no records)."""
     if path.is_dir():
         import pyarrow as pa
 
         arrows = sorted(path.glob("*.arrow"))
         if not arrows:
-            return []
+            return None
         with pa.memory_map(str(arrows[0])) as source:
             return list(pa.ipc.open_stream(source).schema.names)
     if path.suffix == ".parquet":
@@ -91,6 +121,6 @@ def first_record_fields(path: Path) -> list[str] | None:
         return list(pq.ParquetFile(path).schema_arrow.names)
     if path.suffix == ".jsonl":
         with open(path, encoding="utf-8") as file:
-            first = next((line for line in file if line.strip()), "{}")
-        return list(json.loads(first))
+            first = next((line for line in file if line.strip()), None)
+        return None if first is None else list(_json_record(path, 0, first))
     return None

@@ -3,22 +3,23 @@ and folders written by `datasets.save_to_disk`), through `data.tokenizer_path`, 
 of seq_len+1 tokens across document boundaries (BOS + ids + EOS each, as torchtitan packs).
 
 The windows form one stream, in file order (the globs' matches sorted) and record order within a
-file, read again from the start when it ends (the next epoch). Sample i is window i, whatever the
-layout: every rank reads the stream forward and keeps the windows its BatchPlan gives it, so the
-global batch is the same in every layout. Memory holds one record batch and one document's tokens,
-whatever the corpus's size. The position in the stream (file, record, the tokens carried over,
-the window) is what a checkpoint saves: a resumed run reads on from there, without reading again."""
+file. Sample i is window i, whatever the layout: every rank reads the stream forward and keeps the
+windows its BatchPlan gives it, so the global batch is the same in every layout. Memory holds one
+record batch and one document's tokens, whatever the corpus's size. The position in the stream
+(file, record, the tokens carried over, the window) is what a checkpoint saves: a resumed run reads
+on from there, without reading again. Torch-free: the pre-flight reads each split's first window."""
 
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-
-import numpy as np
-import torch
 
 from titan_exp.data.documents import expand, records
 from titan_exp.data.tokenizer import DocumentTokenizer, load_tokenizer
+
+
+class TooFewTokensError(ValueError):
+    """A split whose documents do not fill one window."""
 
 
 @dataclass
@@ -35,16 +36,26 @@ class Position:
 class FilesSource:
     """Sample i: window i of the stream of this split's documents. `held_out`: the share of
     documents kept for the validation split (chosen by a hash of their place, so the train split
-    never sees them); `paths` overrides data.paths (validation.paths)."""
+    never sees them); `validation_paths`: the validation split reads these globs instead, and
+    nothing of data.paths is held out."""
 
-    def __init__(self, cfg, seq_len: int, seed: int, split: str = "train", held_out: float = 0.0, paths=None):
-        self.files = expand(list(paths or cfg.paths))
+    def __init__(
+        self,
+        cfg,
+        seq_len: int,
+        seed: int,
+        split: str = "train",
+        held_out: float = 0.0,
+        validation_paths: Iterable[str] = (),
+    ):
+        self.split = split
+        given = split == "validation" and validation_paths
+        self.files = expand(list(validation_paths if given else cfg.paths))
         self.text_field = cfg.text_field
         self.tokenizer: DocumentTokenizer = load_tokenizer(cfg.tokenizer_path)
         self.window = seq_len + 1
         # Documents whose hash falls below this are the validation split's (0: no split by hash).
-        self.threshold = int(held_out * 2**32) if not paths else 0
-        self.validation = split == "validation"
+        self.threshold = 0 if validation_paths else int(held_out * 2**32)
         self.position = Position()
         self._documents: Iterator[list[int]] | None = None
 
@@ -52,25 +63,29 @@ class FilesSource:
         if not self.threshold:
             return True
         held_out = zlib.crc32(f"{file}:{record}".encode()) < self.threshold
-        return held_out == self.validation
+        return held_out == (self.split == "validation")
 
     def _read(self) -> Iterator[list[int]]:
         """Token ids of the documents from the position on, the position following each, for ever."""
         position = self.position
         while True:
-            whole_pass, found = position.file == 0 and position.record == 0, False
+            whole_pass, tokens = position.file == 0 and position.record == 0, 0
             for file in range(position.file, len(self.files)):
                 for text in records(self.files[file], self.text_field, position.record):
                     keep = self._keeps(file, position.record)
                     position.record += 1
                     if keep:
-                        found = True
-                        yield self.tokenizer.encode(text)
+                        ids = self.tokenizer.encode(text)
+                        tokens += len(ids)
+                        yield ids
                 position.file, position.record = file + 1, 0
-            if whole_pass and not found:
-                split = "validation" if self.validation else "train"
-                raise ValueError(f"the files of data.paths hold no documents for the {split} split")
-            position.file = 0  # the next epoch, in the same order
+            if whole_pass and tokens < self.window:  # else each pass yields a window at least
+                more = ", raise validation.held_out_fraction" if self.threshold and self.split == "validation" else ""
+                raise TooFewTokensError(
+                    f"the {self.split} split's documents hold {tokens} tokens, fewer than one window of "
+                    f"training.seq_len+1={self.window}; add documents{more} or lower training.seq_len"
+                )
+            position.file = 0  # the stream ran out: the next epoch reads the same documents in the same order
 
     def _next_window(self) -> list[int]:
         position = self.position
@@ -90,12 +105,12 @@ class FilesSource:
         while self.position.window < window:
             self._next_window()
 
-    def samples(self, ids: np.ndarray) -> torch.Tensor:
+    def samples(self, ids: Iterable[int]) -> list[list[int]]:
         rows = []
         for sample in ids:
             self._seek(int(sample))
             rows.append(self._next_window())
-        return torch.tensor(rows, dtype=torch.int64)
+        return rows
 
     def state_at(self, window: int) -> str:
         """The stream's position at `window` (read on to it), as a checkpoint keeps it."""

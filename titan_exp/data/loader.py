@@ -113,8 +113,7 @@ def build_source(
     """`held_out`: the fraction of the data kept for the validation split (0: no validation);
     `validation_paths`: data=files' validation split read from these globs instead."""
     if cfg.source == "files":
-        paths = validation_paths if split == "validation" and validation_paths else None
-        return FilesSource(cfg, seq_len, seed, split, 0.0 if paths else held_out, paths)
+        return FilesSource(cfg, seq_len, seed, split, held_out, validation_paths)
     sources = {"text": TextSource, "synthetic": SyntheticSource}
     return sources[cfg.source](cfg, seq_len, seed, split, held_out)
 
@@ -139,5 +138,5 @@ class BatchLoader:
 
     def get(self, step: int, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels), each (local_batch_size, seq_len): labels are inputs shifted by one."""
-        rows = self.source.samples(self.plan.sample_ids(step, microbatch))
+        rows = torch.as_tensor(self.source.samples(self.plan.sample_ids(step, microbatch)), dtype=torch.int64)
         return rows[:, :-1], rows[:, 1:]

@@ -17,6 +17,7 @@ from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, f
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.data.documents import SAVED_DATASET_MARK, SUFFIXES, expand, first_record_fields
+from titan_exp.data.files import FilesSource, TooFewTokensError
 from titan_exp.data.tokenizer import load_tokenizer
 from titan_exp.estimate.workload import model_parameters
 from titan_exp.job.memory import Budget, check_memory_fit
@@ -43,6 +44,7 @@ def preflight(job: ResolvedJob, memory: bool = True) -> None:
         _document_files("data.paths", cfg.data.paths, cfg.data.text_field)
         if cfg.validation.enable and cfg.validation.paths:
             _document_files("validation.paths", cfg.validation.paths, cfg.data.text_field)
+        _one_window_each(cfg)
     _checkpoint_folders(cfg, room=memory and not job.dry_run)
     if job.store is not None:
         _reachable_store(job.store)
@@ -100,11 +102,31 @@ def _document_files(key: str, globs: list[str], text_field: str) -> None:
             if not saved and path.suffix not in SUFFIXES:
                 kinds = ", ".join(SUFFIXES)
                 raise ConfigError(key, pattern, f"matches {path}, which is not {kinds} or a saved dataset folder")
-            fields = first_record_fields(path)
+            try:
+                fields = first_record_fields(path)
+            except ValueError as err:
+                raise ConfigError(key, pattern, str(err)) from None
             if fields is not None and text_field not in fields:
                 raise ConfigError(
                     "data.text_field", text_field, f"{path}'s records have {', '.join(fields) or 'no fields'}; name one"
                 )
+
+
+def _one_window_each(cfg: JobConfig) -> None:
+    """Each split's documents fill one window of training.seq_len+1 tokens, read only until they do
+    (through the source the ranks read)."""
+    v = cfg.validation
+    held_out, given = (v.held_out_fraction, list(v.paths)) if v.enable else (0.0, [])
+    for split in ("train", "validation") if v.enable else ("train",):
+        key, globs = ("validation.paths", given) if split == "validation" and given else ("data.paths", cfg.data.paths)
+        try:
+            FilesSource(cfg.data, cfg.training.seq_len, cfg.debug.seed, split, held_out, given).samples([0])
+        except TooFewTokensError as err:
+            if split == "validation" and not given:  # the hashed share of data.paths
+                raise ConfigError("validation.held_out_fraction", held_out, str(err)) from None
+            raise ConfigError(key, f"[{','.join(globs)}]", str(err)) from None
+        except ValueError as err:  # a record that cannot be read
+            raise ConfigError(key, f"[{','.join(globs)}]", str(err)) from None
 
 
 def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:

@@ -15,7 +15,6 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _ComputationType, get_schedule_class
 from torch.distributed.tensor import DTensor
 
-from titan_exp.models.moe.layer import uncounted
 from titan_exp.parallel.config import SINGLE_STAGE_SCHEDULES, ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 
@@ -39,11 +38,15 @@ class RankStages(Protocol):
 
 class _Stage(PipelineStage):
     """torch's stage, its first-step shape inference (a forward of its own, on the first microbatch
-    or on uninitialised tensors) left out of the experts' load: a MoE model's routing statistics
-    and bias updates are then those of the step's microbatches alone, as in every other layout."""
+    or on uninitialised tensors) run inside `inference_context`: a MoE model leaves it out of the
+    experts' load, which is then the step's microbatches' alone, as in every other layout."""
+
+    def __init__(self, *args, inference_context: Callable[[], contextlib.AbstractContextManager], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.inference_context = inference_context
 
     def _forward_metadata_inference(self, *args, **kwargs):  # torch 2.13's (private) hook
-        with uncounted():
+        with self.inference_context():
             return super()._forward_metadata_inference(*args, **kwargs)
 
 
@@ -58,11 +61,14 @@ class Pipeline:
         device: torch.device,
         n_microbatches: int,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        inference_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ):
-        """`loss_fn(outputs, labels)`: the mean loss of one microbatch, run on the last stage."""
+        """`loss_fn(outputs, labels)`: the mean loss of one microbatch, run on the last stage;
+        `inference_context`: what the stages' shape inference runs in."""
         plan, stage_ids = model.stage_plan, model.stage_ids
         stages = [
-            _Stage(part, stage, plan.num_stages, device, group=pp_group) for part, stage in zip(model.parts, stage_ids)
+            _Stage(part, stage, plan.num_stages, device, group=pp_group, inference_context=inference_context)
+            for part, stage in zip(model.parts, stage_ids)
         ]
         schedule_class = get_schedule_class(cfg.pipeline_parallel_schedule)
         # The loss is a mean per microbatch; the schedule scales gradients by 1/n_microbatches, so the

@@ -28,6 +28,7 @@ from titan_exp.data.text import prepare_tokens
 from titan_exp.metrics import startup
 from titan_exp.metrics.peak_flops import cpu_peak_flops, gpu_peak_flops
 from titan_exp.models.moe.balance import ExpertBalance
+from titan_exp.models.moe.layer import uncounted
 from titan_exp.optim.grad_clip import clip_grad_norm_
 from titan_exp.optim.lr_schedule import build_lr_scheduler
 from titan_exp.optim.optimizer import build_optimizer
@@ -218,7 +219,9 @@ class Trainer:
 
         cfg, model = self.job.config, self.model
         n_microbatches = cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size
-        return Pipeline(model, cfg.parallelism, self.mesh.pp_group, self.device, n_microbatches, cross_entropy_loss)
+        return Pipeline(
+            model, cfg.parallelism, self.mesh.pp_group, self.device, n_microbatches, cross_entropy_loss, uncounted
+        )
 
     def _batch_loader(self, split: str) -> BatchLoader:
         """The batches of `split` (train, or validation: held out from the same data)."""

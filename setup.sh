@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # Set up this checkout: ./setup.sh installs titan_exp (editable) and its Python dependencies;
 # ./setup.sh --test also installs what the tests need: pytest, Debian's slurm-wlm and munge for the
-# one-node Slurm cluster the tests start, and Debian's chromium for the MLflow UI check (as root,
-# with apt-get).
+# Slurm clusters the tests start (iproute2 for the two-node one's network namespaces), and Debian's
+# chromium for the MLflow UI check (as root, with apt-get).
 set -euo pipefail
 cd "$(dirname "$0")"
 
 extras=""
 if [ "${1:-}" = "--test" ]; then
   extras="[test]"
-  if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v chromium >/dev/null; then
+  if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v chromium >/dev/null \
+    || ! command -v ip >/dev/null; then
     if [ "$(id -u)" -ne 0 ]; then
-      echo "setup.sh: the tests need slurm-wlm, munge and chromium; install them as root (apt-get install slurm-wlm munge chromium)" >&2
+      echo "setup.sh: the tests need slurm-wlm, munge, iproute2 and chromium; install them as root (apt-get install slurm-wlm munge iproute2 chromium)" >&2
       exit 1
     fi
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge iproute2 chromium >/dev/null
   fi
 fi
 

@@ -6,7 +6,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from submitit.slurm.slurm import SlurmJobEnvironment
+from launchers.rendezvous import first_node, job_port
 
 _RENDEZVOUS_POLL_S = 0.01
 
@@ -63,12 +63,12 @@ def _slurm_tasks_on_this_node() -> int:
 
 
 def export_slurm_environment() -> None:
-    """Set torch.distributed's variables from srun's, keeping any already set: the job's first node
-    (SLURM_JOB_NODELIST, expanded by submitit) is the rendezvous address."""
+    """Set torch.distributed's variables from srun's, keeping any already set: the step's first
+    node is the rendezvous address; the port is the one our batch script found free there
+    (MASTER_PORT), else derived from the job id (launchers/rendezvous.py)."""
     env = RankEnv.from_environ()
-    os.environ.setdefault("MASTER_ADDR", SlurmJobEnvironment().hostnames[0])
-    # Derived from the job id so that every task of the job agrees without talking first.
-    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
+    os.environ.setdefault("MASTER_ADDR", first_node())
+    os.environ.setdefault("MASTER_PORT", str(job_port(int(os.environ["SLURM_JOB_ID"]))))
     for key, value in _as_variables(env).items():
         os.environ.setdefault(key, value)
 

@@ -5,6 +5,7 @@ stops beating; a rank merely waiting in a collective for a peer keeps beating (i
 releases the GIL), so the silent rank is the one named, not the healthy ones waiting for it."""
 
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -20,8 +21,9 @@ def heartbeat_file(folder: Path, job_id: str, rank: int) -> Path:
 
 
 def start_beating(path: Path) -> None:
-    """Touch `path` now and every BEAT_SECONDS from a daemon thread, for the life of this process."""
-    path.touch()
+    """Touch `path` now and every BEAT_SECONDS from a daemon thread, for the life of this process.
+    The file names this host, for the launching process to say where a silent rank ran."""
+    path.write_text(socket.gethostname())
 
     def beat() -> None:
         while True:
@@ -34,12 +36,22 @@ def start_beating(path: Path) -> None:
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
 
-def silence(silent_s: float, limit_s: float, then: str) -> str:
-    """A silent rank's failure reason; `then`: what was done about it."""
+def silence(silent_s: float, limit_s: float, then: str, host: str | None = None) -> str:
+    """A silent rank's failure reason; `then`: what was done about it; `host`: where it ran, when
+    that is not this machine (its node may be what went down)."""
+    where, why = (f" from {host}", "or its node went down") if host else ("", "or hung where no Python thread runs")
     return (
-        f"stopped answering: no heartbeat for {silent_s:.0f} s (stopped, or hung where no Python thread runs; "
+        f"stopped answering: no heartbeat for {silent_s:.0f} s{where} (stopped, {why}; "
         f"launcher.heartbeat_timeout_s={limit_s:g}); {then}"
     )
+
+
+def beating_host(path: Path) -> str | None:
+    """The host of the rank behind `path`, as its first beat named it (None before that)."""
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def silent_for(path: Path, now: float | None = None) -> float | None:

@@ -5,10 +5,11 @@ the job and follow it: rank 0's output streamed, the job's state read from slurm
 which needs no accounting database), its result returned or its end raised.
 
 Inside the job each task takes its torch.distributed environment from Slurm (launchers/env.py: the
-first node's address, a port derived from the job id) and keeps CUDA_VISIBLE_DEVICES as Slurm binds
-it. SIGTERM (scancel, the time limit) is left to act, where submitit would ignore it, and SIGUSR2
-(sent signal_delay_s ahead of the time limit, or on preemption) asks the ranks to stop at their
-next step (launchers/signals.py); `leave_for_requeue` then puts the job back in the queue.
+first node's address, the port the batch script found free there, derived from the job id) and
+keeps CUDA_VISIBLE_DEVICES as Slurm binds it. SIGTERM (scancel, the time limit) is left to act,
+where submitit would ignore it, and SIGUSR2 (sent signal_delay_s ahead of the time limit, or on
+preemption) asks the ranks to stop at their next step (launchers/signals.py); `leave_for_requeue`
+then puts the job back in the queue.
 """
 
 import os
@@ -29,7 +30,7 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from launchers import signals
 from launchers.env import export_slurm_environment
-from launchers.heartbeat import heartbeat_file, silence, silent_for, start_beating
+from launchers.heartbeat import beating_host, heartbeat_file, silence, silent_for, start_beating
 from launchers.tasks import LogFollower, RankFailure, log_tail, read_result, run_recording_failures
 
 # How often rank 0's log is read while the job runs, and how often slurmctld is asked for its state.
@@ -70,6 +71,10 @@ class SlurmOptions:
     signal_delay_s: int = 120
     # How many times a job that reached its time limit is requeued.
     max_num_timeout: int = 3
+    # How many times a job with checkpoint.enable is requeued when one of its ranks stops answering
+    # (launcher.heartbeat_timeout_s; its node failed, or it hung): it resumes from its last
+    # checkpoint once Slurm has nodes for it. Past that, or without checkpoints, the job is cancelled.
+    max_num_node_failures: int = 3
     # Shell lines run in the batch script before the ranks start (module load, conda activate, ...).
     setup: list[str] = field(default_factory=list)
     # Extra arguments of the srun that starts the ranks, and any other sbatch option (name: value).
@@ -106,7 +111,7 @@ class SlurmJobSpec:
             "account": o.account,
             "qos": o.qos,
             "constraint": o.constraint,
-            "setup": list(o.setup) or None,
+            "setup": [*o.setup, rendezvous_port_line()],
             "srun_args": list(o.srun_args) or None,
             "additional_parameters": dict(o.additional_parameters) or None,
         }
@@ -125,6 +130,13 @@ def _memory(gb: float | None) -> str | None:
     if gb is None:
         return None
     return f"{int(gb)}GB" if gb == int(gb) else f"{int(gb * 1024)}MB"
+
+
+def rendezvous_port_line(python: str = sys.executable) -> str:
+    """The batch script's last setup line: it runs on the job's first node, where rank 0 will
+    listen, and exports the first port from the one derived from the job id that is free there
+    (launchers/rendezvous.py); srun hands it to every task. A MASTER_PORT of the user's stands."""
+    return f"export MASTER_PORT=${{MASTER_PORT:-$({shlex.quote(python)} -m launchers.rendezvous)}}"
 
 
 def task_command(python: str = sys.executable) -> str:
@@ -188,6 +200,10 @@ class SlurmJob:
             fields["JobState"], fields.get("Reason", ""), fields.get("ExitCode", ""), int(fields.get("Restarts", 0))
         )
 
+    def requeue(self) -> None:
+        """Back to the queue: Slurm ends this run of the job and starts it again once it can."""
+        subprocess.run(["scontrol", "requeue", self.job_id], check=True, capture_output=True)
+
     def cancel(self, signal_name: str | None = None) -> None:
         """scancel the job, or with `signal_name` only signal its tasks (e.g. USR2)."""
         flags = [f"--signal={signal_name}"] if signal_name else []
@@ -219,14 +235,17 @@ def submit(fn: Callable[[Any], Any], arg: Any, spec: SlurmJobSpec, folder: Path)
     return SlurmJob(job.job_id, folder.absolute(), spec.nodes * spec.tasks_per_node)
 
 
-def wait(job: SlurmJob, echo: Callable[[str], None], heartbeat_timeout_s: float) -> Any:
+def wait(job: SlurmJob, echo: Callable[[str], None], heartbeat_timeout_s: float, requeues_when_silent: int = 0) -> Any:
     """Follow the job to its end, handing rank 0's output lines to `echo`; return rank 0's result,
-    or raise RankFailure (a rank raised, or stopped beating for `heartbeat_timeout_s`: the job is
-    cancelled) or SlurmJobEnded. A Ctrl-C cancels the job and waits (CANCEL_GRACE_SECONDS at most)
-    for it to end before raising KeyboardInterrupt; a second one stops waiting at once."""
+    or raise RankFailure (a rank raised, or stopped beating for `heartbeat_timeout_s`) or
+    SlurmJobEnded. A silent rank (hung, or its node down) gets the job requeued, to resume from its
+    checkpoint once Slurm has the nodes, `requeues_when_silent` times at most; then cancelled. A
+    Ctrl-C cancels the job and waits (CANCEL_GRACE_SECONDS at most) for it to end before raising
+    KeyboardInterrupt; a second one stops waiting at once."""
     output = LogFollower(job.log(0), echo)
+    heartbeats = _Heartbeats(job, heartbeat_timeout_s, requeues_when_silent, echo)
     try:
-        status = _follow(job, output, deadline=None, heartbeat_timeout_s=heartbeat_timeout_s)
+        status = _follow(job, output, deadline=None, heartbeats=heartbeats)
     except KeyboardInterrupt:
         job.cancel()
         _follow(job, output, deadline=time.monotonic() + CANCEL_GRACE_SECONDS)
@@ -236,7 +255,7 @@ def wait(job: SlurmJob, echo: Callable[[str], None], heartbeat_timeout_s: float)
 
 
 def _follow(
-    job: SlurmJob, output: LogFollower, deadline: float | None, heartbeat_timeout_s: float | None = None
+    job: SlurmJob, output: LogFollower, deadline: float | None, heartbeats: "_Heartbeats | None" = None
 ) -> JobStatus | None:
     """Poll until the job is over (or the deadline passes); its last status (None: forgotten)."""
     next_state_poll = 0.0
@@ -246,20 +265,39 @@ def _follow(
             status = job.status()
             if status is None or status.final or (deadline is not None and time.monotonic() > deadline):
                 return status
-            if heartbeat_timeout_s is not None and status.state == "RUNNING":
-                _check_heartbeats(job, status.restarts, heartbeat_timeout_s)
+            if heartbeats is not None and status.state == "RUNNING":
+                heartbeats.check(status.restarts)
             next_state_poll = time.monotonic() + STATE_POLL_SECONDS
         time.sleep(POLL_SECONDS)
 
 
-def _check_heartbeats(job: SlurmJob, restarts: int, limit_s: float) -> None:
-    """Cancel the job and raise RankFailure if a task of this run of it (`restarts`: Slurm's count
-    of requeues) has not beaten for `limit_s` (a task still starting has no beat yet)."""
-    for task in range(job.ntasks):
-        silent = silent_for(heartbeat_file(job.folder, f"{job.job_id}_r{restarts}", task))
-        if silent is not None and silent > limit_s:
-            job.cancel()
-            raise RankFailure(task, silence(silent, limit_s, f"job {job.job_id} cancelled"), job.log(task))
+class _Heartbeats:
+    """The tasks' heartbeats, watched from the submitting process: a task of the job's current run
+    that has not beaten for `limit_s` (a task still starting has no beat yet) gets the job
+    requeued while `requeues` last, then cancelled."""
+
+    def __init__(self, job: SlurmJob, limit_s: float, requeues: int, echo: Callable[[str], None]):
+        self.job, self.limit_s, self.requeues, self.echo = job, limit_s, requeues, echo
+        self._requeued: set[int] = set()  # runs of the job (Slurm's restart count) already requeued
+
+    def check(self, restarts: int) -> None:
+        """Raise RankFailure (the job cancelled) for a silent task of run `restarts`, unless it is requeued."""
+        if restarts in self._requeued:  # on its way back to the queue: its tasks are being killed
+            return
+        for task in range(self.job.ntasks):
+            beats = heartbeat_file(self.job.folder, f"{self.job.job_id}_r{restarts}", task)
+            silent = silent_for(beats)
+            if silent is None or silent <= self.limit_s:
+                continue
+            if len(self._requeued) < self.requeues:
+                self._requeued.add(restarts)
+                self.job.requeue()
+                then = f"job {self.job.job_id} requeued to resume from its checkpoint (launcher.max_num_node_failures)"
+                self.echo(f"titan_exp: rank {task} {silence(silent, self.limit_s, then, beating_host(beats))}")
+                return
+            self.job.cancel()
+            reason = silence(silent, self.limit_s, f"job {self.job.job_id} cancelled", beating_host(beats))
+            raise RankFailure(task, reason, self.job.log(task))
 
 
 def _outcome(job: SlurmJob, status: JobStatus | None, echo: Callable[[str], None]) -> Any:

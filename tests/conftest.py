@@ -24,7 +24,7 @@ register_schema()
 
 # The modules that take longest, first: pytest-xdist hands modules out in collection order (see
 # pyproject.toml's addopts), and a long one handed out last would run alone at the end.
-LONGEST_MODULES = ("test_parity.py", "test_tracking.py", "test_slurm.py")
+LONGEST_MODULES = ("test_parity.py", "test_tracking.py", "test_slurm.py", "test_slurm_two_nodes.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

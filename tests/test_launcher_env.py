@@ -5,6 +5,7 @@ import os
 import pytest
 
 from launchers.env import RankEnv, export, export_slurm_environment, external_launcher
+from launchers.rendezvous import job_port
 
 
 def test_nothing_set_is_a_world_of_one(placement_env):
@@ -63,4 +64,4 @@ def test_two_nodes_of_eight_tasks_each_find_their_rank_and_one_rendezvous(placem
             seen.append(tuple(os.environ[key] for key in keys))
     assert [s[:2] for s in seen] == [(str(8 * n + r), str(r)) for n in range(2) for r in range(8)]
     # One world, one rendezvous: the first node, a port every task derives from the job id alone.
-    assert {s[2:] for s in seen} == {("16", "8", "gpu-017", str(20000 + 31337 % 20000))}
+    assert {s[2:] for s in seen} == {("16", "8", "gpu-017", str(job_port(31337)))}

@@ -21,6 +21,7 @@
 # setup
 module load cuda/12.4
 source .venv/bin/activate
+export MASTER_PORT=${MASTER_PORT:-$(<python> -m launchers.rendezvous)}
 
 # command
 export SUBMITIT_EXECUTOR=slurm

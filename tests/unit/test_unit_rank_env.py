@@ -3,10 +3,12 @@ srun's SLURM_* ones (compressed task counts and node lists), and the rendezvous 
 monkeypatch restores the environment, including what export_slurm_environment writes."""
 
 import os
+import socket
 
 import pytest
 
 from launchers.env import RankEnv, export, export_slurm_environment, external_launcher
+from launchers.rendezvous import PORT_TRIES, expand_nodelist, free_job_port, job_port
 
 # Everything the code under test reads or writes.
 VARIABLES = (
@@ -98,7 +100,7 @@ def test_srun_exports_torch_variables_with_the_first_node_of_a_compressed_list(e
     exported = {key: os.environ[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
     assert exported == {"RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "10", "LOCAL_WORLD_SIZE": "2"}
     assert os.environ["MASTER_ADDR"] == "node003"
-    assert os.environ["MASTER_PORT"] == str(20000 + 4242 % 20000)
+    assert os.environ["MASTER_PORT"] == str(job_port(4242))
 
 
 def test_srun_export_keeps_what_is_already_set(env) -> None:
@@ -121,3 +123,43 @@ def test_reading_changes_nothing(env) -> None:
     RankEnv.from_environ()
     external_launcher()
     assert dict(os.environ) == before
+
+
+@pytest.mark.parametrize(
+    "nodelist,hosts",
+    [
+        ("tn[1-2]", ["tn1", "tn2"]),
+        ("node[01-04,07],gpu1", ["node01", "node02", "node03", "node04", "node07", "gpu1"]),
+        ("gpu-[009-011]", ["gpu-009", "gpu-010", "gpu-011"]),
+        ("node[098-101]", ["node098", "node099", "node100", "node101"]),
+        ("a[1-2]-b[3-4]", ["a1-b3", "a1-b4", "a2-b3", "a2-b4"]),
+        ("tn2,tn1", ["tn2", "tn1"]),
+    ],
+)
+def test_a_compressed_node_list_expands_in_slurms_order(nodelist, hosts) -> None:
+    """The same lists as `scontrol show hostnames` (checked against it on the two-node cluster)."""
+    assert expand_nodelist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("nodelist", ["node[1-", "node[a-b]", "node[1-2", ",node1"])
+def test_a_malformed_node_list_is_refused(nodelist) -> None:
+    with pytest.raises(ValueError, match="not a Slurm node list"):
+        expand_nodelist(nodelist)
+
+
+def test_a_step_on_part_of_the_job_meets_on_its_own_first_node(env) -> None:
+    srun_step(env, procid=0, localid=0, nodeid=0, ntasks=2, per_node="1(x2)", SLURM_JOB_NODELIST="tn[1-3]")
+    env(SLURM_STEP_NODELIST="tn[2-3]")
+    export_slurm_environment()
+    assert os.environ["MASTER_ADDR"] == "tn2"
+
+
+def test_a_taken_derived_port_gives_way_to_one_no_neighbouring_job_derives() -> None:
+    job_id = next(i for i in range(1000, 2000) if free_job_port(i) == job_port(i))
+    with socket.socket() as taken:
+        taken.bind(("", job_port(job_id)))
+        taken.listen()
+        instead = free_job_port(job_id)
+    assert instead == job_port(job_id + PORT_TRIES)  # the next job's port is job_port(job_id) + 1
+    assert instead not in {job_port(job_id + d) for d in range(-PORT_TRIES + 1, PORT_TRIES)}
+    assert free_job_port(job_id) == job_port(job_id)

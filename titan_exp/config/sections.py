@@ -174,6 +174,7 @@ class LauncherConfig(SlurmOptions, _PlacementKeys):
                 "the warning comes that long before the time limit",
             )
         check_at_least(f"{key}.max_num_timeout", self.max_num_timeout, 0)
+        check_at_least(f"{key}.max_num_node_failures", self.max_num_node_failures, 0)
         check_positive(f"{key}.array_parallelism", self.array_parallelism)
         if self.gpus_per_node < -1:
             raise ConfigError(f"{key}.gpus_per_node", self.gpus_per_node, "must be >= 0 or -1 (one per rank)")

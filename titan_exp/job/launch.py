@@ -113,7 +113,9 @@ def _run_on_slurm(job: ResolvedJob, job_dir: Path) -> dict[str, object]:
     if not launcher.wait:
         return {}
     try:
-        result = slurm.wait(submitted, lambda line: print(line, flush=True), launcher.heartbeat_timeout_s)
+        # A rank lost (its node failed) requeues the job where it can resume from a checkpoint.
+        requeues = launcher.max_num_node_failures if job.config.checkpoint.enable else 0
+        result = slurm.wait(submitted, lambda line: print(line, flush=True), launcher.heartbeat_timeout_s, requeues)
         if result.stopped:
             raise StoppedBySlurm(result.stopped)
     except BaseException as err:

@@ -5,6 +5,8 @@ Mesh dims are torchtitan's, outermost first: pp, dp_replicate, dp_shard, cp, tp 
 losses are averaged) are flattened once, when the mesh is built. Needs an initialized process group.
 """
 
+import socket
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -33,6 +35,9 @@ class ParallelMesh:
         # deprecated (torch warns; "users need to bookkeep the flattened mesh directly").
         self.flattened: dict[str, DeviceMesh] = {}
         self.mesh = self._build(device_type)
+        # Each rank's host, by global rank (None on the fake process group, whose ranks are not
+        # processes): one gather at start-up, so that rank 0 can say where each mesh dim runs.
+        self.hosts = _gather_hosts()
 
     def _build(self, device_type: str) -> DeviceMesh | None:
         shape = self.dims.mesh_shape()
@@ -90,11 +95,43 @@ class ParallelMesh:
         """This rank's index along the pipeline (0 without one)."""
         return self.mesh["pp"].get_local_rank() if self.dims.pp > 1 else 0
 
+    def host_grid(self) -> dict[str, object] | None:
+        """The mesh's dims and, at each position of it, the host of the rank there (nested lists,
+        outermost dim first). None without a mesh or without hosts."""
+        if self.mesh is None or self.hosts is None:
+            return None
+        hosts = _map_nested(self.mesh.mesh.tolist(), lambda rank: self.hosts[rank])
+        return {"dims": list(self.mesh.mesh_dim_names), "hosts": hosts}
+
+    def dims_across_hosts(self) -> dict[str, bool]:
+        """For each mesh dim, whether any of its groups spans more than one host (HSDP's replicas
+        should sit on different hosts, its shards on one)."""
+        if self.mesh is None or self.hosts is None:
+            return {}
+        names = sorted(set(self.hosts))
+        where = self.mesh.mesh.clone().apply_(lambda rank: names.index(self.hosts[rank]))  # a host index per rank
+        dims = enumerate(self.mesh.mesh_dim_names)
+        return {name: bool((where.amax(dim=d) != where.amin(dim=d)).any()) for d, name in dims}
+
     @property
     def dp_rank(self) -> int:
         """This rank's index among the data-parallel ranks: which slice of the global batch it reads."""
         group = self.dp_group
         return 0 if group is None else dist.get_rank(group)
+
+
+def _gather_hosts() -> list[str] | None:
+    if not dist.is_initialized():
+        return [socket.gethostname()]
+    if dist.get_backend() == "fake":
+        return None
+    hosts: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    return hosts
+
+
+def _map_nested(items: list, fn: Callable[[int], str]) -> list:
+    return [_map_nested(item, fn) if isinstance(item, list) else fn(item) for item in items]
 
 
 def set_collective_timeout(seconds: int) -> None:

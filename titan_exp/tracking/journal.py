@@ -49,6 +49,7 @@ _CALLS: dict[str, tuple[type | tuple[type, ...], ...]] = {
     "log_text": (str, str),
     "log_artifact": (str, str),
     "log_artifacts": (str, str),
+    "set_tag": (str, str),
     "finish": (str, (str, type(None)), int),
 }
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
@@ -91,6 +92,8 @@ def _malformed(entry: object) -> str | None:
         return "log_metrics: a record that is not [step, {name: number}, timestamp] the store takes"
     if call == "log_params" and not all(_is_name(key) for key in args[0]):
         return "log_params: a name the store does not take"
+    if call == "set_tag" and (not _is_name(args[0]) or args[0].startswith("mlflow.")):
+        return "set_tag: a name the store does not take, or one of MLflow's own"
     if call in ("log_text", "log_artifact", "log_artifacts") and not _inside(args[1], call == "log_text"):
         return f"{call}: artifact path {args[1]!r} is not one within the run's artifacts"
     if call == "finish" and (args[0] not in _STATUSES or not 0 <= args[2] <= _INT64_MAX):
@@ -186,6 +189,9 @@ def replay(journal: Path, cfg: TrackingConfig, end: bool = True) -> Replayed:
     params = {str(k): str(v) for _, call, args in calls if call == "log_params" for k, v in args[0].items()}
     if params:
         run.log_params(params)
+    for _, call, args in calls:
+        if call == "set_tag":
+            run.set_tag(*args)
     records = [tuple(record) for _, call, args in calls if call == "log_metrics" for record in args[0]]
     missing = _missing_metric_values(run, records)
     if missing:

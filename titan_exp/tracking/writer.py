@@ -107,6 +107,9 @@ class BackgroundTracker:
     def log_text(self, text: str, artifact_file: str) -> None:
         self._send("log_text", text, artifact_file)
 
+    def set_tag(self, key: str, value: str) -> None:
+        self._send("set_tag", key, value)
+
     def log_artifact(self, path: Path, artifact_dir: str) -> None:
         self._send("log_artifact", str(path), artifact_dir)
 

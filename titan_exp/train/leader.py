@@ -1,5 +1,6 @@
 """Rank 0's part of training: the job's facts, throughput and MFU, the console and the MLflow run."""
 
+import json
 import os
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,9 @@ from titan_exp.metrics.throughput import ThroughputMeter
 from titan_exp.tracking.run import UNREAD_KEYS_PARAM
 from titan_exp.tracking.writer import BackgroundTracker
 from titan_exp.train.step import StepOutcome
+
+# The run's artifact that gives the host at each position of the mesh (ParallelMesh.host_grid).
+MESH_HOSTS_ARTIFACT = "mesh_hosts.json"
 
 if TYPE_CHECKING:  # the trainer builds the leader
     from titan_exp.train.trainer import Trainer
@@ -45,9 +49,16 @@ class Leader:
             **_placement_facts(trainer.device),
         }
         print(format_summary(facts), flush=True)
+        hosts, grid = trainer.mesh.hosts or [], trainer.mesh.host_grid()
+        if len(set(hosts)) > 1:
+            print(f"hosts: {_ranks_by_host(hosts)}; {_spans(trainer.mesh.dims_across_hosts())}", flush=True)
         if self.tracker:
             unread = ",".join(key for key, _ in unread_keys(job.config, dims))
             self.tracker.log_params(facts | {UNREAD_KEYS_PARAM: unread})
+            if hosts:
+                self.tracker.set_tag("hosts", ",".join(dict.fromkeys(hosts)))
+            if grid:  # an artifact: a large job's grid outgrows a param
+                self.tracker.log_text(json.dumps(grid), MESH_HOSTS_ARTIFACT)
         # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
         mfu_peak = None if job.config.quantize.low_precision else self.peak_flops
         self.meter = ThroughputMeter(per_token, mfu_peak, dims.non_data_parallel_size, trainer.device)
@@ -95,6 +106,19 @@ def _placement_facts(device: torch.device) -> dict[str, str]:
     if device.type == "cuda":
         facts["derived/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
     return facts
+
+
+def _ranks_by_host(hosts: list[str]) -> str:
+    """['tn1', 'tn1', 'tn2', 'tn2'] → 'tn1 (ranks 0-1), tn2 (ranks 2-3)'."""
+    ranks: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        ranks.setdefault(host, []).append(rank)
+    return ", ".join(f"{host} (ranks {_ranges(numbers)})" for host, numbers in ranks.items())
+
+
+def _spans(across: dict[str, bool]) -> str:
+    """{'dp_replicate': True, 'dp_shard': False} → 'dp_replicate across hosts, dp_shard within one'."""
+    return ", ".join(f"{dim} {'across hosts' if spans else 'within one'}" for dim, spans in across.items())
 
 
 def _ranges(numbers: list[int]) -> str:

@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -228,3 +229,14 @@ def chromium(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedPr
         "--virtual-time-budget=20000",
     ]
     return subprocess.run([*prefix, binary, *flags, *args], capture_output=True, text=True, timeout=180)
+
+
+def wait_for_output(tmp_path: Path, pattern: str, timeout: float = 120.0) -> re.Match:
+    """The first match of `pattern` in tmp_path/out.txt (a started command's output), waited for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(pattern, (tmp_path / "out.txt").read_text(), re.M)
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"no {pattern!r} in: {(tmp_path / 'out.txt').read_text()[-3000:]}")

@@ -16,7 +16,7 @@ import torch
 
 from launchers.env import free_port
 
-from conftest import REPO, SMALL_MODEL, loss_curve, mlflow_client, mlflow_runs, run_cli
+from conftest import REPO, SMALL_MODEL, loss_curve, mlflow_client, mlflow_runs, run_cli, wait_for_output
 
 pytestmark = pytest.mark.slurm
 
@@ -82,16 +82,6 @@ def _start(args: list[str], tmp_path, env: dict) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def _wait_for(tmp_path, pattern: str, timeout: float = 120.0) -> re.Match:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = re.search(pattern, (tmp_path / "out.txt").read_text(), re.M)
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"no {pattern!r} in: {(tmp_path / 'out.txt').read_text()[-3000:]}")
-
-
 def test_warned_job_saves_requeues_and_resumes_in_the_same_run(slurm_env, tmp_path, store):
     uri, db = store
     steps = [
@@ -103,9 +93,9 @@ def test_warned_job_saves_requeues_and_resumes_in_the_same_run(slurm_env, tmp_pa
     reference = run_cli([*JOB, *steps[:1], uri], tmp_path / "reference", env=slurm_env)
     assert reference.returncode == 0, reference.stderr[-3000:]
     job = _start([*JOB, *SLURM, *steps, uri], tmp_path, slurm_env)
-    submitted = _wait_for(tmp_path, r"^Slurm job (\d+) submitted: 2 ranks, logs (\S+)")
+    submitted = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted: 2 ranks, logs (\S+)")
     job_id = submitted.group(1)
-    _wait_for(tmp_path, r"^step     5 ")  # rank 0's lines streamed to the submitting terminal
+    wait_for_output(tmp_path, r"^step     5 ")  # rank 0's lines streamed to the submitting terminal
     # What Slurm sends signal_delay_s ahead of the time limit, or on preemption.
     subprocess.run(["scancel", "--signal=USR2", job_id], env=slurm_env, check=True)
     assert job.wait(timeout=300) == 0, (tmp_path / "out.txt").read_text()[-3000:]
@@ -134,8 +124,8 @@ def test_warned_job_saves_requeues_and_resumes_in_the_same_run(slurm_env, tmp_pa
 def test_job_stopped_from_outside_never_stays_running(slurm_env, tmp_path, store, scancel):
     uri, db = store
     job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
-    job_id = _wait_for(tmp_path, r"^Slurm job (\d+) submitted").group(1)
-    _wait_for(tmp_path, r"^step     3 ")
+    job_id = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted").group(1)
+    wait_for_output(tmp_path, r"^step     3 ")
     subprocess.run(["scancel", *scancel, job_id], env=slurm_env, check=True)
     assert job.wait(timeout=180) == 1, (tmp_path / "out.txt").read_text()[-3000:]
     [run] = mlflow_runs(db)
@@ -200,8 +190,8 @@ def test_sweep_submits_a_job_per_point_and_goes_on_past_a_failing_one(slurm_env,
 def test_ctrl_c_while_waiting_cancels_the_job_and_its_run_ends_killed(slurm_env, tmp_path, store):
     uri, db = store
     job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
-    job_id = _wait_for(tmp_path, r"^Slurm job (\d+) submitted").group(1)
-    _wait_for(tmp_path, r"^step     3 ")
+    job_id = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted").group(1)
+    wait_for_output(tmp_path, r"^step     3 ")
     job.send_signal(signal.SIGINT)  # the submitting process only, as from a terminal it would be the group
     assert job.wait(timeout=180) != 0
     [run] = mlflow_runs(db)
@@ -228,8 +218,8 @@ def test_without_waiting_the_job_runs_on_after_the_submitter_returns(slurm_env, 
 def test_warned_job_without_checkpoints_ends_killed_with_timeout(slurm_env, tmp_path, store):
     uri, db = store
     job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
-    job_id = _wait_for(tmp_path, r"^Slurm job (\d+) submitted").group(1)
-    _wait_for(tmp_path, r"^step     3 ")
+    job_id = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted").group(1)
+    wait_for_output(tmp_path, r"^step     3 ")
     subprocess.run(["scancel", "--signal=USR2", job_id], env=slurm_env, check=True)
     assert job.wait(timeout=180) == 1, (tmp_path / "out.txt").read_text()[-3000:]
     [run] = mlflow_runs(db)
@@ -281,9 +271,9 @@ def _task_pid(job_id: str, rank: int) -> int:
 def test_a_stopped_task_is_named_by_its_heartbeat_and_the_job_cancelled(slurm_env, tmp_path, store):
     uri, db = store
     job = _start([*JOB, *SLURM, "training.steps=5000", "launcher.heartbeat_timeout_s=20", uri], tmp_path, slurm_env)
-    job_id = _wait_for(tmp_path, r"^Slurm job (\d+) submitted").group(1)
+    job_id = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted").group(1)
     try:
-        _wait_for(tmp_path, r"^step     3 ")
+        wait_for_output(tmp_path, r"^step     3 ")
         os.kill(_task_pid(job_id, 1), signal.SIGSTOP)
         assert job.wait(timeout=120) == 1, (tmp_path / "out.txt").read_text()[-3000:]
     finally:  # a failure here must not leave the job running past the cluster

@@ -44,9 +44,6 @@ class MlflowRun:
     def __init__(self, uri: str, run_id: str):
         self.client = client(uri)
         self.run_id = run_id
-        # The (metric, step) pairs a reopened run holds already: a job that resumes from a checkpoint
-        # older than its last logged step (a node failed) runs those steps again; their first values stand.
-        self._logged: set[tuple[str, int]] = set()
 
     @classmethod
     def reopen(cls, uri: str, run_id: str) -> "MlflowRun | None":
@@ -64,7 +61,6 @@ class MlflowRun:
             run.set_tag("status", "running")
         if "failure_reason" in found.data.tags:  # the earlier end's reason no longer holds
             with_retries(lambda: run.client.delete_tag(run_id, "failure_reason"))
-        run._logged = {(key, metric.step) for key in found.data.metrics for metric in run.metric_history(key)}
         return run
 
     @classmethod
@@ -96,10 +92,7 @@ class MlflowRun:
         from mlflow.entities import Metric
 
         items = [
-            Metric(k, float(v), timestamp, step)
-            for step, metrics, timestamp in records
-            for k, v in metrics.items()
-            if (k, step) not in self._logged
+            Metric(k, float(v), timestamp, step) for step, metrics, timestamp in records for k, v in metrics.items()
         ]
         for chunk in _chunks(items, _MAX_METRICS_PER_BATCH):
             with_retries(functools.partial(self.client.log_batch, self.run_id, metrics=chunk))

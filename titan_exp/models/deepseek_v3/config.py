@@ -3,7 +3,7 @@ A rank of 0 for the compressed keys and values means the model's attention is gr
 
 from dataclasses import dataclass
 
-from titan_exp.rules import Section, check_positive
+from titan_exp.rules import Section, check_at_least, check_positive
 
 
 @dataclass
@@ -33,8 +33,7 @@ class MLAConfig(Section):
             return
         for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mscale"):
             check_positive(f"{key}.{name}", getattr(self, name))
-        if self.q_lora_rank < 0:
-            check_positive(f"{key}.q_lora_rank", self.q_lora_rank)
+        check_at_least(f"{key}.q_lora_rank", self.q_lora_rank, 0)
 
     def attention_parameters(self, dim: int, n_heads: int) -> int:
         """One layer's: the query path, the key-value latent and its norm, the output projection."""

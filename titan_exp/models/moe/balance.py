@@ -37,10 +37,11 @@ class ExpertBalance:
                 for layer, module in self.layers.items():
                     load = counts[layer]
                     module.router.expert_bias += moe.load_balance_coeff * torch.sign(load.mean() - load)
+        # One copy to the host for every layer's ratio, not one per layer.
+        ratios = (counts.amax(dim=1) / counts.mean(dim=1)).tolist()
+        routed = (counts.sum(dim=1) > 0).tolist()
         imbalance = {
-            layer: (counts[layer].max() / counts[layer].mean()).item()
-            for layer in range(self.cfg.n_layers)
-            if self.cfg.is_moe_layer(layer) and counts[layer].sum() > 0
+            layer: ratios[layer] for layer in range(self.cfg.n_layers) if self.cfg.is_moe_layer(layer) and routed[layer]
         }
         metrics = {f"moe/load_imbalance/layer_{layer}": value for layer, value in imbalance.items()}
         if imbalance:

@@ -104,21 +104,22 @@ class MoE(nn.Module):
         flat = experts.flatten()
         order = flat.argsort(stable=True)  # grouped by expert, each group in token order
         source = order // self.cfg.top_k  # the token each sorted row came from
-        counts = _counts(flat, self.cfg.num_experts)
-        if torch.is_grad_enabled() and _COUNTING.get() and not is_fake(flat):
-            with torch.no_grad():
-                self.tokens_per_expert += torch.tensor(counts, dtype=self.tokens_per_expert.dtype)
-        routed = self.experts(tokens[source], counts) * weights.flatten()[order].unsqueeze(-1)
+        routed = self.experts(tokens[source], self._counts(flat)) * weights.flatten()[order].unsqueeze(-1)
         out = torch.zeros_like(tokens).index_add_(0, source, routed)
         if self.shared is not None:
             out = out + self.shared(tokens)
         return out.view_as(x)
 
-
-def _counts(experts: torch.Tensor, num_experts: int) -> list[int]:
-    """Rows routed to each expert. A dry run's fake tensors hold no routing to count: there the
-    tokens are taken as spread evenly (the balanced case the memory of a dry run then measures)."""
-    if is_fake(experts):
-        share, extra = divmod(experts.numel(), num_experts)
-        return [share + (expert < extra) for expert in range(num_experts)]
-    return torch.bincount(experts, minlength=num_experts).tolist()
+    def _counts(self, experts: torch.Tensor) -> list[int]:
+        """Rows routed to each expert, added to the load of a training forward. A dry run's fake
+        tensors hold no routing to count: there the tokens are taken as spread evenly (the balanced
+        case the memory of a dry run then measures)."""
+        num_experts = self.cfg.num_experts
+        if is_fake(experts):
+            share, extra = divmod(experts.numel(), num_experts)
+            return [share + (expert < extra) for expert in range(num_experts)]
+        counts = torch.bincount(experts, minlength=num_experts)
+        if torch.is_grad_enabled() and _COUNTING.get():
+            with torch.no_grad():
+                self.tokens_per_expert += counts
+        return counts.tolist()

@@ -33,24 +33,9 @@ munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.sock
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=titanexp
 SlurmctldHost=$host
-AuthType=auth/munge
-CredType=cred/munge
+Include $(dirname "$(realpath "$0")")/common.conf
 # cred_expire: a requeued job may start again cred_expire + 1 s later (Slurm default 120 s).
 AuthInfo=socket=$dir/munge/munge.socket,cred_expire=5
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-# Schedule a submitted batch job at once: Slurm waits up to 3 s by default (batch_sched_delay), to
-# batch submissions, and runs its scheduling loop at most every 2 s (sched_min_interval, in µs). A
-# requeued job becomes eligible with no event to wake the scheduler: without its loops every second
-# (sched_interval, bf_interval: 60 s and 30 s by default) it waits for the next backfill pass.
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000,sched_interval=1,bf_interval=1
-MpiDefault=none
-ReturnToService=2
-SlurmUser=root
-SlurmdUser=root
 SlurmctldPort=${SLURMCTLD_PORT:-16817}
 SlurmdPort=${SLURMD_PORT:-16818}
 StateSaveLocation=$dir/state

@@ -139,24 +139,11 @@ cores=$(getconf _NPROCESSORS_ONLN)
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=titanexp2
 SlurmctldHost=$controller($subnet.1)
-AuthType=auth/munge
-CredType=cred/munge
+Include $(dirname "$(realpath "$0")")/common.conf
 # cred_expire: a requeued job may start again cred_expire + 1 s later (Slurm default 120 s).
 AuthInfo=socket=$dir/munge/munge.socket,cred_expire=5
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/backfill
-# Schedule at once, and a requeued job within a second (see cluster.sh).
-SchedulerParameters=batch_sched_delay=0,sched_min_interval=100000,sched_interval=1,bf_interval=1
-MpiDefault=none
-# A node that comes back (its slurmd registers again) returns to service by itself.
-ReturnToService=2
 # A node that stops answering is DOWN after SlurmdTimeout; a job still on it ends NODE_FAIL.
 SlurmdTimeout=${SLURMD_TIMEOUT:-30}
-SlurmUser=root
-SlurmdUser=root
 SlurmctldPort=$ctld_port
 SlurmdPort=${SLURMD_PORT:-16828}
 StateSaveLocation=$dir/state

@@ -27,36 +27,40 @@ LOAD = "moe/load_imbalance"  # the worst MoE layer's routed tokens per expert, m
 RTOL = 1e-4
 # Each layout takes the same 4 sequences a step (experiment=loss_parity's local batch is 4).
 LAYOUTS = {
-    "qwen3_moe_debug": {
-        "single": "parallelism=single",
-        "fsdp2": "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2",
-        "pp2": "parallelism=pp launcher.nproc_per_node=2 parallelism.pipeline_parallel_schedule=1F1B",
-        "cp2": "parallelism=cp launcher.nproc_per_node=2",
-    },
+    # The expert-parallel layouts, as experiment=loss_parity_moe runs them (its own list).
+    "qwen3_moe_debug": {layout: layout for layout in compose_job_config(["experiment=loss_parity_moe"]).parity.layouts},
     # Latent attention, grouped sigmoid routing and a shared expert.
     "deepseek_v3_debug": {
-        "single": "parallelism=single",
+        "parallelism=single": "parallelism=single",
         "fsdp2": "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2",
+        "ep2": "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2 "
+        "parallelism.expert_parallel_degree=2",
         "pp2": "parallelism=pp launcher.nproc_per_node=2 parallelism.pipeline_parallel_schedule=1F1B",
-        "cp2": "parallelism=cp launcher.nproc_per_node=2",
+        "cp2·ep2": "parallelism=cp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
     },
     # The dense model's q/k norms under tensor parallelism (their weight's gradient summed over the heads' ranks).
     "qwen3_debug": {
-        "single": "parallelism=single",
+        "parallelism=single": "parallelism=single",
         "tp2": "parallelism=tp launcher.nproc_per_node=2",
     },
 }
+REFERENCE = "parallelism=single"
+EXPERIMENT = {"qwen3_moe_debug": "loss_parity_moe"}
 
 
 def parity_curves(model: str, folder: Path) -> dict[str, list[float]]:
     db = folder / "mlflow.db"
     layouts = LAYOUTS[model]
+    experiment = EXPERIMENT.get(model)
+    own_layouts = (
+        [] if experiment else ["parity.layouts=[" + ",".join(f"'{layout}'" for layout in layouts.values()) + "]"]
+    )
     result = run_cli(
         [
-            "experiment=loss_parity",
+            f"experiment={experiment or 'loss_parity'}",
             f"model={model}",
             f"training.steps={STEPS}",
-            "parity.layouts=[" + ",".join(f"'{layout}'" for layout in layouts.values()) + "]",
+            *own_layouts,
             f"tracking.uri=sqlite:///{db}",
         ],
         folder,
@@ -76,14 +80,14 @@ def parity_curves(model: str, folder: Path) -> dict[str, list[float]]:
 @pytest.mark.parametrize("model", LAYOUTS)
 def test_every_layout_reproduces_the_single_device_curve(model, tmp_path):
     curves, load = parity_curves(model, tmp_path)
-    reference = curves.pop("single")
+    reference = curves.pop(REFERENCE)
     assert len(reference) == STEPS and reference[-1] < reference[0], reference  # it trains
     for name, curve in curves.items():
         assert curve == pytest.approx(reference, rel=RTOL), name
     # The experts' load, a count of the routing, is the same in every layout (a dense model has none).
     moe = model != "qwen3_debug"
     assert all(len(curve) == (STEPS if moe else 0) for curve in load.values()), load
-    assert all(curve == load["single"] for curve in load.values()), load
+    assert all(curve == load[REFERENCE] for curve in load.values()), load
 
 
 def _tensor_parallel_grads(rank: int, port: int, results: dict) -> None:

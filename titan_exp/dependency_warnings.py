@@ -3,6 +3,7 @@
 and is a cause to fix where it arises, not one to add here. The code that triggers one installs the
 filters just before (installing them again changes nothing)."""
 
+import logging
 import warnings
 
 # message (regex), module reported from (regex), and why it cannot be avoided.
@@ -28,3 +29,20 @@ _UNAVOIDABLE = (
 def ignore_unavoidable_warnings() -> None:
     for message, module in _UNAVOIDABLE:
         warnings.filterwarnings("ignore", message=message, category=UserWarning, module=module)
+
+
+class _SequentialRedistribute(logging.Filter):
+    """Drops DTensor's log line that a reduction over a 2D mesh takes one all-reduce per dim.
+
+    Expert-parallel experts are sharded over FSDP's ranks and EP's, two dims of the mesh; their
+    gradient norm (a scalar, once a step) is reduced over both, one after the other. Torch suggests
+    flattening the dims, which would need a third mesh for one scalar."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "sequential all_reduce operations will be performed" not in record.getMessage()
+
+
+def ignore_sequential_redistribute_log() -> None:
+    logger = logging.getLogger("torch.distributed.tensor._redistribute")
+    if not any(isinstance(f, _SequentialRedistribute) for f in logger.filters):
+        logger.addFilter(_SequentialRedistribute())

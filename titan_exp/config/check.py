@@ -171,13 +171,13 @@ def check_layout(cfg: JobConfig, dims: ParallelDims) -> None:
             )
     model = f"{cfg.model.name}_{cfg.model.flavor}"
     moe_model = cfg.model.moe.enabled
-    if dims.tp > 1 and (moe_model or cfg.model.mla.enabled):
-        unsplit = "experts" if moe_model else "latent attention"
+    if dims.tp > 1 and cfg.model.mla.enabled:
         raise ConfigError(
             "parallelism.tensor_parallel_degree",
             dims.tp,
-            f"tensor parallelism does not split {model}'s {unsplit} yet; use a data-parallel or pipeline layout",
+            f"tensor parallelism does not split {model}'s latent attention yet; use a data-parallel or pipeline layout",
         )
+    _check_expert_layout(cfg, dims, model)
     if moe_model and cfg.quantize.name != "none":
         raise ConfigError(
             "quantize",
@@ -189,6 +189,30 @@ def check_layout(cfg: JobConfig, dims: ParallelDims) -> None:
             "quantize",
             "mxfp8",
             "mxfp8 under tensor parallelism is not wired here; use quantize=float8 or tensor_parallel_degree=1",
+        )
+
+
+def _check_expert_layout(cfg: JobConfig, dims: ParallelDims, model: str) -> None:
+    """Expert parallelism against the model and the other degrees (its arithmetic with dp_shard,
+    cp and tp is ParallelDims')."""
+    key, moe = "parallelism.expert_parallel_degree", cfg.model.moe
+    if dims.ep > 1 and not moe.enabled:
+        raise ConfigError(key, dims.ep, f"{model} has no experts to split; set it to 1")
+    if dims.ep > 1 and moe.num_experts % dims.ep:
+        raise ConfigError(key, dims.ep, f"must divide {model}'s {moe.num_experts} experts (model.moe.num_experts)")
+    if dims.ep > 1 and dims.dp_replicate > 1:
+        raise ConfigError(
+            key,
+            dims.ep,
+            "replicas (data_parallel_replicate_degree > 1: DDP/HSDP) of expert-parallel experts are not wired "
+            "yet; shard instead (data_parallel_replicate_degree=1)",
+        )
+    if dims.tp > 1 and moe.enabled and dims.ep == 1:
+        raise ConfigError(
+            "parallelism.tensor_parallel_degree",
+            dims.tp,
+            f"{model}'s experts are spread over the tp ranks by expert parallelism; set "
+            f"parallelism.expert_parallel_degree to a multiple of {dims.tp * dims.cp} (tp × cp)",
         )
 
 
@@ -262,12 +286,12 @@ def check_device_features(cfg: JobConfig, dims: ParallelDims, device: str) -> No
 
 def check_local_tensor_layout(cfg: JobConfig, dims: ParallelDims) -> None:
     """COMM_MODE=local_tensor runs tensor parallelism only."""
-    if max(dims.dp_shard, dims.dp_replicate, dims.pp, dims.cp) > 1:
+    if max(dims.dp_shard, dims.dp_replicate, dims.pp, dims.cp, dims.ep) > 1:
         raise ConfigError(
             "COMM_MODE",
             "local_tensor",
             "runs tensor parallelism only: torch 2.13's LocalTensorMode fails inside FSDP2 (resize_() on an invalid "
-            "storage) and is not wired for DDP/pipelining/CP here; "
+            "storage) and is not wired for DDP/pipelining/CP/EP here; "
             f"use parallelism=tp, or COMM_MODE=fake_backend for {cfg.parallelism.name}",
         )
 

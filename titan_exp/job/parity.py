@@ -30,11 +30,10 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
     """Returns True when every layout stays within cfg.parity.rtol of the reference. With tracking
     on, the layouts' runs are children of one parent run that gets the comparison and the report."""
     seed_folder = job_dir / "seed_checkpoint"
+    # The command's parity experiment (loss_parity's settings where parity.layouts alone was given),
     # parity.layouts emptied: a layout's job is an ordinary training job.
-    base = [o for o in task_overrides if not o.startswith("experiment=")] + [
-        "experiment=loss_parity",
-        "parity.layouts=[]",
-    ]
+    experiment = [o for o in task_overrides if o.startswith("experiment=")] or ["experiment=loss_parity"]
+    base = [o for o in task_overrides if not o.startswith("experiment=")] + [*experiment, "parity.layouts=[]"]
     seed_job = ["parallelism=single", "checkpoint.create_seed_checkpoint=true", f"checkpoint.folder={seed_folder}"]
     seed = resolve(_composed([*base, *seed_job, "tracking=none"]))
     preflight(seed)

@@ -9,19 +9,27 @@ from torch.distributed.tensor import DTensor
 def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float, pp_group=None) -> torch.Tensor:
     """Clip in place and return the total norm before clipping.
 
-    Under FSDP/TP each rank holds shards of the gradients: the norm of a DTensor gradient is computed
-    over the full tensor (a reduction across the mesh); under pipeline parallelism each pp rank holds
-    other layers, so the squared norms are summed over the pp group. Every rank then clips by the same
-    global norm.
+    Under FSDP/TP each rank holds shards of the gradients: the norm of DTensor gradients is computed
+    over the full tensors (a reduction across their mesh), one mesh at a time, as expert-parallel
+    experts live on another mesh than the dense parameters; under pipeline parallelism each pp rank
+    holds other layers, so the squared norms are summed over the pp group. Every rank then clips by
+    the same global norm.
     """
-    grads = [p.grad for p in parameters if p.grad is not None]
-    total_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if isinstance(total_norm, DTensor):
-        total_norm = total_norm.full_tensor()
+    # Parameters by the mesh of their gradient (None: not sharded); foreach ops take one mesh at a time.
+    by_mesh: dict[object, list[torch.nn.Parameter]] = {}
+    for p in parameters:
+        if p.grad is not None:
+            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    norms = []
+    for params in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total_norm = norms[0] if len(norms) == 1 else torch.stack(norms).norm() if norms else torch.zeros(())
     if pp_group is not None:
         squared = total_norm**2
         dist.all_reduce(squared, group=pp_group)
         total_norm = squared.sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=True)
+        for params in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm, foreach=True)
     return total_norm

@@ -60,10 +60,24 @@ class ParallelismConfig(Section):
     # Context-parallel attention: torch (torch's ring attention; CUDA only, no pipelining) |
     # allgather (K/V all-gathered over the cp ranks; any device, any backend) | auto (torch on CUDA).
     context_parallel_impl: str = one_of("auto", "torch", "allgather")
+    # Expert parallelism (MoE models): each MoE layer's experts split over this many ranks, tokens
+    # sent to their experts' ranks and back by all-to-all. Not a factor of the world size: EP
+    # borrows its ranks from data_parallel_shard × context × tensor parallel (torchtitan's meaning);
+    # the experts are FSDP-sharded over the data-parallel ranks it leaves.
+    expert_parallel_degree: int = 1
+    # Tensor parallel inside each expert (torchtitan's key): 1, each expert whole on its EP rank.
+    expert_tensor_parallel_degree: int = 1
 
     def check(self, key: str) -> None:
         super().check(key)
         check_positive(f"{key}.pipeline_parallel_microbatch_size", self.pipeline_parallel_microbatch_size)
+        check_positive(f"{key}.expert_parallel_degree", self.expert_parallel_degree)
+        if self.expert_tensor_parallel_degree != 1:
+            raise ConfigError(
+                f"{key}.expert_tensor_parallel_degree",
+                self.expert_tensor_parallel_degree,
+                "only 1 is wired: each expert whole on its rank, EP spanning the tensor-parallel ranks",
+            )
         if self.pipeline_parallel_layers_per_stage is not None:
             check_positive(f"{key}.pipeline_parallel_layers_per_stage", self.pipeline_parallel_layers_per_stage)
 

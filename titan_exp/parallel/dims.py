@@ -17,9 +17,11 @@ class ParallelDims:
     dp_shard: int
     cp: int
     tp: int
+    # Expert parallel: borrowed from dp_shard × cp × tp, not a factor of the world size.
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in MESH_DIMS.values():
+        for name in (*MESH_DIMS.values(), "ep"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ParallelDims.{name}={getattr(self, name)}: degrees are >= 1 once resolved")
 
@@ -51,7 +53,9 @@ class ParallelDims:
                 f"the degrees multiply to {fixed} but the world size is {world_size} "
                 f"(launcher.nproc_per_node × launcher.nodes); make them equal or set one degree to -1",
             )
-        return cls(**{MESH_DIMS[key]: world_size // fixed if d == -1 else d for key, d in degrees.items()})
+        resolved = {MESH_DIMS[key]: world_size // fixed if d == -1 else d for key, d in degrees.items()}
+        _check_expert_parallel(parallelism.expert_parallel_degree, **resolved)
+        return cls(**resolved, ep=parallelism.expert_parallel_degree)
 
     def degrees(self) -> dict[str, int]:
         """Every degree keyed by its config key (parallelism.*), outermost first."""
@@ -79,13 +83,38 @@ class ParallelDims:
     def ddp_enabled(self) -> bool:
         return self.dp_replicate > 1 and not self.fsdp_enabled
 
+    @property
+    def dp_shard_in_ep(self) -> int:
+        """The part of dp_shard that expert parallelism borrows (beside all of cp and tp)."""
+        return self.ep // (self.cp * self.tp) if self.ep > 1 else 1
+
+    @property
+    def dp_shard_mod_ep(self) -> int:
+        """The part of dp_shard EP leaves: the ranks each expert is FSDP-sharded over."""
+        return self.dp_shard // self.dp_shard_in_ep
+
     def mesh_shape(self) -> dict[str, int]:
         """Mesh dims of size > 1, outermost first."""
         return {name: getattr(self, name) for name in MESH_DIMS.values() if getattr(self, name) > 1}
 
+    def device_mesh_shape(self) -> dict[str, int]:
+        """The device mesh's dims, outermost first: those of size > 1 and, under expert parallelism,
+        dp_shard split into the part EP leaves (kept at size 1 too: the experts' FSDP mesh) and the
+        part it borrows."""
+        shape = {}
+        for name in MESH_DIMS.values():
+            if name == "dp_shard" and self.ep > 1:
+                shape["dp_shard_mod_ep"] = self.dp_shard_mod_ep
+                if self.dp_shard_in_ep > 1:
+                    shape["dp_shard_in_ep"] = self.dp_shard_in_ep
+            elif getattr(self, name) > 1:
+                shape[name] = getattr(self, name)
+        return shape
+
     def describe(self) -> str:
         """Compact layout string such as 'dp_replicate2·dp_shard2' ('single' for one device)."""
-        return "·".join(f"{name}{size}" for name, size in self.mesh_shape().items()) or "single"
+        parts = [f"{name}{size}" for name, size in self.mesh_shape().items()]
+        return "·".join(parts + ([f"ep{self.ep}"] if self.ep > 1 else [])) or "single"
 
     def label(self) -> str:
         """Layout in the words people use: 'fsdp8', 'hsdp2x4', 'ddp2', 'fsdp8·tp2' ('single' for one device)."""
@@ -97,5 +126,25 @@ class ParallelDims:
             parts = [f"ddp{self.dp_replicate}"]
         else:
             parts = []
-        parts += [f"{name}{getattr(self, name)}" for name in ("tp", "pp", "cp") if getattr(self, name) > 1]
+        parts += [f"{name}{getattr(self, name)}" for name in ("tp", "pp", "cp", "ep") if getattr(self, name) > 1]
         return "·".join(parts) or "single"
+
+
+def _check_expert_parallel(ep: int, dp_shard: int, cp: int, tp: int, **_: int) -> None:
+    """EP takes all of the cp and tp ranks and part of dp_shard (torchtitan's rule for experts
+    without tensor parallel of their own). Raises ConfigError."""
+    if ep == 1:
+        return
+    key = "parallelism.expert_parallel_degree"
+    if ep < 1:
+        raise ConfigError(key, ep, "must be a positive degree")
+    if ep % (cp * tp):
+        raise ConfigError(
+            key, ep, f"must be a multiple of context × tensor parallel ({cp}×{tp}): EP spans those ranks whole"
+        )
+    if (dp_shard * cp * tp) % ep:
+        raise ConfigError(
+            key,
+            ep,
+            f"must divide data_parallel_shard × context × tensor parallel ({dp_shard}×{cp}×{tp}), the ranks it borrows",
+        )

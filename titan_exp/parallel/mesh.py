@@ -14,7 +14,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from titan_exp.parallel.dims import ParallelDims
 
-# Groups spanning several mesh dims, by what they are for.
+# Groups spanning several mesh dims, by what they are for, and the name of their flattened mesh.
+# Under expert parallelism dp_shard is two mesh dims (parallel/dims.py), dp_shard_mod_ep and
+# dp_shard_in_ep, and stands for both here.
 _FLATTENED = {
     # The ranks that read different batches (context-parallel ranks share one).
     "data": ("dp_replicate", "dp_shard"),
@@ -22,8 +24,15 @@ _FLATTENED = {
     "shard": ("dp_shard", "cp"),
     # The ranks whose losses are averaged: every batch, and every sequence slice of it.
     "loss": ("dp_replicate", "dp_shard", "cp"),
+    # The ranks a MoE layer's experts are split over (torchtitan's "ep").
+    "ep": ("dp_shard_in_ep", "cp", "tp"),
 }
-_FLATTENED_NAME = {dims: "_".join(dims) for dims in _FLATTENED.values()}
+_FLATTENED_NAME = {
+    "data": "dp_replicate_dp_shard",
+    "shard": "dp_shard_cp",
+    "loss": "dp_replicate_dp_shard_cp",
+    "ep": "ep",
+}
 
 
 class ParallelMesh:
@@ -31,7 +40,7 @@ class ParallelMesh:
 
     def __init__(self, dims: ParallelDims, device_type: str):
         self.dims = dims
-        # The flattened meshes, by name, kept here: slicing one back out of the root mesh is
+        # The flattened meshes, by purpose, kept here: slicing one back out of the root mesh is
         # deprecated (torch warns; "users need to bookkeep the flattened mesh directly").
         self.flattened: dict[str, DeviceMesh] = {}
         self.mesh = self._build(device_type)
@@ -40,55 +49,74 @@ class ParallelMesh:
         self.hosts = _gather_hosts()
 
     def _build(self, device_type: str) -> DeviceMesh | None:
-        shape = self.dims.mesh_shape()
+        shape = self.dims.device_mesh_shape()
         if not shape:
             return None
         mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
-        for dims in _FLATTENED.values():
-            present = self._present(dims)
+        for purpose in _FLATTENED:
+            present = self._present(purpose)
             if len(present) > 1:
-                self.flattened[_FLATTENED_NAME[dims]] = mesh[present]._flatten(_FLATTENED_NAME[dims])
+                self.flattened[purpose] = mesh[present]._flatten(_FLATTENED_NAME[purpose])
         return mesh
 
     def __getitem__(self, dim: str) -> DeviceMesh:
         """The 1D submesh of one dim (which must be > 1), e.g. mesh["tp"]."""
         return self.mesh[dim]
 
-    def _present(self, dims: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(d for d in dims if getattr(self.dims, d) > 1)
+    def _present(self, purpose: str) -> tuple[str, ...]:
+        """The mesh dims of size > 1 that the group for `purpose` spans."""
+        shape = self.dims.device_mesh_shape()
+        split = self.dims.ep > 1  # dp_shard is two mesh dims
+        expanded = [
+            part
+            for dim in _FLATTENED[purpose]
+            for part in (("dp_shard_mod_ep", "dp_shard_in_ep") if dim == "dp_shard" and split else (dim,))
+        ]
+        return tuple(d for d in expanded if shape.get(d, 1) > 1)
 
-    def _submesh(self, dims: tuple[str, ...]) -> DeviceMesh | None:
-        """The (flattened) submesh over those of `dims` that exist; None if none does."""
-        present = self._present(dims)
+    def _submesh(self, purpose: str) -> DeviceMesh | None:
+        """The (flattened) submesh of the group for `purpose`; None where it is one rank."""
+        present = self._present(purpose)
         if self.mesh is None or not present:
             return None
-        return self.mesh[present[0]] if len(present) == 1 else self.flattened[_FLATTENED_NAME[dims]]
+        return self.mesh[present[0]] if len(present) == 1 else self.flattened[purpose]
 
-    def _group(self, dims: tuple[str, ...]) -> dist.ProcessGroup | None:
-        submesh = self._submesh(dims)
+    def _group(self, purpose: str) -> dist.ProcessGroup | None:
+        submesh = self._submesh(purpose)
         return None if submesh is None else submesh.get_group()
+
+    @property
+    def ep_mesh(self) -> DeviceMesh | None:
+        """The ranks each MoE layer's experts are split over (None without expert parallelism)."""
+        return self._submesh("ep") if self.dims.ep > 1 else None
+
+    @property
+    def expert_shard_mesh(self) -> DeviceMesh | None:
+        """Under expert parallelism, the ranks each expert is FSDP-sharded over: the data-parallel
+        ranks EP leaves (a mesh of one rank where it leaves none)."""
+        return self.mesh["dp_shard_mod_ep"] if self.dims.ep > 1 else None
 
     @property
     def dp_mesh(self) -> DeviceMesh | None:
         """The mesh FSDP/DDP spread over: 1D, or 2D (replicate, shard) for HSDP; FSDP shards over
         data-shard × cp."""
-        shard = self._submesh(_FLATTENED["shard"])
-        replicate = self._submesh(("dp_replicate",))
+        shard = self._submesh("shard")
+        replicate = self.mesh["dp_replicate"] if self.dims.dp_replicate > 1 else None
         if shard is not None and replicate is not None:
             return DeviceMesh._concatenate([replicate, shard])  # as FSDP2 builds its HSDP mesh (_fsdp_init.py)
         return shard if shard is not None else replicate
 
     @property
     def dp_group(self) -> dist.ProcessGroup | None:
-        return self._group(_FLATTENED["data"])
+        return self._group("data")
 
     @property
     def loss_group(self) -> dist.ProcessGroup | None:
-        return self._group(_FLATTENED["loss"])
+        return self._group("loss")
 
     @property
     def pp_group(self) -> dist.ProcessGroup | None:
-        return self._group(("pp",))
+        return self.mesh["pp"].get_group() if self.dims.pp > 1 else None
 
     @property
     def pp_rank(self) -> int:

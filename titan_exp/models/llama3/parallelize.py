@@ -7,10 +7,11 @@ import copy
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -19,7 +20,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from titan_exp.dependency_warnings import ignore_unavoidable_warnings
+from titan_exp.dependency_warnings import ignore_sequential_redistribute_log, ignore_unavoidable_warnings
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
 from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
@@ -40,6 +41,8 @@ def parallelize_llama(
 ) -> Transformer:
     """`mp_policy`: FSDP's (and replicate's) parameter and gradient-reduction dtypes."""
     dims = mesh.dims
+    if dims.ep > 1:
+        apply_expert_parallel(model, mesh.ep_mesh)
     if dims.tp > 1:
         tp_mesh = mesh["tp"]
         # float8 tensorwise Linears take float8-aware TP styles, which cast before the collectives and
@@ -55,23 +58,27 @@ def parallelize_llama(
         for block in model.layers.values():
             block.compile(backend=compile_cfg.backend, fullgraph=True)
     if dims.fsdp_enabled:
-        _apply_fsdp(model, mesh.dp_mesh, mp_policy, parallelism.fsdp_reshard_after_forward, pipelined=dims.pp > 1)
+        _apply_fsdp(model, mesh, mp_policy, parallelism.fsdp_reshard_after_forward, pipelined=dims.pp > 1)
     elif dims.ddp_enabled:
         replicate(model, mesh=mesh.dp_mesh, mp_policy=mp_policy)
     return model
 
 
 def _apply_fsdp(
-    model: Transformer, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy, reshard: str, pipelined: bool
+    model: Transformer, mesh: ParallelMesh, mp_policy: MixedPrecisionPolicy, reshard: str, pipelined: bool
 ) -> None:
-    """One FSDP unit per block, one for the embeddings, one for norm+output; HSDP when dp_mesh is 2D.
-    On gloo the all-gathers and reduce-scatters are sends that need not be waited for (see below)."""
-    last = len(model.layers) - 1
+    """One FSDP unit per block, one for the embeddings, one for norm+output; HSDP when the dp mesh
+    is 2D. Under expert parallelism each MoE layer's experts are a unit of their own, sharded over
+    the data-parallel ranks EP leaves. On gloo the all-gathers and reduce-scatters are sends that
+    need not be waited for (see below)."""
+    dp_mesh, last = mesh.dp_mesh, len(model.layers) - 1
     for index, block in enumerate(model.layers.values()):
         # The last block's params are needed right away by backward: keeping them saves an all-gather.
         # Under pipelining a stage's blocks run forward and backward for many microbatches
         # interleaved: kept gathered (torchtitan's default), not gathered again for each.
         reshard_after = {"always": True, "never": False}.get(reshard, index < last and not pipelined)
+        if block.moe is not None and mesh.dims.ep > 1:
+            _shard_experts(block.moe.experts, mesh, mp_policy, reshard_after)
         fully_shard(block, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after)
     # A tied weight must stay in one unit (the root), or it would be sharded twice. A pipeline stage
     # may hold neither the embeddings nor the output.
@@ -86,6 +93,31 @@ def _apply_fsdp(
     fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)
     if dist.get_backend(dp_mesh.get_group(dp_mesh.ndim - 1)) == "gloo":
         _overlap_gloo_collectives(model, hsdp=dp_mesh.ndim == 2, mp_policy=mp_policy)
+
+
+def _shard_experts(
+    experts: torch.nn.Module, mesh: ParallelMesh, mp_policy: MixedPrecisionPolicy, reshard_after: bool
+) -> None:
+    """FSDP over the ranks EP leaves (its own unit: the block's mesh is another). Sharded by expert
+    (dim 0) while each rank has an expert to keep, else along the hidden dim."""
+    shard_mesh = mesh.expert_shard_mesh
+    local_experts = experts.w1.to_local().shape[0]
+    dim = 0 if local_experts % shard_mesh.size() == 0 else 1
+    fully_shard(
+        experts,
+        mesh=shard_mesh,
+        mp_policy=mp_policy,
+        reshard_after_forward=reshard_after,
+        shard_placement_fn=lambda param: Shard(dim),
+    )
+    # Each expert's gradient already sums the EP ranks' tokens (the all-to-all's backward), and the
+    # reduce-scatter adds the rest: divide by every rank whose loss is averaged, as dense FSDP does.
+    dims = mesh.dims
+    experts.set_gradient_divide_factor(dims.dp_replicate * dims.dp_shard * dims.cp)
+    if shard_mesh.size() > 1 and dist.get_backend(shard_mesh.get_group()) == "gloo":
+        # A sum, then the division: gloo has no PREMUL_SUM. Not on one rank, where torch 2.13
+        # divides twice when asked to sum (its copy in place of the reduce-scatter divides too).
+        experts.set_force_sum_reduction_for_comms(True)
 
 
 def _overlap_gloo_collectives(model: Transformer, hsdp: bool, mp_policy: MixedPrecisionPolicy) -> None:
@@ -140,16 +172,60 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool 
         "attention.wv": colwise(),
         "attention.wo": rowwise(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
+    }
+    dense_plan = {
         "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "feed_forward.w1": colwise(),
         "feed_forward.w2": rowwise(output_layouts=Shard(1)),
         "feed_forward.w3": colwise(),
     }
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan)
+        ffn_plan = dense_plan if block.moe is None else _tensor_parallel_moe(block.moe, tp_mesh)
+        parallelize_module(block, tp_mesh, block_plan | ffn_plan)
         for norm in (block.attention.q_norm, block.attention.k_norm):
             if norm is not None:
                 _replicate_head_norm(norm, tp_mesh)
+
+
+def apply_expert_parallel(model: Transformer, ep_mesh: DeviceMesh) -> None:
+    """Each MoE layer's experts split by expert over the EP ranks (DTensors sharded on dim 0, so
+    checkpoints and initialization see the whole stack); tokens reach them by all-to-all."""
+
+    def by_expert(name, module, mesh):
+        for param_name, param in list(module.named_parameters(recurse=False)):
+            sharded = nn.Parameter(distribute_tensor(param, mesh, [Shard(0)], src_data_rank=None))
+            module.register_parameter(param_name, sharded)
+
+    for block in model.layers.values():
+        if block.moe is not None:
+            distribute_module(block.moe.experts, ep_mesh, partition_fn=by_expert)
+            block.moe.experts.ep_group = ep_mesh.get_group()
+    ignore_sequential_redistribute_log()  # the gradient norm over FSDP's and EP's dims
+
+
+def _tensor_parallel_moe(moe: torch.nn.Module, tp_mesh: DeviceMesh) -> dict:
+    """A MoE layer under TP, whose experts expert parallelism spreads over the tp ranks too: each tp
+    rank routes its own slice of the sequence (no all-gather), so the router and shared experts are
+    replicated and see different tokens on each rank (their gradients are summed over the ranks)."""
+    _replicate_over_token_slices(moe.router.gate, tp_mesh)
+    if moe.shared is not None:
+        _replicate_over_token_slices(moe.shared, tp_mesh)
+    return {
+        "moe": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
+    }
+
+
+def _replicate_over_token_slices(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """`module`'s weights replicated over the tp ranks, its input (tokens, dim) each rank's own
+    tokens: declared so, DTensor sums the weights' gradients over the ranks."""
+
+    def tokens_in(module, inputs, mesh):
+        return (DTensor.from_local(inputs[0], mesh, [Shard(0)], run_check=False),)
+
+    def local_out(module, output, mesh):
+        return output.to_local()
+
+    distribute_module(module, tp_mesh, input_fn=tokens_in, output_fn=local_out)
 
 
 def _replicate_head_norm(norm: torch.nn.Module, tp_mesh: DeviceMesh) -> None:

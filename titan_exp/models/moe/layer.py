@@ -8,11 +8,14 @@ import contextvars
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
+from torch.distributed.tensor import DTensor
 
 from titan_exp.models.moe.config import MoEConfig
+from titan_exp.models.moe.dispatch import run_on_expert_ranks
 from titan_exp.models.swiglu import SwiGLU
 
 # Whether a forward's routed rows count toward the experts' load (moe/balance.py).
@@ -67,7 +70,10 @@ class Router(nn.Module):
 
 
 class GroupedExperts(nn.Module):
-    """Every expert's SwiGLU, stacked: w1 and w3 (experts, hidden, dim), w2 (experts, dim, hidden)."""
+    """Every expert's SwiGLU, stacked: w1 and w3 (experts, hidden, dim), w2 (experts, dim, hidden).
+
+    Under expert parallelism (parallelize.py) the weights are DTensors sharded by expert over the
+    EP ranks, `ep_group` is set, and each rank runs its own experts over the rows sent to them."""
 
     def __init__(self, dim: int, cfg: MoEConfig):
         super().__init__()
@@ -75,14 +81,22 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(experts, dim, hidden))
         self.w3 = nn.Parameter(torch.empty(experts, hidden, dim))
+        self.ep_group: dist.ProcessGroup | None = None
 
     def forward(self, grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """`grouped`: the tokens sorted by expert, counts[e] of them for expert e."""
+        if self.ep_group is None:
+            return self._run(grouped, counts)
+        return run_on_expert_ranks(grouped, counts, self.ep_group, self._run)
+
+    def _run(self, grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """This rank's experts over their rows (`counts[e]` for its e-th expert)."""
+        w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3))
         # One matmul per expert: correct everywhere; torch's grouped GEMM (CUDA, bf16) is for later.
         outputs = []
         for expert, rows in enumerate(torch.split(grouped, counts)):
-            hidden = F.silu(rows @ self.w1[expert].T) * (rows @ self.w3[expert].T)
-            outputs.append(hidden @ self.w2[expert].T)
+            hidden = F.silu(rows @ w1[expert].T) * (rows @ w3[expert].T)
+            outputs.append(hidden @ w2[expert].T)
         return torch.cat(outputs)
 
 

@@ -1,0 +1,88 @@
+"""Expert parallelism on real gloo ranks: one forward and backward of the MoE debug model in each
+expert-parallel layout gives every parameter the single-device gradient (gathered whole), and the
+same gradient norm: a wrong divide factor on the experts' gradients, or a norm that misses a mesh,
+shows here, where Adam's scale-free first steps would hide it from a loss curve."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from launchers.env import free_port
+from titan_exp.config.compose import compose_job_config
+from titan_exp.models.llama3.model import Transformer, canonical_name
+from titan_exp.optim.grad_clip import clip_grad_norm_
+from titan_exp.parallel.dims import ParallelDims
+from titan_exp.parallel.mesh import ParallelMesh
+from titan_exp.train.model_parts import build_model_parts
+
+MODEL = ["model=qwen3_moe_debug", "training.mixed_precision_param=float32"]
+TOKENS = torch.randint(0, 2048, (4, 32), generator=torch.Generator().manual_seed(0))
+# name: (world size, overrides)
+LAYOUTS = {
+    "ep2": (2, ["parallelism=fsdp", "parallelism.expert_parallel_degree=2"]),
+    "fsdp4·ep2": (4, ["parallelism=fsdp", "parallelism.expert_parallel_degree=2"]),
+    "fsdp2·ep4": (4, ["parallelism=fsdp", "parallelism.expert_parallel_degree=4"]),
+    "tp2·ep2": (2, ["parallelism=tp", "parallelism.expert_parallel_degree=2"]),
+}
+
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+def _grads(rank: int, world: int, port: int, overrides: list[str], results: dict) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        cfg = compose_job_config([*MODEL, *overrides])
+        mesh = ParallelMesh(ParallelDims.resolve(cfg.parallelism, world), "cpu")
+        model = build_model_parts(cfg, mesh, torch.device("cpu")).parts[0]
+        model.to_empty(device="cpu")
+        model.init_weights(seed=0)
+        rows = TOKENS.chunk(mesh.dims.dp)[mesh.dp_rank]  # this rank's sequences
+        if mesh.dims.tp > 1:
+            with loss_parallel():
+                loss = _loss(model(rows), rows)
+                loss.backward()
+        else:
+            _loss(model(rows), rows).backward()
+        norm = clip_grad_norm_(list(model.parameters()), max_norm=0.0)
+        grads = {}
+        for name, param in model.named_parameters():
+            grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+            grads[canonical_name(name)] = grad.clone()
+        if rank == 0:
+            results["grads"], results["norm"] = grads, norm.item()
+    finally:
+        dist.destroy_process_group()
+
+
+def _single_device() -> tuple[dict[str, torch.Tensor], float]:
+    model = Transformer(compose_job_config(MODEL).model)
+    model.init_weights(seed=0)
+    _loss(model(TOKENS), TOKENS).backward()
+    norm = clip_grad_norm_(list(model.parameters()), max_norm=0.0)
+    return {name: param.grad for name, param in model.named_parameters()}, norm.item()
+
+
+@pytest.fixture(scope="module")
+def single_device():
+    return _single_device()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_parameter_gets_the_single_device_gradient(layout, single_device):
+    expected, expected_norm = single_device
+    world, overrides = LAYOUTS[layout]
+    results = mp.Manager().dict()
+    mp.spawn(_grads, args=(world, free_port(), overrides, results), nprocs=world)
+    grads = results["grads"]
+    assert grads.keys() == expected.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-7, msg=f"{layout}: {name}")
+    assert results["norm"] == pytest.approx(expected_norm, rel=1e-4)  # the loss-parity tolerance

@@ -85,14 +85,20 @@ def test_options_of_a_group_compose_to_different_sections(group: str) -> None:
 
 
 def _preset(name: str) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """(group → option the preset selects with `override /group: option`, section → its own values)."""
+    """(group → option the preset selects with `override /group: option`, section → its own values),
+    over those of a preset it builds on (a plain name in its defaults: loss_parity_moe's loss_parity)."""
     raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / PRESETS / f"{name}.yaml"))
-    selected = {}
+    selected, own = {}, {}
     for entry in raw.pop("defaults", []):
         if isinstance(entry, dict):
             for key, option in entry.items():
                 selected[key.removeprefix("override").strip().lstrip("/")] = option
-    return selected, raw
+        elif entry != "_self_":
+            base_selected, own = _preset(entry)
+            selected = base_selected | selected
+    for section, values in raw.items():
+        own[section] = own.get(section, {}) | values
+    return selected, own
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -103,7 +109,7 @@ def test_every_experiment_preset_composes(name: str) -> None:
     selected, own = _preset(name)
     for group, option in selected.items():
         values = option_values(group, option) | own.pop(group, {})
-        assert getattr(job, group) == dataclasses.replace(schema_default(group), **values), group
+        assert getattr(job, group) == with_values(schema_default(group), values), group
     for section, values in own.items():
         for key, value in values.items():
             assert getattr(getattr(job, section), key) == value, f"{section}.{key}"

@@ -1,7 +1,9 @@
 """Expert parallelism on real gloo ranks: one forward and backward of the MoE debug model in each
 expert-parallel layout gives every parameter the single-device gradient (gathered whole), and the
 same gradient norm: a wrong divide factor on the experts' gradients, or a norm that misses a mesh,
-shows here, where Adam's scale-free first steps would hide it from a loss curve."""
+shows here, where Adam's scale-free first steps would hide it from a loss curve. The model's
+auxiliary loss is on (Qwen3's, over the global batch): 3% of the router's gradient, so a rank
+that counted its own tokens only, or TP's slices twice, fails too."""
 
 import os
 

@@ -3,6 +3,7 @@ routing, shared experts): parameter counts held to `transformers`' own models on
 and to the counts the option files state, YaRN's frequencies to transformers', FLOPs on the active
 parameters, and the MoE layer held to a token-by-token reference."""
 
+import dataclasses
 import re
 
 import pytest
@@ -160,7 +161,7 @@ def test_grouped_routing_keeps_each_token_within_its_best_groups():
     layer = MoE(16, cfg)
     torch.nn.init.normal_(layer.router.gate.weight)
     tokens = torch.randn(64, 16)
-    _, experts = layer.router(tokens)
+    _, experts, _ = layer.router(tokens)
     scores = layer.router.gate(tokens).sigmoid().view(64, 4, 2)
     best_group = scores.topk(2, dim=-1).values.sum(-1).argmax(-1)
     assert (experts // 2 == best_group.unsqueeze(-1)).all()  # both experts from the one best group
@@ -216,3 +217,34 @@ def test_the_bias_moves_each_expert_toward_the_mean_load():
     assert bias.abs().max() == cfg.moe.load_balance_coeff
     assert metrics["moe/load_imbalance/layer_1"] == pytest.approx((load.max() / load.mean()).item())
     assert layer.tokens_per_expert.sum() == 0  # counted afresh each step
+
+
+def test_the_auxiliary_loss_is_qwen3s():
+    """A layer's auxiliary loss is transformers' load_balancing_loss_func (Qwen3-MoE's) times
+    model.moe.aux_loss_coeff: as the moe/aux_loss metric, and as the gradient it adds to the router."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from titan_exp.models.moe.balance import ExpertBalance
+
+    cfg = dataclasses.replace(compose_job_config(["model=qwen3_moe_debug"]).model, n_layers=1)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    gate_grads, seen = {}, {}
+    for coeff in (cfg.moe.aux_loss_coeff, None):
+        model = Transformer(dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, aux_loss_coeff=coeff)))
+        model.init_weights(seed=0)
+        gate = model.layers["0"].moe.router.gate
+        gate.register_forward_hook(lambda module, inputs, output: seen.update(inputs=inputs[0].detach()))
+        logits = model(tokens)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+        gate_grads[coeff] = gate.weight.grad
+        if coeff is not None:
+            metrics = ExpertBalance([model], model.cfg, torch.device("cpu")).after_step()
+    weight = gate.weight.detach().clone().requires_grad_()
+    expected = cfg.moe.aux_loss_coeff * load_balancing_loss_func(
+        (seen["inputs"] @ weight.T,), cfg.moe.num_experts, cfg.moe.top_k
+    )
+    assert metrics["moe/aux_loss"] == pytest.approx(expected.item(), rel=1e-5)
+    expected.backward()
+    added = gate_grads[cfg.moe.aux_loss_coeff] - gate_grads[None]
+    assert added.abs().max() > 0
+    torch.testing.assert_close(added, weight.grad, rtol=1e-3, atol=1e-9)

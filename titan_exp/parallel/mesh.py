@@ -26,12 +26,17 @@ _FLATTENED = {
     "loss": ("dp_replicate", "dp_shard", "cp"),
     # The ranks a MoE layer's experts are split over (torchtitan's "ep").
     "ep": ("dp_shard_in_ep", "cp", "tp"),
+    # The ranks whose tokens pass the same layers at once (all but the pipeline's): flattened
+    # when first asked for, by every rank at once (a MoE model's auxiliary loss).
+    "tokens": ("dp_replicate", "dp_shard", "cp", "tp"),
 }
+_ON_DEMAND = ("tokens",)
 _FLATTENED_NAME = {
     "data": "dp_replicate_dp_shard",
     "shard": "dp_shard_cp",
     "loss": "dp_replicate_dp_shard_cp",
     "ep": "ep",
+    "tokens": "tokens",
 }
 
 
@@ -53,7 +58,7 @@ class ParallelMesh:
         if not shape:
             return None
         mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
-        for purpose in _FLATTENED:
+        for purpose in [p for p in _FLATTENED if p not in _ON_DEMAND]:  # one order on every rank
             present = self._present(purpose)
             if len(present) > 1:
                 self.flattened[purpose] = mesh[present]._flatten(_FLATTENED_NAME[purpose])
@@ -79,11 +84,20 @@ class ParallelMesh:
         present = self._present(purpose)
         if self.mesh is None or not present:
             return None
-        return self.mesh[present[0]] if len(present) == 1 else self.flattened[purpose]
+        if len(present) == 1:
+            return self.mesh[present[0]]
+        if purpose not in self.flattened:
+            self.flattened[purpose] = self.mesh[present]._flatten(_FLATTENED_NAME[purpose])
+        return self.flattened[purpose]
 
     def _group(self, purpose: str) -> dist.ProcessGroup | None:
         submesh = self._submesh(purpose)
         return None if submesh is None else submesh.get_group()
+
+    @property
+    def token_group(self) -> dist.ProcessGroup | None:
+        """The ranks that run the same layers on different tokens (every rank but the pipeline's)."""
+        return self._group("tokens")
 
     @property
     def ep_mesh(self) -> DeviceMesh | None:

@@ -13,6 +13,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from titan_exp.config.job import ResolvedJob
 from titan_exp.data.loader import BatchLoader
 from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.moe.layer import MoE
 from titan_exp.parallel.context import build_context_parallel
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.train.loss import compiled_loss, cross_entropy_loss
@@ -62,6 +63,12 @@ class ForwardBackward:
         # Under TP the logits stay sharded over the vocabulary; the loss and its backward run on the shards.
         self.loss_context = loss_parallel if dims.tp > 1 else contextlib.nullcontext
         self.loss_fn = compiled_loss(job) or cross_entropy_loss
+        # A MoE layer's auxiliary loss is scaled as the loss is: by 1 / microbatches, which a
+        # pipeline schedule does itself.
+        for part in parts:
+            for module in part.modules():
+                if isinstance(module, MoE):
+                    module.aux_loss_scale = 1.0 if pipeline else 1 / self.accumulation
 
     @torch.no_grad()
     def loss_only(self, loader: BatchLoader, index: int) -> torch.Tensor:

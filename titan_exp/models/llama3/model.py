@@ -107,7 +107,8 @@ class Transformer(nn.Module):
         """
         self.freqs_cis = precompute_freqs_cis(self.cfg, self.cfg.max_seq_len).to(self.freqs_cis.device)
         for name, buffer in self.named_buffers():
-            if name.endswith(("expert_bias", "tokens_per_expert")):  # the routers' state starts at zero
+            # The routers' state starts at zero.
+            if name.endswith(("expert_bias", "tokens_per_expert", "aux_loss_total")):
                 buffer.zero_()
         for wrapped_name, param in self.named_parameters():
             name = canonical_name(wrapped_name)

@@ -41,6 +41,12 @@ def parallelize_llama(
 ) -> Transformer:
     """`mp_policy`: FSDP's (and replicate's) parameter and gradient-reduction dtypes."""
     dims = mesh.dims
+    if model.cfg.moe.aux_loss_coeff is not None:
+        # Asked for on every rank, whether or not its stage holds a MoE layer: a new group is collective.
+        token_group = mesh.token_group
+        for block in model.layers.values():
+            if block.moe is not None:
+                block.moe.token_group = token_group
     if dims.ep > 1:
         apply_expert_parallel(model, mesh.ep_mesh)
     if dims.tp > 1:
@@ -207,6 +213,7 @@ def _tensor_parallel_moe(moe: torch.nn.Module, tp_mesh: DeviceMesh) -> dict:
     """A MoE layer under TP, whose experts expert parallelism spreads over the tp ranks too: each tp
     rank routes its own slice of the sequence (no all-gather), so the router and shared experts are
     replicated and see different tokens on each rank (their gradients are summed over the ranks)."""
+    moe.token_slices = tp_mesh.size()
     _replicate_over_token_slices(moe.router.gate, tp_mesh)
     if moe.shared is not None:
         _replicate_over_token_slices(moe.shared, tp_mesh)

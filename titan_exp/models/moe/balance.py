@@ -1,8 +1,8 @@
 """The experts' load after each step: every MoE layer's routed rows per expert, summed over all
 ranks (one all-reduce of a layers × experts matrix: each layer's rows come from the data- and
 context-parallel ranks of its pipeline stage, and ranks not holding it add zeros), its max over
-its mean (1.0 is perfect balance) for the metrics, and DeepSeek-V3's bias update where
-model.moe.load_balance_coeff is set."""
+its mean (1.0 is perfect balance) for the metrics, DeepSeek-V3's bias update where
+model.moe.load_balance_coeff is set, and Qwen3's auxiliary loss where model.moe.aux_loss_coeff is."""
 
 import torch
 import torch.distributed as dist
@@ -24,14 +24,18 @@ class ExpertBalance:
 
     def after_step(self) -> dict[str, float]:
         """Move the biases (collectives: every rank calls it at the same step); returns the load's
-        max/mean per layer (moe/load_imbalance/layer_N) and over the layers' worst (moe/load_imbalance)."""
+        max/mean per layer (moe/load_imbalance/layer_N) and over the layers' worst
+        (moe/load_imbalance), and the auxiliary loss summed over the layers (moe/aux_loss)."""
         moe = self.cfg.moe
-        counts = torch.zeros(self.cfg.n_layers, moe.num_experts, device=self.device)
+        # Per layer: routed rows per expert, then the auxiliary loss's sum and the forwards it sums.
+        stats = torch.zeros(self.cfg.n_layers, moe.num_experts + 2, device=self.device)
         for layer, module in self.layers.items():
-            counts[layer] = module.tokens_per_expert
+            stats[layer] = torch.cat([module.tokens_per_expert, module.aux_loss_total])
             module.tokens_per_expert.zero_()
+            module.aux_loss_total.zero_()
         if dist.is_initialized():
-            dist.all_reduce(counts)
+            dist.all_reduce(stats)
+        counts, (aux_loss, forwards) = stats[:, : moe.num_experts], stats[:, moe.num_experts :].T
         if moe.load_balance_coeff is not None:
             with torch.no_grad():
                 for layer, module in self.layers.items():
@@ -46,4 +50,7 @@ class ExpertBalance:
         metrics = {f"moe/load_imbalance/layer_{layer}": value for layer, value in imbalance.items()}
         if imbalance:
             metrics["moe/load_imbalance"] = max(imbalance.values())
+        if moe.aux_loss_coeff is not None and imbalance:
+            # Each layer's mean over its forwards (a microbatch's, on its data-parallel ranks).
+            metrics["moe/aux_loss"] = (aux_loss / forwards.clamp(min=1)).sum().item()
         return metrics

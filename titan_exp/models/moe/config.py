@@ -35,6 +35,11 @@ class MoEConfig(Section):
     # moves this much toward the mean load (up if it got fewer tokens, down if more; 1e-3 in
     # DeepSeek-V3). The bias picks the experts, never weighs their outputs. None: no bias.
     load_balance_coeff: Optional[float] = None
+    # Qwen3's auxiliary load-balancing loss (Hugging Face's router_aux_loss_coef): this times
+    # num_experts × Σ_e (rows routed to e / tokens) × (e's mean router probability), added to the
+    # loss in each MoE layer. The routed counts are the global batch's (summed over the ranks, as
+    # Qwen3 was trained), so every layout adds the same loss. None: no auxiliary loss.
+    aux_loss_coeff: Optional[float] = None
 
     @property
     def enabled(self) -> bool:
@@ -45,8 +50,9 @@ class MoEConfig(Section):
         if not self.enabled:
             return
         check_positive(f"{key}.hidden_dim", self.hidden_dim)
-        if self.load_balance_coeff is not None:
-            check_positive(f"{key}.load_balance_coeff", self.load_balance_coeff)
+        for name in ("load_balance_coeff", "aux_loss_coeff"):
+            if getattr(self, name) is not None:
+                check_positive(f"{key}.{name}", getattr(self, name))
         check_positive(f"{key}.route_scale", self.route_scale)
         if not 0 < self.top_k <= self.num_experts:
             raise ConfigError(f"{key}.top_k", self.top_k, f"must lie in [1, model.moe.num_experts={self.num_experts}]")

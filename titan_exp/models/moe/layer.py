@@ -45,8 +45,9 @@ class Router(nn.Module):
         else:
             self.expert_bias = None
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights, experts), each (tokens, top_k): whom each token goes to, and with what weight."""
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weights, experts), each (tokens, top_k): whom each token goes to, and with what weight;
+        and every expert's score, (tokens, experts), for the auxiliary loss."""
         cfg = self.cfg
         logits = self.gate(tokens).float()  # scores in float32 whatever the compute dtype
         scores = logits.softmax(dim=-1) if cfg.score_func == "softmax" else logits.sigmoid()
@@ -56,7 +57,7 @@ class Router(nn.Module):
         weights = scores.gather(-1, experts)
         if cfg.route_norm:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return (weights * cfg.route_scale).type_as(tokens), experts
+        return (weights * cfg.route_scale).type_as(tokens), experts, scores
 
     def _best_groups(self, scores: torch.Tensor) -> torch.Tensor:
         """`scores` with the experts outside each token's topk_groups best groups set to -inf; a
@@ -100,6 +101,21 @@ class GroupedExperts(nn.Module):
         return torch.cat(outputs)
 
 
+class _AddAuxiliaryLoss(torch.autograd.Function):
+    """The layer's output unchanged; in backward the auxiliary loss gets the gradient `scale`, as
+    if it had been added to the loss the output's gradient comes from (which a pipeline stage
+    without the loss could not do)."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux_loss: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, torch.tensor(ctx.scale, device=grad.device), None
+
+
 class MoE(nn.Module):
     def __init__(self, dim: int, cfg: MoEConfig):
         super().__init__()
@@ -111,18 +127,35 @@ class MoE(nn.Module):
         # activation-checkpointed layer's twice (a uniform factor neither the balance nor the
         # load's max/mean sees).
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.num_experts), persistent=False)
+        # The auxiliary loss since the last balance, and the forwards it sums (for its metric).
+        self.register_buffer("aux_loss_total", torch.zeros(2), persistent=False)
+        # Set by the layout: the ranks whose tokens pass this layer at the same time (all but the
+        # pipeline's; None on one device), how many slices of one batch's tokens they hold beyond
+        # the data- and context-parallel split (TP's sequence slices), and the auxiliary loss's
+        # gradient (1 / gradient-accumulation microbatches; a pipeline scales its own).
+        self.token_group: dist.ProcessGroup | None = None
+        self.token_slices = 1
+        self.aux_loss_scale = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
-        weights, experts = self.router(tokens)
+        weights, experts, scores = self.router(tokens)
         flat = experts.flatten()
         order = flat.argsort(stable=True)  # grouped by expert, each group in token order
         source = order // self.cfg.top_k  # the token each sorted row came from
-        routed = self.experts(tokens[source], self._counts(flat)) * weights.flatten()[order].unsqueeze(-1)
+        counts = self._counts(flat)
+        routed = self.experts(tokens[source], counts) * weights.flatten()[order].unsqueeze(-1)
         out = torch.zeros_like(tokens).index_add_(0, source, routed)
         if self.shared is not None:
             out = out + self.shared(tokens)
+        if self.cfg.aux_loss_coeff is not None and self._counting(scores):
+            out = _AddAuxiliaryLoss.apply(out, self._aux_loss(scores, counts), self.aux_loss_scale)
         return out.view_as(x)
+
+    @staticmethod
+    def _counting(routing: torch.Tensor) -> bool:
+        """Whether this forward is a training step's, with routing to count (not a dry run's)."""
+        return torch.is_grad_enabled() and _COUNTING.get() and not is_fake(routing)
 
     def _counts(self, experts: torch.Tensor) -> list[int]:
         """Rows routed to each expert, added to the load of a training forward. A dry run's fake
@@ -133,7 +166,22 @@ class MoE(nn.Module):
             share, extra = divmod(experts.numel(), num_experts)
             return [share + (expert < extra) for expert in range(num_experts)]
         counts = torch.bincount(experts, minlength=num_experts)
-        if torch.is_grad_enabled() and _COUNTING.get():
+        if self._counting(experts):
             with torch.no_grad():
                 self.tokens_per_expert += counts
         return counts.tolist()
+
+    def _aux_loss(self, scores: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Qwen3's load-balancing loss over the global batch: the routed fractions summed over the
+        token group (no gradient), against this rank's share of the mean router probabilities."""
+        cfg = self.cfg
+        routed = torch.tensor(counts, dtype=torch.float32, device=scores.device)
+        if self.token_group is not None:
+            dist.all_reduce(routed, group=self.token_group)
+        tokens = routed.sum() / cfg.top_k
+        probs = scores if cfg.score_func == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
+        mean_probs = probs.sum(dim=0) / (probs.shape[0] * self.token_slices)
+        aux_loss = cfg.aux_loss_coeff * cfg.num_experts * (routed / tokens * mean_probs).sum()
+        with torch.no_grad():
+            self.aux_loss_total += torch.stack([aux_loss.detach(), aux_loss.new_tensor(1 / self.token_slices)])
+        return aux_loss

@@ -54,3 +54,46 @@ def test_memory_profiling_writes_cuda_snapshots_and_one_when_a_rank_runs_out(tmp
     assert list((tmp_path / "oom" / "run" / "memory_snapshot" / "oom").glob("rank0_memory_snapshot.pickle"))
     failed = mlflow_runs(db)[-1]
     assert failed.info.status == "FAILED" and "OOM on rank 0" in failed.data.tags["failure_reason"]
+
+
+def test_the_grouped_gemm_runs_the_experts_on_a_gpu_that_has_it():
+    """bfloat16 experts on a CUDA GPU of compute capability >= 9.0 take torch's grouped GEMM, and
+    give what one matmul per expert gives (to bfloat16's precision)."""
+    import torch
+
+    from titan_exp.models.moe.config import MoEConfig
+    from titan_exp.models.moe.grouped_mm import grouped_mm_applies
+    from titan_exp.models.moe.layer import GroupedExperts
+
+    assert visible_gpus() > 0, "no GPU visible: this test needs a CUDA machine"
+    experts = GroupedExperts(256, MoEConfig(num_experts=8, top_k=2, hidden_dim=512)).cuda().bfloat16()
+    for p in experts.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    counts = [0, 37, 128, 5, 64, 1, 90, 17]
+    rows = torch.randn(sum(counts), 256, device="cuda", dtype=torch.bfloat16)
+    capable = torch.cuda.get_device_capability() >= (9, 0)
+    assert grouped_mm_applies(rows, experts.w1) == capable
+    looped = torch.cat(
+        [
+            (torch.nn.functional.silu(r @ experts.w1[e].T) * (r @ experts.w3[e].T)) @ experts.w2[e].T
+            for e, r in enumerate(torch.split(rows, counts))
+        ]
+    )
+    torch.testing.assert_close(experts(rows, counts), looped, rtol=2e-2, atol=2e-2)
+
+
+def test_expert_parallel_over_nccl_trains_like_one_gpu(tmp_path, store):
+    """qwen3_moe_debug with its experts split over two GPUs (all-to-all over nccl) against one GPU."""
+    assert visible_gpus() >= 2, "needs two GPUs"
+    uri, db = store
+    common = [
+        "experiment=smoke", "tracking=mlflow", uri, "launcher.device=cuda", "model=qwen3_moe_debug",
+        "training.steps=8", "debug=deterministic",
+    ]  # fmt: skip
+    single = ["parallelism=single", "training.local_batch_size=4"]
+    expert_parallel = ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=2"]
+    for layout in (single, [*expert_parallel, "parallelism.expert_parallel_degree=2"]):
+        result = run_cli([*common, *layout], tmp_path / layout[0])
+        assert result.returncode == 0, result.stderr[-3000:]
+    curves = {run.data.tags["world_size"]: loss_curve(db, run.info.run_id) for run in mlflow_runs(db)}
+    assert curves["2"] == pytest.approx(curves["1"], rel=1e-3)

@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from launchers.env import free_port
 from titan_exp.config.compose import compose_job_config
 from titan_exp.job.parity import layout_folder
+from titan_exp.metrics.expert_load import EXPERT_LOAD_ARTIFACT
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import apply_tensor_parallel
 from titan_exp.tracking.journal import RUN_ID_FILE
@@ -74,6 +75,9 @@ def parity_curves(model: str, folder: Path) -> dict[str, list[float]]:
     }
     assert {client.get_run(run_id).data.tags["model"] for run_id in run_ids.values()} == {model}
     load = {name: [m.value for m in client.get_metric_history(run_id, LOAD)] for name, run_id in run_ids.items()}
+    moe = model != "qwen3_debug"
+    for run_id in run_ids.values():  # each MoE run's load picture
+        assert (EXPERT_LOAD_ARTIFACT in {a.path for a in client.list_artifacts(run_id)}) == moe
     return {name: loss_curve(db, run_id) for name, run_id in run_ids.items()}, load
 
 

@@ -97,7 +97,7 @@ def _preset(name: str) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
             base_selected, own = _preset(entry)
             selected = base_selected | selected
     for section, values in raw.items():
-        own[section] = own.get(section, {}) | values
+        own[section] = OmegaConf.to_container(OmegaConf.merge(own.get(section, {}), values))
     return selected, own
 
 
@@ -108,7 +108,7 @@ def test_every_experiment_preset_composes(name: str) -> None:
     job = composed(f"{PRESETS}={name}")
     selected, own = _preset(name)
     for group, option in selected.items():
-        values = option_values(group, option) | own.pop(group, {})
+        values = OmegaConf.to_container(OmegaConf.merge(option_values(group, option), own.pop(group, {})))
         assert getattr(job, group) == with_values(schema_default(group), values), group
     for section, values in own.items():
         for key, value in values.items():

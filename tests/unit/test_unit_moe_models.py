@@ -211,7 +211,10 @@ def test_the_bias_moves_each_expert_toward_the_mean_load():
     layer = model.layers["1"].moe
     load = layer.tokens_per_expert.clone()
     assert load.sum() == 2 * 64 * cfg.moe.top_k
-    metrics = ExpertBalance([model], cfg, torch.device("cpu")).after_step()
+    balance = ExpertBalance([model], cfg, torch.device("cpu"))
+    metrics = balance.after_step()
+    assert balance.load_by_layer()[1] == load.tolist()  # the run's plot: the load summed over its steps
+    assert 0 not in balance.load_by_layer()  # a dense first layer has no experts
     bias = layer.router.expert_bias
     assert (bias[load > load.mean()] < 0).all() and (bias[load < load.mean()] > 0).all()
     assert bias.abs().max() == cfg.moe.load_balance_coeff
@@ -248,3 +251,27 @@ def test_the_auxiliary_loss_is_qwen3s():
     added = gate_grads[cfg.moe.aux_loss_coeff] - gate_grads[None]
     assert added.abs().max() > 0
     torch.testing.assert_close(added, weight.grad, rtol=1e-3, atol=1e-9)
+
+
+def test_the_grouped_gemm_equals_one_matmul_per_expert():
+    """torch's grouped GEMM (CUDA bfloat16 in training; its CPU fallback here, float32) over rows
+    padded per expert gives each row its own expert's output and gradients, empty experts included."""
+    from titan_exp.models.moe.grouped_mm import grouped_swiglu
+
+    generator = torch.Generator().manual_seed(0)
+    layer = MoE(16, MoEConfig(num_experts=4, top_k=1, hidden_dim=32))
+    experts = layer.experts
+    for p in experts.parameters():
+        torch.nn.init.normal_(p, generator=generator)
+    counts = [3, 0, 21, 5]
+    rows = torch.randn(sum(counts), 16, generator=generator, requires_grad=True)
+    grouped = grouped_swiglu(rows, counts, experts.w1, experts.w2, experts.w3)
+    grouped.square().sum().backward()
+    grads = [t.grad.clone() for t in (rows, experts.w1, experts.w2, experts.w3)]
+    for t in (rows, experts.w1, experts.w2, experts.w3):
+        t.grad = None
+    looped = experts._run(rows, counts)  # the loop: CPU rows
+    looped.square().sum().backward()
+    torch.testing.assert_close(grouped, looped, rtol=1e-5, atol=1e-4)
+    for mine, theirs in zip(grads, (rows.grad, experts.w1.grad, experts.w2.grad, experts.w3.grad)):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-3)

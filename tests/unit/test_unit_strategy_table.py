@@ -5,7 +5,7 @@ Markdown, HTML and CSV renderings."""
 import csv
 from pathlib import Path
 
-from titan_exp.compare.report import COLUMNS, CSV_COLUMNS, table, to_html, to_markdown, write_csv
+from titan_exp.compare.report import COLUMNS, CSV_COLUMNS, columns, table, to_html, to_markdown, write_csv
 from titan_exp.compare.runs import RunSummary, add_scaling_efficiency
 
 
@@ -51,6 +51,17 @@ def test_cells_are_formatted() -> None:
     assert cells["status"] == "FINISHED"
     assert cells["run"] == "fsdp2-01"  # the run id's first 8 characters
     assert cells["predicted TPS/device"] == cells["predicted peak GiB"] == "n/a"
+
+
+def test_moe_runs_show_their_expert_load_beside_the_memory() -> None:
+    """A column only where a run has experts; a dense run beside MoE ones reads n/a there."""
+    assert "experts max/mean" not in columns([])
+    runs = [summary("fsdp2·ep2", expert_load_imbalance=1.384), summary("fsdp2")]
+    header = columns(["parallelism.expert_parallel_degree"], moe=True)
+    assert header.index("experts max/mean") == header.index("predicted peak GiB") + 1
+    rows = table(runs, ["parallelism.expert_parallel_degree"])
+    assert [dict(zip(header, row))["experts max/mean"] for row in rows] == ["1.38", "n/a"]
+    assert all(len(row) == len(header) for row in rows)
 
 
 def test_missing_figures_read_n_a() -> None:

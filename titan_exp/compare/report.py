@@ -19,6 +19,7 @@ from titan_exp.compare.runs import (
 from titan_exp.tracking.run import MlflowRun
 from titan_exp.tracking.store import client as mlflow_client
 
+EXPERT_LOAD_COLUMN = "experts max/mean"
 COLUMNS = [
     "strategy",
     "world size",
@@ -45,9 +46,18 @@ SCALING_NOTE = (
 )
 
 
-def columns(varying: list[str]) -> list[str]:
-    """The table's columns: the run's name, each config key that differs between the runs, the figures."""
-    return COLUMNS[:1] + varying + COLUMNS[1:]
+def columns(varying: list[str], moe: bool = False) -> list[str]:
+    """The table's columns: the run's name, each config key that differs between the runs, the
+    figures (the experts' load where a run has experts)."""
+    figures = COLUMNS[1:]
+    if moe:  # beside the memory: what expert parallelism trades against
+        at = figures.index("scaling efficiency")
+        figures = [*figures[:at], EXPERT_LOAD_COLUMN, *figures[at:]]
+    return COLUMNS[:1] + varying + figures
+
+
+def has_experts(summaries: list[RunSummary]) -> bool:
+    return any(s.expert_load_imbalance is not None for s in summaries)
 
 
 def table(summaries: list[RunSummary], varying: list[str] = ()) -> list[list[str]]:
@@ -63,7 +73,7 @@ def table(summaries: list[RunSummary], varying: list[str] = ()) -> list[list[str
         error = f" ({100 * (value / measured - 1):+.0f}%)" if measured else ""
         return format(value, fmt) + error
 
-    rows = []
+    rows, moe = [], has_experts(summaries)
     for s in summaries:
         memory = f"{number(s.peak_memory_gib, '.2f')} ({s.memory_kind})" if s.peak_memory_gib is not None else "n/a"
         status = s.status if not s.failure_reason else f"{s.status}: {s.failure_reason[:80]}"
@@ -79,6 +89,7 @@ def table(summaries: list[RunSummary], varying: list[str] = ()) -> list[list[str
                 memory,
                 # Predictions count tensors: comparable with an allocator's peak, not a CPU resident set.
                 predicted(s.predicted_peak_memory_gib, s.peak_memory_gib if s.memory_kind == "active" else None, ".2f"),
+                *([number(s.expert_load_imbalance, ".2f")] if moe else []),
                 "" if s.scaling_efficiency is None else format(s.scaling_efficiency, ".2f"),
                 number(s.final_loss, ".4f"),
                 "" if s.validation_loss is None else format(s.validation_loss, ".4f"),
@@ -129,6 +140,7 @@ CSV_COLUMNS = [
     "peak_memory_gib",
     "memory_kind",
     "predicted_peak_memory_gib",
+    "expert_load_imbalance",
     "scaling_efficiency",
     "final_loss",
     "validation_loss",
@@ -156,6 +168,7 @@ def write_csv(summaries: list[RunSummary], path: Path, varying: list[str] = ()) 
                     s.peak_memory_gib,
                     s.memory_kind,
                     s.predicted_peak_memory_gib,
+                    s.expert_load_imbalance,
                     s.scaling_efficiency,
                     s.final_loss,
                     s.validation_loss,
@@ -205,7 +218,7 @@ def write_report(summaries: list[RunSummary], out_dir: Path, title: str) -> Repo
     varying = varying_params(summaries)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = table(summaries, varying)
-    header = columns(varying)
+    header = columns(varying, has_experts(summaries))
     below = notes(summaries, varying)
     markdown = to_markdown(rows, header) + "".join(f"\n{note}\n" for note in below)
     (out_dir / "strategy_table.md").write_text(f"# {title}\n\n{markdown}")

@@ -4,6 +4,7 @@ figures of the strategy table."""
 import statistics
 from dataclasses import dataclass, field
 
+from titan_exp.models.moe.config import LOAD_IMBALANCE_KEY
 from titan_exp.tracking.run import PARENT_TAG, ROLE_TAG, UNREAD_KEYS_PARAM
 
 # Steady-state figures only (everything after step 1, which includes start-up and compilation); a
@@ -34,6 +35,7 @@ SHOWN_ELSEWHERE = (
     "parallelism.tensor_parallel_degree",
     "parallelism.pipeline_parallel_degree",
     "parallelism.context_parallel_degree",
+    "parallelism.expert_parallel_degree",
     "launcher.nproc_per_node",
     "launcher.nodes",
 )
@@ -63,6 +65,8 @@ class RunSummary:
     # The latest prediction of the same layout in the experiment (python -m titan_exp plan), if any.
     predicted_tps_per_device: float | None = None
     predicted_peak_memory_gib: float | None = None
+    # A MoE run's expert load at its last step: the worst layer's busiest expert over the mean.
+    expert_load_imbalance: float | None = None
 
     @property
     def data_parallel_size(self) -> int:
@@ -178,6 +182,7 @@ def summarize(client, run) -> RunSummary:
         validation_loss=metrics.get(VALIDATION_KEY),
         loss_curve=curve,
         failure_reason=tags.get("failure_reason", ""),
+        expert_load_imbalance=metrics.get(LOAD_IMBALANCE_KEY),
         **_predicted(client, run),
     )
 

@@ -19,6 +19,7 @@ from titan_exp.compare.runs import (
     latest_sweep,
     sweep_points,
 )
+from titan_exp.models.moe.config import LOAD_IMBALANCE_KEY
 from titan_exp.tracking.run import PARENT_TAG
 from titan_exp.tracking.store import with_retries
 
@@ -28,7 +29,8 @@ STRATEGY_COLUMNS = (
     "tags.`layout`",
     "tags.`world_size`",
     "tags.`mesh`",
-    *(f"metrics.`{key}`" for key in (TPS_KEY, MFU_KEY, *(key for key, _ in MEMORY_KEYS), LOSS_KEY)),
+    # The experts' load is blank for a dense model's runs.
+    *(f"metrics.`{key}`" for key in (TPS_KEY, MFU_KEY, *(key for key, _ in MEMORY_KEYS), LOAD_IMBALANCE_KEY, LOSS_KEY)),
     "tags.`status`",
 )
 

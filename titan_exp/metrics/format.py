@@ -1,5 +1,7 @@
 """How metrics read on the console: one line per logged step, one line of name=value facts."""
 
+from titan_exp.models.moe.config import LOAD_IMBALANCE_KEY
+
 
 def format_line(step: int, metrics: dict[str, float]) -> str:
     mem = (
@@ -13,7 +15,7 @@ def format_line(step: int, metrics: dict[str, float]) -> str:
         f"lr {metrics['lr']:.2e}  tps/dev {metrics['throughput/tps_per_device']:,.0f}  "
         f"tflops {metrics['throughput/tflops']:.3f}  {mfu}  {mem}  "
         f"step {metrics['time/step_s']:.3f}s  data {metrics['time/data_loading_pct']:.1f}%"
-        + (f"  experts max/mean {metrics['moe/load_imbalance']:.2f}" if "moe/load_imbalance" in metrics else "")
+        + (f"  experts max/mean {metrics[LOAD_IMBALANCE_KEY]:.2f}" if LOAD_IMBALANCE_KEY in metrics else "")
     )
 
 

@@ -26,6 +26,7 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.data.text import prepare_tokens
 from titan_exp.metrics import startup
+from titan_exp.metrics.expert_load import EXPERT_LOAD_ARTIFACT, plot_expert_load
 from titan_exp.metrics.peak_flops import cpu_peak_flops, gpu_peak_flops
 from titan_exp.models.moe.balance import ExpertBalance
 from titan_exp.models.moe.layer import uncounted
@@ -83,10 +84,11 @@ class Trainer:
         job_dir: Path,
         leader: "Leader | None",
     ):
-        """Everything a step needs, built once; `job_dir`: where profiling writes; `leader`: rank 0's
-        measuring, printing and tracking."""
+        """Everything a step needs, built once; `job_dir`: where profiling and the run's plots
+        write; `leader`: rank 0's measuring, printing and tracking."""
         cfg = job.config
         self.job, self.env, self.device, self.model, self.mesh, self.leader = job, env, device, model, mesh, leader
+        self.job_dir = job_dir
         self.optimizers = _Optimizers.build(model, job)
         train_batches = self._batch_loader("train")
         self.checkpointer = TrainCheckpointer(
@@ -178,7 +180,16 @@ class Trainer:
                 raise StopRequested(step, stop_requested() or "a peer's signal")
         self.profiler.close()
         self._log_profiling()
+        if self.leader and self.expert_balance and steps > self.resumed_step:
+            self._log_expert_load((self.resumed_step + 1, steps))
         return self.leader.last if self.leader else {}
+
+    def _log_expert_load(self, steps: tuple[int, int]) -> None:
+        """Rank 0: the run's expert load (metrics/expert_load.py) into the run and beside the job."""
+        path = self.job_dir / EXPERT_LOAD_ARTIFACT
+        plot_expert_load(self.expert_balance.load_by_layer(), steps, path)
+        if self.leader.tracker:
+            self.leader.tracker.log_artifact(path, "")
 
     def train_step(self, step: int) -> "StepOutcome":
         """Forward and backward over the step's microbatches, clip, update."""

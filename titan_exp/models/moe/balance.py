@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from titan_exp.models.config import ModelConfig
+from titan_exp.models.moe.config import LOAD_IMBALANCE_KEY
 from titan_exp.models.moe.layer import MoE
 
 
@@ -21,6 +22,8 @@ class ExpertBalance:
             if isinstance(module, MoE)
         }
         self.cfg, self.device = cfg, device
+        # Routed rows per expert of every layer, summed over the steps so far (for the run's plot).
+        self.total = torch.zeros(cfg.n_layers, cfg.moe.num_experts, device=device)
 
     def after_step(self) -> dict[str, float]:
         """Move the biases (collectives: every rank calls it at the same step); returns the load's
@@ -36,6 +39,7 @@ class ExpertBalance:
         if dist.is_initialized():
             dist.all_reduce(stats)
         counts, (aux_loss, forwards) = stats[:, : moe.num_experts], stats[:, moe.num_experts :].T
+        self.total += counts
         if moe.load_balance_coeff is not None:
             with torch.no_grad():
                 for layer, module in self.layers.items():
@@ -47,10 +51,15 @@ class ExpertBalance:
         imbalance = {
             layer: ratios[layer] for layer in range(self.cfg.n_layers) if self.cfg.is_moe_layer(layer) and routed[layer]
         }
-        metrics = {f"moe/load_imbalance/layer_{layer}": value for layer, value in imbalance.items()}
+        metrics = {f"{LOAD_IMBALANCE_KEY}/layer_{layer}": value for layer, value in imbalance.items()}
         if imbalance:
-            metrics["moe/load_imbalance"] = max(imbalance.values())
+            metrics[LOAD_IMBALANCE_KEY] = max(imbalance.values())
         if moe.aux_loss_coeff is not None and imbalance:
             # Each layer's mean over its forwards (a microbatch's, on its data-parallel ranks).
             metrics["moe/aux_loss"] = (aux_loss / forwards.clamp(min=1)).sum().item()
         return metrics
+
+    def load_by_layer(self) -> dict[int, list[float]]:
+        """Each MoE layer's routed rows per expert over the steps so far (all ranks')."""
+        total = self.total.tolist()
+        return {layer: total[layer] for layer in range(self.cfg.n_layers) if self.cfg.is_moe_layer(layer)}

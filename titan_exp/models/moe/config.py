@@ -6,6 +6,10 @@ from typing import Optional
 
 from titan_exp.rules import ConfigError, Section, check_positive, one_of
 
+# The metric of a step's worst MoE layer: its busiest expert's routed tokens over the mean
+# expert's (1.0: balanced; moe/balance.py logs it, the console and the comparisons read it).
+LOAD_IMBALANCE_KEY = "moe/load_imbalance"
+
 
 @dataclass
 class MoEConfig(Section):

@@ -16,6 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from titan_exp.models.moe.config import MoEConfig
 from titan_exp.models.moe.dispatch import run_on_expert_ranks
+from titan_exp.models.moe.grouped_mm import grouped_mm_applies, grouped_swiglu
 from titan_exp.models.swiglu import SwiGLU
 
 # Whether a forward's routed rows count toward the experts' load (moe/balance.py).
@@ -93,7 +94,9 @@ class GroupedExperts(nn.Module):
     def _run(self, grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """This rank's experts over their rows (`counts[e]` for its e-th expert)."""
         w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3))
-        # One matmul per expert: correct everywhere; torch's grouped GEMM (CUDA, bf16) is for later.
+        if grouped_mm_applies(grouped, w1):
+            return grouped_swiglu(grouped, counts, w1, w2, w3)
+        # Elsewhere one matmul per expert: the same numbers, one kernel launch per expert.
         outputs = []
         for expert, rows in enumerate(torch.split(grouped, counts)):
             hidden = F.silu(rows @ w1[expert].T) * (rows @ w3[expert].T)

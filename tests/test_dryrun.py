@@ -120,3 +120,36 @@ def test_local_tensor_mode_refuses_fsdp_by_name(monkeypatch):
     monkeypatch.setenv("COMM_MODE", "local_tensor")
     with pytest.raises(ConfigError, match="LocalTensorMode fails inside FSDP2"):
         resolve(to_job_config(compose_config(["experiment=smoke", "parallelism=fsdp", "launcher.nproc_per_node=2"])))
+
+
+def test_deepseek_v3_671b_on_256_ranks_pp8_ep32_fsdp32():
+    """DeepSeek-V3 on 32 nodes of 8 GPUs: 8 pipeline stages, each over 32 ranks that FSDP-shard the
+    dense weights and split the 256 routed experts 32 ways (8 each), the fake tokens routed evenly."""
+    report = dry_run(
+        [
+            "model=deepseek_v3_671b",
+            "parallelism=fsdp_pp",
+            "parallelism.pipeline_parallel_degree=8",
+            "parallelism.expert_parallel_degree=32",
+            "launcher.nproc_per_node=8",
+            "launcher.nodes=32",
+            "training.local_batch_size=8",
+            "training.mixed_precision_param=bfloat16",
+            "tracking=none",
+        ]
+    )
+    assert report["world_size"] == 256 and report["mesh"] == "pp8·dp_shard32·ep32"
+    assert report["total_params"] == 671_026_404_352
+    # Stage 0: the embeddings, the 3 dense layers and 4 MoE layers (61 layers over 8 stages, the
+    # first getting 7). Each MoE layer's routed experts: 8 of 256 on this rank, whole (EP leaves
+    # no data-parallel rank to shard them over); everything else FSDP-sharded 32 ways: 1/32 of all.
+    from titan_exp.config.compose import compose_job_config
+    from titan_exp.models.llama3.model import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(compose_job_config(["model=deepseek_v3_671b"]).model)
+    stage0 = [("tok_embeddings.weight", model.tok_embeddings.weight)] + [
+        (name, p) for name, p in model.named_parameters() if name.startswith("layers.") and int(name.split(".")[1]) < 7
+    ]
+    expected = sum(p.numel() // 32 for _, p in stage0)
+    assert report["rank0_params"] == expected

@@ -22,6 +22,8 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.train.model_parts import build_model_parts
 
+from conftest import mlflow_client, mlflow_runs, run_cli
+
 MODEL = ["model=qwen3_moe_debug", "training.mixed_precision_param=float32"]
 TOKENS = torch.randint(0, 2048, (4, 32), generator=torch.Generator().manual_seed(0))
 # name: (world size, overrides)
@@ -88,3 +90,29 @@ def test_every_parameter_gets_the_single_device_gradient(layout, single_device):
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-7, msg=f"{layout}: {name}")
     assert results["norm"] == pytest.approx(expected_norm, rel=1e-4)  # the loss-parity tolerance
+
+
+def test_a_profiled_expert_parallel_run_reports_its_all_to_all_time(tmp_path, store):
+    """With profiling on, the exchanges' time per recorded step (the profiler's moe/all_to_all
+    ranges, forward and backward) is a metric of the run, beside the load and auxiliary loss."""
+    uri, db = store
+    result = run_cli(
+        [
+            *MODEL,
+            uri,
+            "parallelism=fsdp",
+            "launcher.nproc_per_node=2",
+            "training.local_batch_size=2",
+            "parallelism.expert_parallel_degree=2",
+            "training.steps=4",
+            "profiling.enable_profiling=true",
+            "profiling.profile_freq=2",
+            "profiling.profiler_warmup=0",
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    [run] = mlflow_runs(db)
+    history = mlflow_client(db).get_metric_history(run.info.run_id, "moe/all_to_all_ms_per_step")
+    assert [m.step for m in history] == [2, 4] and all(m.value > 0 for m in history)
+    assert run.data.metrics["moe/aux_loss"] > 0 and run.data.metrics["moe/load_imbalance"] >= 1

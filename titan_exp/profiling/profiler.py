@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
+from titan_exp.models.moe.dispatch import ALL_TO_ALL_RANGE
 from titan_exp.profiling.config import ProfilingConfig
 from titan_exp.profiling.report import MemoryAudit, write_audit_html
 
@@ -122,6 +123,16 @@ class RankProfiler:
         folder = self.trace_dir / f"iteration_{step}"
         folder.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(folder / f"rank{self.rank}_trace.json"))
+        self.audit_metrics.update(self._all_to_all_time(profiler))
+
+    def _all_to_all_time(self, profiler: torch.profiler.profile) -> dict[str, float]:
+        """Expert parallelism's exchanges over the window, per recorded step, in ms: the host's
+        time on CPU ranks (gloo's all-to-all blocks), the device's on CUDA (nccl's runs on a stream)."""
+        events = [e for e in profiler.key_averages() if e.key == ALL_TO_ALL_RANGE]
+        if not events:
+            return {}
+        micros = events[0].device_time_total if self._cuda else events[0].cpu_time_total
+        return {"moe/all_to_all_ms_per_step": micros / 1000 / self.cfg.profiler_active}
 
     def _write_audit(self, audit: "TimelineTracker", step: int) -> None:
         from titan_exp.profiling.memory_audit import module_rows, total_bytes

@@ -13,6 +13,9 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import is_fake
 
+# The profiler's name for the exchanges, forward and backward (profiling/profiler.py sums it).
+ALL_TO_ALL_RANGE = "moe/all_to_all"
+
 
 class _AllToAll(torch.autograd.Function):
     """all_to_all_single whose backward sends the gradients back the way the rows came."""
@@ -21,7 +24,8 @@ class _AllToAll(torch.autograd.Function):
     def forward(ctx, rows: torch.Tensor, out_splits: list[int], in_splits: list[int], group: dist.ProcessGroup):
         ctx.splits, ctx.group = (out_splits, in_splits), group
         out = rows.new_empty(sum(out_splits), *rows.shape[1:])
-        dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=group)
+        with torch.profiler.record_function(ALL_TO_ALL_RANGE):
+            dist.all_to_all_single(out, rows.contiguous(), out_splits, in_splits, group=group)
         return out
 
     @staticmethod
@@ -40,7 +44,8 @@ def exchange_counts(counts: list[int], group: dist.ProcessGroup, device: torch.d
         return sent
     sent_tensor = torch.tensor(sent, device=device)
     received = torch.empty_like(sent_tensor)
-    dist.all_to_all_single(received, sent_tensor, group=group)
+    with torch.profiler.record_function(ALL_TO_ALL_RANGE):
+        dist.all_to_all_single(received, sent_tensor, group=group)
     return received.tolist()
 
 

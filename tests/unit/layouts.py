@@ -10,6 +10,7 @@ def layout(
     tp: int = 1,
     pp: int = 1,
     cp: int = 1,
+    ep: int = 1,
     schedule: str = "1F1B",
     cp_impl: str = "auto",
 ) -> ParallelismConfig:
@@ -20,6 +21,7 @@ def layout(
         tensor_parallel_degree=tp,
         pipeline_parallel_degree=pp,
         context_parallel_degree=cp,
+        expert_parallel_degree=ep,
         pipeline_parallel_schedule=schedule,
         context_parallel_impl=cp_impl,
     )

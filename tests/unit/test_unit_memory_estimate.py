@@ -21,6 +21,7 @@ from titan_exp.estimate.workload import Workload, layer_parameters, model_parame
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import split_into_stages
+from titan_exp.models.moe.config import MoEConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 
@@ -385,3 +386,17 @@ def test_the_estimate_covers_a_busier_middle_pipeline_rank() -> None:
     5,376 elements × 256 tokens × 4 bytes."""
     w = Workload(DEBUG, layout(pp=4), NO_AC, 8, 256)
     assert rank_memory(w).activations >= 3 * 2 * 5_376 * 256 * 4
+
+
+def test_expert_parallel_gathers_a_ranks_own_experts_only() -> None:
+    """A MoE model of the debug model's shape (8 experts of 3·256·128 per layer), fsdp4 against
+    fsdp4·ep4 at the end of backward: the same sharded states (EP borrows FSDP's ranks), and FSDP's
+    units (16 bytes a gathered parameter, as for a dense model) hold 2 of the 8 experts."""
+    moe = dataclasses.replace(DEBUG, moe=MoEConfig(num_experts=8, top_k=2, hidden_dim=128))
+    experts = 8 * 3 * 256 * 128
+    fsdp = memory(layout(dp_shard=4), m=moe, batch=1, seq_len=16)
+    expert_parallel = memory(layout(dp_shard=4, ep=4), m=moe, batch=1, seq_len=16)
+    assert fsdp.phase == expert_parallel.phase == "end of backward"
+    assert expert_parallel.parameters == fsdp.parameters and expert_parallel.optimizer_state == fsdp.optimizer_state
+    assert fsdp.communication == 16 * layer_parameters(moe)
+    assert expert_parallel.communication == 16 * (layer_parameters(moe) - experts + experts / 4)

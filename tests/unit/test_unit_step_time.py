@@ -11,8 +11,9 @@ from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.gpu_compute import gpu_compute
 from titan_exp.estimate.hardware_profiles import hardware_profiles
 from titan_exp.estimate.step_time import ComputeTimes, StepTime, _collective, step_time
-from titan_exp.estimate.workload import Workload, model_parameters
+from titan_exp.estimate.workload import Workload, layer_parameters, model_parameters
 from titan_exp.models.config import ModelConfig
+from titan_exp.models.moe.config import MoEConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 
 DEBUG = ModelConfig()  # 6 layers of 754,176 parameters, dim 256, 16 heads of 16, vocab 2048
@@ -56,10 +57,13 @@ def step(
     param_bytes: int = 4,
     oversubscription: float = 1.0,
     async_tp: bool = False,
+    imbalance: float = 1.0,
 ) -> StepTime:
     dtype = {4: "float32", 2: "bfloat16"}[param_bytes]
     ac = ActivationCheckpointConfig()
-    w = Workload(m, p, ac, batch, 256, accumulation, param_dtype=dtype, async_tp=async_tp)
+    w = Workload(
+        m, p, ac, batch, 256, accumulation, param_dtype=dtype, async_tp=async_tp, expert_load_imbalance=imbalance
+    )
     return step_time(w, hw, COMPUTE, oversubscription)
 
 
@@ -263,3 +267,40 @@ def test_v_shaped_ranks_compute_the_layers_they_hold() -> None:
     """pp 2 over 6 layers, 4 microbatches: rank 0 holds stages 0 and 3 (3 layers and the head):
     4·(3·0.01 + 0.02) + 0.05."""
     assert step(layout(pp=2, schedule="ZBVZeroBubble"), batch=4).compute == pytest.approx(4 * (3 * 0.01 + 0.02) + 0.05)
+
+
+# A MoE model of the debug model's shape: 6 MoE layers of 8 experts, top-2, each expert's SwiGLU 128 wide.
+MOE = dataclasses.replace(DEBUG, moe=MoEConfig(num_experts=8, top_k=2, hidden_dim=128))
+
+
+def test_expert_parallel_by_hand() -> None:
+    """fsdp4·ep4, blocking, one microbatch of 4 × 256 tokens. Per MoE layer four all-to-alls
+    (dispatch and combine, forward and backward) of the rank's 1024 · 2 routed rows of 256 fp32
+    values, ¾ of them leaving the rank. FSDP gathers each layer's dense weights over 4 ranks (11
+    times: forward, backward but the last) and its 2 of 8 experts over no one (EP leaves no
+    data-parallel rank); the embeddings and the head as before (3 gathers)."""
+    s = step(layout(dp_shard=4, ep=4), BLOCKING, m=MOE)
+    link = 3 / 4 / 100e9  # seconds per byte leaving a rank of 4
+    all_to_all = 10e-6 + 4 * 256 * 2 * 256 * 4 * link
+    dense = layer_parameters(MOE) - 8 * 3 * 256 * 128
+    outside = (model_parameters(MOE) - 6 * layer_parameters(MOE)) / 2  # embeddings; norm + output
+    gathers = 11 * (10e-6 + dense * 4 * link) + 3 * (10e-6 + outside * 4 * link)
+    scatters = 6 * (20e-6 + dense * 4 * link) + 2 * (20e-6 + outside * 4 * link)
+    assert s.communication == pytest.approx(6 * 4 * all_to_all + gathers + scatters + 3 * 10e-6)
+
+
+def test_expert_parallel_within_a_node_beats_across_nodes() -> None:
+    """The all-to-all runs on the node's links while EP fits in one (8 devices), on the slower ones beyond."""
+    within = step(layout(dp_shard=16, ep=8), BLOCKING, m=MOE).communication
+    across = step(layout(dp_shard=16, ep=16), BLOCKING, m=MOE).communication
+    assert within < across
+
+
+def test_imbalance_stretches_the_all_to_all_and_the_experts_compute() -> None:
+    balanced = step(layout(dp_shard=4, ep=4), BLOCKING, m=MOE)
+    skewed = step(layout(dp_shard=4, ep=4), BLOCKING, m=MOE, imbalance=1.5)
+    assert skewed.communication > balanced.communication and skewed.compute > balanced.compute
+    # Without EP every rank runs every routed row it has: the imbalance only moves the compute.
+    assert step(layout(dp_shard=4), BLOCKING, m=MOE, imbalance=1.5).communication == pytest.approx(
+        step(layout(dp_shard=4), BLOCKING, m=MOE).communication
+    )

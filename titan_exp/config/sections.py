@@ -221,8 +221,13 @@ class PlanConfig(Section):
     # Measure rank 0's memory with the dry run's pass (fake process group, fake tensors: any size,
     # a few seconds) rather than model it; false: model everything (instant).
     measure: bool = True
+    # MoE models: the busiest expert-parallel rank's routed tokens over the mean rank's (1.0:
+    # balanced routing); its all-to-all and expert compute stretch by it. A run's
+    # moe/load_imbalance (max/mean per expert) bounds it from above.
+    expert_load_imbalance: float = 1.0
 
     def check(self, key: str) -> None:
+        check_at_least(f"{key}.expert_load_imbalance", self.expert_load_imbalance, 1.0)
         if self.memory_budget_gib is not None:
             check_positive(f"{key}.memory_budget_gib", self.memory_budget_gib)
         if not 0 <= self.memory_margin < 1:  # also refuses nan

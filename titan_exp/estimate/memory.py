@@ -58,6 +58,7 @@ from titan_exp.estimate.workload import (
     Workload,
     layer_parameters,
     pipeline_ranks,
+    unit_parameters,
 )
 from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import (
@@ -242,7 +243,7 @@ def _fsdp_units(w: Workload, rank: PipelineRank) -> tuple[float, float]:
     m, tp = w.model, w.parallelism.tensor_parallel_degree
     gathered = 1 if w.float8_all_gather else DTYPE_BYTES[w.param_dtype]
     head = (m.vocab_size * m.dim * DTYPE_BYTES[w.param_dtype] / tp) if rank.last else 0.0
-    return layer_parameters(m) / tp * gathered, head
+    return sum(unit_parameters(w)) * gathered, head
 
 
 def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
@@ -254,7 +255,7 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
     reduce_bytes = DTYPE_BYTES[w.reduce_dtype]
     tp = p.tensor_parallel_degree
     # A unit's unsharded gradient (param dtype) and its reduce-scatter input (reduce dtype).
-    unreduced = layer_parameters(m) / tp * (DTYPE_BYTES[w.param_dtype] + reduce_bytes) if fsdp else 0.0
+    unreduced = sum(unit_parameters(w)) * (DTYPE_BYTES[w.param_dtype] + reduce_bytes) if fsdp else 0.0
     # DDP's gradient buckets: a flat copy of the gradients, allocated once and kept (its Reducer).
     buckets = rank.parameters(m) / tp * reduce_bytes if not fsdp and p.data_parallel_replicate_degree > 1 else 0.0
     common = {"parameters": b.states[0], "optimizer_state": b.states[1]}
@@ -319,7 +320,7 @@ def rank_memory(w: Workload, pp_rank: int | None = None) -> RankMemory:
         w.tokens * w.model.vocab_size / tp * (DTYPE_BYTES[w.param_dtype] if w.compiled_loss else 4)
         if peak.logits
         else 0.0,
-        layer_parameters(w.model) / tp * DTYPE_BYTES[w.param_dtype],
+        sum(unit_parameters(w)) * DTYPE_BYTES[w.param_dtype],
     )
     return dataclasses.replace(peak, allocator=int(largest_transient + _stream_pools(w, peak)))
 
@@ -332,5 +333,5 @@ def _stream_pools(w: Workload, peak: RankMemory) -> float:
     if w.fsdp_shards <= 1:
         return 0.0
     unit, _ = _fsdp_units(w, PipelineRank(1, False, False, 1))
-    gradient = layer_parameters(w.model) / w.parallelism.tensor_parallel_degree * DTYPE_BYTES[w.reduce_dtype]
+    gradient = sum(unit_parameters(w)) * DTYPE_BYTES[w.reduce_dtype]
     return max(0.0, 2 * unit + 2 * gradient - peak.communication)

@@ -17,7 +17,11 @@ under activation checkpointing), and its layout's collectives:
 - context parallel: K and V of the other ranks per layer (and their gradients back): the
   all-gather attention blocks; torch's ring attention passes them on while it computes;
 - pipeline: a send and a receive of activations (forward) and of their gradients (backward) per
-  stage boundary; the schedule leaves each rank idle for its bubble.
+  stage boundary; the schedule leaves each rank idle for its bubble;
+- expert parallel: per MoE layer, the routed rows (top_k per token) sent to their experts' ranks
+  and back by all-to-all in forward, their gradients in backward (and again under full
+  recomputation), blocking; the busiest rank's share stretched by plan.expert_load_imbalance, as
+  is its experts' compute. FSDP gathers a rank's own experts only, over the ranks EP leaves.
 On CPU ranks (gloo, `overlaps_communication: false`) every collective blocks.
 """
 
@@ -26,7 +30,15 @@ import math
 from dataclasses import dataclass
 
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.workload import DTYPE_BYTES, Workload, layer_parameters, part_parameters, pipeline_ranks
+from titan_exp.estimate.workload import (
+    DTYPE_BYTES,
+    Workload,
+    layer_parameters,
+    part_parameters,
+    pipeline_ranks,
+    routed_expert_parameters,
+    unit_parameters,
+)
 from titan_exp.parallel.config import ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 
@@ -72,12 +84,13 @@ class StepTime:
 
 def _collective(hw: HardwareConfig, bytes_per_rank: float, group: int, spans_nodes: bool, kind: str) -> float:
     """Seconds of one collective over `group` ranks, ring algorithm: all-gather / reduce-scatter move
-    (g-1)/g of the full buffer through each rank's link, an all-reduce twice that."""
+    (g-1)/g of the full buffer through each rank's link, an all-reduce twice that; an all-to-all
+    sends (g-1)/g of its rows to other ranks."""
     if group <= 1:
         return 0.0
     bandwidth = (hw.inter_node_gbps if spans_nodes else hw.intra_node_gbps) * 1e9
     traffic = bytes_per_rank * (group - 1) / group * (2 if kind == "all_reduce" else 1)
-    latency = hw.collective_latency_us if kind == "all_gather" else hw.reduce_latency_us
+    latency = hw.collective_latency_us if kind in ("all_gather", "all_to_all") else hw.reduce_latency_us
     return latency * 1e-6 + traffic / bandwidth
 
 
@@ -94,6 +107,8 @@ def step_time(w: Workload, hw: HardwareConfig, compute: ComputeTimes, oversubscr
     links = _Links(hw, p)
     blocking = _tensor_parallel(w, links, compute, layers, microbatches)
     blocking += _context_parallel(w, links, layers, microbatches)
+    blocking += _expert_parallel(w, links, layers, microbatches)
+    work += microbatches * layers * compute.layer * _expert_share(w) * (w.expert_load_imbalance - 1)
     overlapped = _data_parallel(w, links, compute, layers, microbatches)
     if p.pipeline_parallel_degree > 1:
         boundary = w.tokens / p.tensor_parallel_degree * m.dim * DTYPE_BYTES[w.param_dtype]
@@ -135,6 +150,15 @@ class _Links:
                 p.tensor_parallel_degree * p.data_parallel_shard_degree * p.context_parallel_degree,
                 p.data_parallel_replicate_degree,
             ),
+            # EP's ranks are the innermost (tp, cp, then dp_shard's); each expert's FSDP ranks lie outside them.
+            "ep": (1, p.expert_parallel_degree),
+            "expert_shard": (
+                p.expert_parallel_degree,
+                p.data_parallel_shard_degree
+                * p.context_parallel_degree
+                * p.tensor_parallel_degree
+                // p.expert_parallel_degree,
+            ),
         }
         inner, group = sizes[dim]
         return _collective(self.hw, bytes_per_rank, group, inner * group > self.hw.devices_per_node, kind)
@@ -167,6 +191,41 @@ def _context_parallel(w: Workload, links: _Links, layers: int, microbatches: int
     return microbatches * layers * 2 * links.collective(kv * cp, "cp", "all_gather")
 
 
+def _expert_parallel(w: Workload, links: _Links, layers: int, microbatches: int) -> float:
+    """The all-to-alls of a rank's MoE layers: dispatch and combine, forward and backward."""
+    m, p = w.model, w.parallelism
+    if p.expert_parallel_degree == 1:
+        return 0.0
+    moe_layers = layers * sum(m.is_moe_layer(layer) for layer in range(m.n_layers)) / m.n_layers
+    rows = w.tokens / p.tensor_parallel_degree * m.moe.top_k * w.expert_load_imbalance
+    exchanges = 4 + (2 if w.ac.mode == "full" else 0)
+    return (
+        microbatches
+        * moe_layers
+        * exchanges
+        * links.collective(rows * m.dim * DTYPE_BYTES[w.param_dtype], "ep", "all_to_all")
+    )
+
+
+def _expert_share(w: Workload) -> float:
+    """The routed experts' share of a layer's compute (by active parameters: their matmuls dominate)."""
+    m = w.model
+    if not m.moe.enabled or w.expert_load_imbalance == 1:
+        return 0.0
+    routed = routed_expert_parameters(m) * m.moe.top_k / m.moe.num_experts
+    return routed / (layer_parameters(m) - routed_expert_parameters(m) + routed)
+
+
+def _unit_collective(w: Workload, links: _Links, bytes_per_param: float, kind: str) -> float:
+    """One layer unit's FSDP collective: its dense weights over dp_shard × cp, and under expert
+    parallelism its experts over the ranks EP leaves (one group without EP)."""
+    dense, experts = unit_parameters(w)
+    if w.parallelism.expert_parallel_degree == 1:
+        return links.collective((dense + experts) * bytes_per_param, "dp_shard", kind)
+    dense_part = links.collective(dense * bytes_per_param, "dp_shard", kind)
+    return dense_part + links.collective(experts * bytes_per_param, "expert_shard", kind)
+
+
 def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: int, microbatches: int) -> float:
     """What FSDP's and the replicas' collectives add: all of them where they block (gloo); on GPUs
     per unit what exceeds the unit's compute, plus the first gather and the last reduce-scatter."""
@@ -181,16 +240,25 @@ def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: in
         # One unit per layer, the embeddings, norm + output (held evenly, as the blocks dominate);
         # all but the last layer and the output gathered again in backward.
         units = layers + (2 if p.pipeline_parallel_degree == 1 else 1)
+        if p.expert_parallel_degree > 1:
+            # The layers' units gather only a rank's own experts: counted apart from the others.
+            outside = (held - layers * layer_parameters(m) / p.tensor_parallel_degree) / (units - layers)
+            gather = links.collective(outside * param_bytes, "dp_shard", "all_gather")
+            scatter = links.collective(outside * reduce_bytes, "dp_shard", "reduce_scatter")
+            layer_gather = _unit_collective(w, links, param_bytes, "all_gather")
+            layer_scatter = _unit_collective(w, links, reduce_bytes, "reduce_scatter")
+            gathers = (2 * layers - 1) * layer_gather + (2 * (units - layers) - 1) * gather
+            return microbatches * gathers + layers * layer_scatter + (units - layers) * scatter + replicas
         gather = links.collective(held * param_bytes / units, "dp_shard", "all_gather")
         scatter = links.collective(held * reduce_bytes / units, "dp_shard", "reduce_scatter")
         return (2 * units - 2) * microbatches * gather + units * scatter + replicas
     exposed = max(0.0, replicas - compute.layer * layers)
     if shard == 1:
         return exposed
-    unit = layer_parameters(m) / p.tensor_parallel_degree
-    gather = links.collective(unit * (1 if w.float8_all_gather else param_bytes), "dp_shard", "all_gather")
-    scatter = links.collective(unit * reduce_bytes, "dp_shard", "reduce_scatter")
-    outside = held - layers * unit  # embeddings and head: gathered in forward, behind the head's compute
+    gather = _unit_collective(w, links, 1 if w.float8_all_gather else param_bytes, "all_gather")
+    scatter = _unit_collective(w, links, reduce_bytes, "reduce_scatter")
+    # Embeddings and head: gathered in forward, behind the head's compute.
+    outside = held - layers * layer_parameters(m) / p.tensor_parallel_degree
     head = links.collective(outside * param_bytes, "dp_shard", "all_gather")
     head += links.collective(outside * reduce_bytes, "dp_shard", "reduce_scatter") / microbatches
     # Per microbatch: each unit's gather behind the previous unit's forward (~1/3 of a layer's

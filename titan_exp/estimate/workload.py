@@ -32,6 +32,8 @@ class Workload:
     loss_compiled: bool = False
     async_tp: bool = False
     device: str = "cuda"
+    # The busiest expert-parallel rank's routed tokens over the mean rank's (plan.expert_load_imbalance).
+    expert_load_imbalance: float = 1.0
 
     @property
     def float8(self) -> bool:
@@ -86,6 +88,23 @@ def model_parameters(m: ModelConfig) -> int:
     """Every parameter of the model (a tied output counted once)."""
     outside_layers = m.vocab_size * m.dim * (1 if m.tie_word_embeddings else 2) + m.dim
     return sum(block_parameters(m, layer) for layer in range(m.n_layers)) + outside_layers
+
+
+def routed_expert_parameters(m: ModelConfig) -> float:
+    """One layer's routed experts (their mean over the layers, as layer_parameters)."""
+    if not m.moe.enabled:
+        return 0.0
+    moe_layers = sum(m.is_moe_layer(layer) for layer in range(m.n_layers))
+    return moe_layers * m.moe.num_experts * m.moe.expert_parameters(m.dim) / m.n_layers
+
+
+def unit_parameters(w: Workload) -> tuple[float, float]:
+    """(dense, experts): one layer's parameters as its FSDP unit gathers them on a rank. TP splits
+    the dense ones; expert parallelism leaves a rank num_experts / ep experts (gathered over the
+    data-parallel ranks EP leaves, not over all of FSDP's)."""
+    m, p = w.model, w.parallelism
+    experts = routed_expert_parameters(m)
+    return (layer_parameters(m) - experts) / p.tensor_parallel_degree, experts / p.expert_parallel_degree
 
 
 def inactive_parameters(m: ModelConfig) -> int:

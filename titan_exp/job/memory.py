@@ -39,6 +39,7 @@ def workload(cfg: JobConfig, device: str) -> Workload:
         loss_compiled=cfg.compile.compiles("loss"),
         async_tp=p.enable_async_tensor_parallel,
         device=device,
+        expert_load_imbalance=cfg.plan.expert_load_imbalance,
     )
 
 

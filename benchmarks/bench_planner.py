@@ -5,8 +5,9 @@ Prints a table, the memory error of each layout, the step time's mean absolute p
 Kendall's τ between the predicted and measured TPS/device rankings, and one JSON object.
 
 Layouts: the debug Llama (5.6M parameters) under single, ddp, fsdp, hsdp, tp, fsdp_tp, pp (1F1B and
-Interleaved1F1B), 3D, full and selective activation checkpointing, float8; and a larger Llama (33M
-parameters: dim 512, 8 layers, vocab 8192) under fsdp, tp and pp. Global batch 8 × seq 256, CPU
+Interleaved1F1B), 3D, full and selective activation checkpointing, float8; a larger Llama (33M
+parameters: dim 512, 8 layers, vocab 8192) under fsdp, tp and pp; and qwen3_moe_debug under fsdp
+and expert parallelism (ep2 beside fsdp2, fsdp4 and tp2). Global batch 8 × seq 256, CPU
 ranks (2 cores: 4- and 8-rank layouts share them).
 
 Usage: python benchmarks/bench_planner.py [--only NAME ...] [--steps 8]
@@ -38,6 +39,8 @@ COMMON = [
 ]
 LARGER = ["model.dim=512", "model.n_layers=8", "model.n_heads=8", "model.n_kv_heads=4", "model.vocab_size=8192"]
 FSDP2 = ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=4"]
+FSDP4 = ["parallelism=fsdp", "launcher.nproc_per_node=4", "training.local_batch_size=2"]
+MOE = ["model=qwen3_moe_debug"]
 PP2 = ["parallelism=pp", "launcher.nproc_per_node=2", "training.local_batch_size=8"]
 PP2 += ["parallelism.pipeline_parallel_microbatch_size=2"]
 LAYOUTS = {
@@ -61,6 +64,13 @@ LAYOUTS = {
     "larger_fsdp2": [*LARGER, *FSDP2],
     "larger_tp2": [*LARGER, "parallelism=tp", "launcher.nproc_per_node=2", "training.local_batch_size=8"],
     "larger_pp2_1F1B": [*LARGER, *PP2],
+    # Mixture of experts (8.9M parameters, 8 experts, top-2): FSDP, and expert parallelism beside
+    # FSDP and TP (experts split over the ranks, tokens exchanged by all-to-all).
+    "moe_fsdp2": [*MOE, *FSDP2],
+    "moe_fsdp2_ep2": [*MOE, *FSDP2, "parallelism.expert_parallel_degree=2"],
+    "moe_fsdp4_ep2": [*MOE, *FSDP4, "parallelism.expert_parallel_degree=2"],
+    "moe_tp2_ep2": [*MOE, "parallelism=tp", "launcher.nproc_per_node=2", "training.local_batch_size=8"]
+    + ["parallelism.expert_parallel_degree=2"],
 }
 
 

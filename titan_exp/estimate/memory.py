@@ -160,10 +160,27 @@ def layer_activations(w: Workload, mode: str) -> float:
         # output, the residual after attention, w1's and w3's outputs.
         return (4 * dim + 2 * kv + 2 * ffn) / tp
     # Both norms' outputs (whole) and inputs; q, k, v as attention takes them (k and v repeated to
-    # every head), its output and the contiguous copy wo reads; the SwiGLU's four ffn-wide tensors.
-    # The CPU's flash kernel keeps one more dim-wide copy.
-    sharded = (8 if w.device == "cpu" else 7) * dim + 4 * ffn
+    # every head), its output and the contiguous copy wo reads, each n_heads · head_dim wide (dim
+    # for Llama; Qwen3's heads are wider); q and k before their norms where the model has them;
+    # the SwiGLU's four ffn-wide tensors. The CPU's flash kernel keeps one more copy of q's width.
+    heads = m.n_heads * m.head_dim
+    qk_norms = heads + kv if m.qk_norm else 0
+    sharded = 2 * dim + (6 if w.device == "cpu" else 5) * heads + qk_norms + 4 * ffn + _routed_rows(w)
     return 2 * dim + sharded / tp
+
+
+def _routed_rows(w: Workload) -> float:
+    """What a MoE layer keeps beyond its experts' SwiGLUs, per token and averaged over the layers:
+    the token's top_k routed rows (gathered for the experts' matmuls), their outputs before the
+    router's weights scale them, and the router's float32 probabilities."""
+    m = w.model
+    if not m.moe.enabled:
+        return 0.0
+    share = sum(m.is_moe_layer(layer) for layer in range(m.n_layers)) / m.n_layers
+    probabilities = m.moe.num_experts * 4 / DTYPE_BYTES[w.param_dtype]
+    # Expert parallelism's exchanges keep one more copy of the rows (MemTracker, 2 CPU ranks).
+    copies = 3 if w.parallelism.expert_parallel_degree > 1 else 2
+    return share * (copies * m.moe.top_k * m.dim + probabilities)
 
 
 def _kept_per_layer(w: Workload) -> float:

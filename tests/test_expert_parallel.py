@@ -1,10 +1,12 @@
-"""Expert parallelism on real gloo ranks: one forward and backward of the MoE debug model in each
-expert-parallel layout gives every parameter the single-device gradient (gathered whole), and the
+"""Expert parallelism on real gloo ranks: one forward and backward of the MoE debug models in each
+expert-parallel layout (DeepSeek-V3's latent attention split by TP too) gives every parameter the
+single-device gradient (gathered whole), and the
 same gradient norm: a wrong divide factor on the experts' gradients, or a norm that misses a mesh,
 shows here, where Adam's scale-free first steps would hide it from a loss curve. The model's
 auxiliary loss is on (Qwen3's, over the global batch): 3% of the router's gradient, so a rank
 that counted its own tokens only, or TP's slices twice, fails too."""
 
+import functools
 import os
 
 import pytest
@@ -24,14 +26,24 @@ from titan_exp.train.model_parts import build_model_parts
 
 from conftest import mlflow_client, mlflow_runs, run_cli
 
-MODEL = ["model=qwen3_moe_debug", "training.mixed_precision_param=float32"]
+QWEN3 = ("model=qwen3_moe_debug",)
+# Latent attention with a query latent, and without one (wq whole, split by heads under TP).
+DEEPSEEK = ("model=deepseek_v3_debug",)
+DEEPSEEK_NO_Q_LATENT = ("model=deepseek_v3_debug", "model.mla.q_lora_rank=0")
+MODEL = [*QWEN3, "training.mixed_precision_param=float32"]  # the profiled run's
 TOKENS = torch.randint(0, 2048, (4, 32), generator=torch.Generator().manual_seed(0))
-# name: (world size, overrides)
+# name: (model, world size, layout)
 LAYOUTS = {
-    "ep2": (2, ["parallelism=fsdp", "parallelism.expert_parallel_degree=2"]),
-    "fsdp4·ep2": (4, ["parallelism=fsdp", "parallelism.expert_parallel_degree=2"]),
-    "fsdp2·ep4": (4, ["parallelism=fsdp", "parallelism.expert_parallel_degree=4"]),
-    "tp2·ep2": (2, ["parallelism=tp", "parallelism.expert_parallel_degree=2"]),
+    "ep2": (QWEN3, 2, ["parallelism=fsdp", "parallelism.expert_parallel_degree=2"]),
+    "fsdp4·ep2": (QWEN3, 4, ["parallelism=fsdp", "parallelism.expert_parallel_degree=2"]),
+    "fsdp2·ep4": (QWEN3, 4, ["parallelism=fsdp", "parallelism.expert_parallel_degree=4"]),
+    "tp2·ep2": (QWEN3, 2, ["parallelism=tp", "parallelism.expert_parallel_degree=2"]),
+    "deepseek·tp2·ep2": (DEEPSEEK, 2, ["parallelism=tp", "parallelism.expert_parallel_degree=2"]),
+    "deepseek·no_q_latent·tp2·ep2": (
+        DEEPSEEK_NO_Q_LATENT,
+        2,
+        ["parallelism=tp", "parallelism.expert_parallel_degree=2"],
+    ),
 }
 
 
@@ -43,7 +55,7 @@ def _grads(rank: int, world: int, port: int, overrides: list[str], results: dict
     os.environ["OMP_NUM_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        cfg = compose_job_config([*MODEL, *overrides])
+        cfg = compose_job_config([*overrides, "training.mixed_precision_param=float32"])
         mesh = ParallelMesh(ParallelDims.resolve(cfg.parallelism, world), "cpu")
         model = build_model_parts(cfg, mesh, torch.device("cpu")).parts[0]
         model.to_empty(device="cpu")
@@ -66,8 +78,8 @@ def _grads(rank: int, world: int, port: int, overrides: list[str], results: dict
         dist.destroy_process_group()
 
 
-def _single_device() -> tuple[dict[str, torch.Tensor], float]:
-    model = Transformer(compose_job_config(MODEL).model)
+def _single_device(model_overrides: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], float]:
+    model = Transformer(compose_job_config(list(model_overrides)).model)
     model.init_weights(seed=0)
     _loss(model(TOKENS), TOKENS).backward()
     norm = clip_grad_norm_(list(model.parameters()), max_norm=0.0)
@@ -76,15 +88,16 @@ def _single_device() -> tuple[dict[str, torch.Tensor], float]:
 
 @pytest.fixture(scope="module")
 def single_device():
-    return _single_device()
+    """One device's gradients and norm, by model (each computed once)."""
+    return functools.cache(_single_device)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_parameter_gets_the_single_device_gradient(layout, single_device):
-    expected, expected_norm = single_device
-    world, overrides = LAYOUTS[layout]
+    model, world, overrides = LAYOUTS[layout]
+    expected, expected_norm = single_device(model)
     results = mp.Manager().dict()
-    mp.spawn(_grads, args=(world, free_port(), overrides, results), nprocs=world)
+    mp.spawn(_grads, args=(world, free_port(), [*model, *overrides], results), nprocs=world)
     grads = results["grads"]
     assert grads.keys() == expected.keys()
     for name, grad in grads.items():

@@ -38,6 +38,8 @@ LAYOUTS = {
         "parallelism.expert_parallel_degree=2",
         "pp2": "parallelism=pp launcher.nproc_per_node=2 parallelism.pipeline_parallel_schedule=1F1B",
         "cp2·ep2": "parallelism=cp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
+        # Latent attention split by heads, its latents whole on each rank.
+        "tp2·ep2": "parallelism=tp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
     },
     # The dense model's q/k norms under tensor parallelism (their weight's gradient summed over the heads' ranks).
     "qwen3_debug": {

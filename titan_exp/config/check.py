@@ -171,12 +171,6 @@ def check_layout(cfg: JobConfig, dims: ParallelDims) -> None:
             )
     model = f"{cfg.model.name}_{cfg.model.flavor}"
     moe_model = cfg.model.moe.enabled
-    if dims.tp > 1 and cfg.model.mla.enabled:
-        raise ConfigError(
-            "parallelism.tensor_parallel_degree",
-            dims.tp,
-            f"tensor parallelism does not split {model}'s latent attention yet; use a data-parallel or pipeline layout",
-        )
     _check_expert_layout(cfg, dims, model)
     if moe_model and cfg.quantize.name != "none":
         raise ConfigError(

@@ -5,6 +5,7 @@ carry a rotary part, the key's shared by every head, and a part without position
 import math
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from titan_exp.models.config import ModelConfig
@@ -29,6 +30,10 @@ class LatentAttention(nn.Module):
         self.kv_norm = nn.RMSNorm(mla.kv_lora_rank, eps=cfg.norm_eps)
         self.wkv_b = nn.Linear(mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
         self.wo = nn.Linear(heads * mla.v_head_dim, cfg.dim, bias=False)
+        # Under tensor parallel (parallelize.py): the tp ranks, each holding some of the heads. The
+        # latent projections stay whole on every rank; the rotary key they share gets its gradient
+        # summed over the ranks' heads (the latents get theirs through wkv_b's and wq_b's inputs).
+        self.tp_group: dist.ProcessGroup | None = None
         # The attention's scale relative to SDPA's own 1/√(qk head dim): YaRN's mscale², folded into q.
         self.q_scale = 1.0
         if cfg.rope_scaling_type == "yarn" and cfg.rope_scaling_factor:
@@ -42,9 +47,27 @@ class LatentAttention(nn.Module):
         q_nope, q_rope = q.split([mla.qk_nope_head_dim, mla.qk_rope_head_dim], dim=-1)
         latent, k_rope = self.wkv_a(x).split([mla.kv_lora_rank, mla.qk_rope_head_dim], dim=-1)
         q_rope = apply_rotary_emb(q_rope, freqs_cis)
+        if self.tp_group is not None:
+            k_rope = _SumGradients.apply(k_rope, self.tp_group)
         k_rope = apply_rotary_emb(k_rope.unsqueeze(2), freqs_cis)  # one rotary key for every head
         kv = self.wkv_b(self.kv_norm(latent)).view(batch, seq, -1, mla.qk_nope_head_dim + mla.v_head_dim)
         k_nope, v = kv.split([mla.qk_nope_head_dim, mla.v_head_dim], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1) * self.q_scale
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
         return self.wo(self.attend(q, k, v).reshape(batch, seq, -1))
+
+
+class _SumGradients(torch.autograd.Function):
+    """Identity forward; backward, the gradient summed over `group` (whose ranks each used the
+    tensor for their own heads)."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None

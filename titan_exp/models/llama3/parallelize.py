@@ -170,14 +170,13 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool 
         )
 
         colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
-    block_plan = {
-        "attention_norm": SequenceParallel(),
+    norms_plan = {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}
+    attention_plan = {
         "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
         "attention.wq": colwise(),
         "attention.wk": colwise(),
         "attention.wv": colwise(),
         "attention.wo": rowwise(output_layouts=Shard(1)),
-        "ffn_norm": SequenceParallel(),
     }
     dense_plan = {
         "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
@@ -187,7 +186,12 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool 
     }
     for block in model.layers.values():
         ffn_plan = dense_plan if block.moe is None else _tensor_parallel_moe(block.moe, tp_mesh)
-        parallelize_module(block, tp_mesh, block_plan | ffn_plan)
+        if model.cfg.mla.enabled:
+            parallelize_module(
+                block, tp_mesh, norms_plan | _tensor_parallel_latent_attention(block.attention, tp_mesh) | ffn_plan
+            )
+            continue
+        parallelize_module(block, tp_mesh, norms_plan | attention_plan | ffn_plan)
         for norm in (block.attention.q_norm, block.attention.k_norm):
             if norm is not None:
                 _replicate_head_norm(norm, tp_mesh)
@@ -209,6 +213,28 @@ def apply_expert_parallel(model: Transformer, ep_mesh: DeviceMesh) -> None:
     ignore_sequential_redistribute_log()  # the gradient norm over FSDP's and EP's dims
 
 
+def _tensor_parallel_latent_attention(attention: torch.nn.Module, tp_mesh: DeviceMesh) -> dict:
+    """Latent attention under TP (torchtitan's split): the heads' up-projections (wq or wq_b, wkv_b)
+    column-wise and wo row-wise, as a Llama block's; the down-projections to the latents and their
+    norms whole on every rank, on the gathered sequence (their gradients arrive summed over the
+    ranks' heads, through the column-wise inputs and the rotary key's sum)."""
+    attention.tp_group = tp_mesh.get_group()
+    whole = [attention.wkv_a, attention.kv_norm]
+    if attention.mla.q_lora_rank:
+        whole += [attention.wq_a, attention.q_norm]
+    for module in whole:
+        _replicate_whole(module, tp_mesh)
+    queries = "attention.wq_b" if attention.mla.q_lora_rank else "attention.wq"
+    return {
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None), use_local_output=True
+        ),
+        queries: ColwiseParallel(),
+        "attention.wkv_b": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
 def _tensor_parallel_moe(moe: torch.nn.Module, tp_mesh: DeviceMesh) -> dict:
     """A MoE layer under TP, whose experts expert parallelism spreads over the tp ranks too: each tp
     rank routes its own slice of the sequence (no all-gather), so the router and shared experts are
@@ -220,6 +246,20 @@ def _tensor_parallel_moe(moe: torch.nn.Module, tp_mesh: DeviceMesh) -> dict:
     return {
         "moe": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
     }
+
+
+def _replicate_whole(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """`module` computed whole and alike on every tp rank, from the same input: its weights
+    replicated DTensors (as every other weight under TP: the optimizer takes one kind), its input
+    and output local tensors."""
+
+    def same_in(module, inputs, mesh):
+        return (DTensor.from_local(inputs[0], mesh, [Replicate()], run_check=False),)
+
+    def local_out(module, output, mesh):
+        return output.to_local()
+
+    distribute_module(module, tp_mesh, input_fn=same_in, output_fn=local_out)
 
 
 def _replicate_over_token_slices(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:

@@ -38,6 +38,8 @@ LAYOUTS = {
     "fsdp4·ep2": (QWEN3, 4, ["parallelism=fsdp", "parallelism.expert_parallel_degree=2"]),
     "fsdp2·ep4": (QWEN3, 4, ["parallelism=fsdp", "parallelism.expert_parallel_degree=4"]),
     "tp2·ep2": (QWEN3, 2, ["parallelism=tp", "parallelism.expert_parallel_degree=2"]),
+    # The experts' shards replicated like the dense ones' (their gradients all-reduced over replicas).
+    "hsdp2x2·ep2": (QWEN3, 4, ["parallelism=hsdp", "parallelism.expert_parallel_degree=2"]),
     "deepseek·tp2·ep2": (DEEPSEEK, 2, ["parallelism=tp", "parallelism.expert_parallel_degree=2"]),
     "deepseek·no_q_latent·tp2·ep2": (
         DEEPSEEK_NO_Q_LATENT,

@@ -103,6 +103,7 @@ def fake_world():
         (dims(tp=4), None, 1, 1),
         (dims(dp_shard=4, ep=2), ("dp_shard_cp",), 4, 4),
         (dims(dp_shard=2, tp=2, ep=2), ("dp_shard_mod_ep",), 2, 2),
+        (dims(dp_replicate=2, dp_shard=2, ep=2), ("dp_replicate", "dp_shard_in_ep"), 4, 4),
     ],
 )
 @pytest.mark.filterwarnings("error")  # no deprecated DeviceMesh use (a flattened dim sliced from the root mesh)
@@ -117,7 +118,8 @@ def test_mesh_and_groups(fake_world, layout, dp_mesh_dims, dp_size, loss_size):
     assert group_size(mesh.pp_group) == layout.pp
     assert mesh.dp_rank == 0 and mesh.pp_rank == 0
     if layout.ep > 1:
-        assert mesh.ep_mesh.size() == layout.ep and mesh.expert_shard_mesh.size() == layout.dp_shard_mod_ep
+        experts = mesh.expert_shard_mesh  # HSDP's replicas, then the shards EP leaves
+        assert mesh.ep_mesh.size() == layout.ep and experts.size() == layout.dp_replicate * layout.dp_shard_mod_ep
     else:
         assert mesh.ep_mesh is None and mesh.expert_shard_mesh is None
 

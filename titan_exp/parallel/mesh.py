@@ -107,8 +107,13 @@ class ParallelMesh:
     @property
     def expert_shard_mesh(self) -> DeviceMesh | None:
         """Under expert parallelism, the ranks each expert is FSDP-sharded over: the data-parallel
-        ranks EP leaves (a mesh of one rank where it leaves none)."""
-        return self.mesh["dp_shard_mod_ep"] if self.dims.ep > 1 else None
+        ranks EP leaves (a mesh of one rank where it leaves none), with the replicas' dim under HSDP."""
+        if self.dims.ep == 1:
+            return None
+        shard = self.mesh["dp_shard_mod_ep"]
+        if self.dims.dp_replicate > 1:  # HSDP of the experts, as of the dense weights
+            return DeviceMesh._concatenate([self.mesh["dp_replicate"], shard])
+        return shard
 
     @property
     def dp_mesh(self) -> DeviceMesh | None:

@@ -107,8 +107,9 @@ def _shard_experts(
     """FSDP over the ranks EP leaves (its own unit: the block's mesh is another). Sharded by expert
     (dim 0) while each rank has an expert to keep, else along the hidden dim."""
     shard_mesh = mesh.expert_shard_mesh
+    shards = shard_mesh.size(shard_mesh.ndim - 1)  # HSDP's shard dim is the last
     local_experts = experts.w1.to_local().shape[0]
-    dim = 0 if local_experts % shard_mesh.size() == 0 else 1
+    dim = 0 if local_experts % shards == 0 else 1
     fully_shard(
         experts,
         mesh=shard_mesh,
@@ -120,7 +121,7 @@ def _shard_experts(
     # reduce-scatter adds the rest: divide by every rank whose loss is averaged, as dense FSDP does.
     dims = mesh.dims
     experts.set_gradient_divide_factor(dims.dp_replicate * dims.dp_shard * dims.cp)
-    if shard_mesh.size() > 1 and dist.get_backend(shard_mesh.get_group()) == "gloo":
+    if shards > 1 and dist.get_backend(shard_mesh.get_group(shard_mesh.ndim - 1)) == "gloo":
         # A sum, then the division: gloo has no PREMUL_SUM. Not on one rank, where torch 2.13
         # divides twice when asked to sum (its copy in place of the reduce-scatter divides too).
         experts.set_force_sum_reduction_for_comms(True)

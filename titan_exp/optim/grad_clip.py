@@ -24,7 +24,10 @@ def clip_grad_norm_(parameters: list[torch.nn.Parameter], max_norm: float, pp_gr
     for params in by_mesh.values():
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    total_norm = norms[0] if len(norms) == 1 else torch.stack(norms).norm() if norms else torch.zeros(())
+    if not norms:  # no gradient on this rank
+        total_norm = torch.zeros(())
+    else:  # one mesh's norm as it is (the usual case: no round-off added)
+        total_norm = norms[0] if len(norms) == 1 else torch.stack(norms).norm()
     if pp_group is not None:
         squared = total_norm**2
         dist.all_reduce(squared, group=pp_group)

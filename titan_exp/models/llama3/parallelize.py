@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -195,7 +195,8 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool 
         parallelize_module(block, tp_mesh, norms_plan | attention_plan | ffn_plan)
         for norm in (block.attention.q_norm, block.attention.k_norm):
             if norm is not None:
-                _replicate_head_norm(norm, tp_mesh)
+                # Qwen3's q/k norms: (batch, seq, heads, head_dim), each rank its own heads.
+                _replicated_on_local_tensors(norm, tp_mesh, Shard(2))
 
 
 def apply_expert_parallel(model: Transformer, ep_mesh: DeviceMesh) -> None:
@@ -224,7 +225,7 @@ def _tensor_parallel_latent_attention(attention: torch.nn.Module, tp_mesh: Devic
     if attention.mla.q_lora_rank:
         whole += [attention.wq_a, attention.q_norm]
     for module in whole:
-        _replicate_whole(module, tp_mesh)
+        _replicated_on_local_tensors(module, tp_mesh, Replicate())
     queries = "attention.wq_b" if attention.mla.q_lora_rank else "attention.wq"
     return {
         "attention": PrepareModuleInput(
@@ -241,53 +242,28 @@ def _tensor_parallel_moe(moe: torch.nn.Module, tp_mesh: DeviceMesh) -> dict:
     rank routes its own slice of the sequence (no all-gather), so the router and shared experts are
     replicated and see different tokens on each rank (their gradients are summed over the ranks)."""
     moe.token_slices = tp_mesh.size()
-    _replicate_over_token_slices(moe.router.gate, tp_mesh)
+    _replicated_on_local_tensors(moe.router.gate, tp_mesh, Shard(0))  # (tokens, dim)
     if moe.shared is not None:
-        _replicate_over_token_slices(moe.shared, tp_mesh)
+        _replicated_on_local_tensors(moe.shared, tp_mesh, Shard(0))
     return {
         "moe": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
     }
 
 
-def _replicate_whole(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
-    """`module` computed whole and alike on every tp rank, from the same input: its weights
-    replicated DTensors (as every other weight under TP: the optimizer takes one kind), its input
-    and output local tensors."""
+def _replicated_on_local_tensors(module: torch.nn.Module, tp_mesh: DeviceMesh, input_placement: Placement) -> None:
+    """`module`'s weights replicated DTensors over the tp ranks (as every weight under TP: the
+    optimizer takes one kind), its input and output local tensors. `input_placement` says how the
+    ranks' inputs relate, and so whether DTensor sums the weights' gradients over the ranks:
+    Replicate(), the same input on every rank (the gradients already agree); Shard(d), each rank's
+    own slice along dim d (its own tokens, its own heads: each gradient is a partial sum)."""
 
-    def same_in(module, inputs, mesh):
-        return (DTensor.from_local(inputs[0], mesh, [Replicate()], run_check=False),)
-
-    def local_out(module, output, mesh):
-        return output.to_local()
-
-    distribute_module(module, tp_mesh, input_fn=same_in, output_fn=local_out)
-
-
-def _replicate_over_token_slices(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
-    """`module`'s weights replicated over the tp ranks, its input (tokens, dim) each rank's own
-    tokens: declared so, DTensor sums the weights' gradients over the ranks."""
-
-    def tokens_in(module, inputs, mesh):
-        return (DTensor.from_local(inputs[0], mesh, [Shard(0)], run_check=False),)
+    def local_in(module, inputs, mesh):
+        return (DTensor.from_local(inputs[0], mesh, [input_placement], run_check=False),)
 
     def local_out(module, output, mesh):
         return output.to_local()
 
-    distribute_module(module, tp_mesh, input_fn=tokens_in, output_fn=local_out)
-
-
-def _replicate_head_norm(norm: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
-    """A q/k norm (Qwen3's) under TP: its weight replicated over the tp ranks, its input each rank's
-    heads (dim 2 of batch, seq, heads, head_dim). Declared so, the weight's gradient is a partial
-    sum that DTensor reduces over the ranks, each of which saw only its own heads."""
-
-    def heads_in(module, inputs, mesh):
-        return (DTensor.from_local(inputs[0], mesh, [Shard(2)], run_check=False),)
-
-    def local_out(module, output, mesh):
-        return output.to_local()
-
-    distribute_module(norm, tp_mesh, input_fn=heads_in, output_fn=local_out)
+    distribute_module(module, tp_mesh, input_fn=local_in, output_fn=local_out)
 
 
 def _enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> None:

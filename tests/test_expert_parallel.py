@@ -94,7 +94,13 @@ def single_device():
     return functools.cache(_single_device)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+# Beyond the default suite: EP over all four ranks, and the query without a latent (one plain colwise linear).
+SLOW = ("fsdp2·ep4", "deepseek·no_q_latent·tp2·ep2")
+
+
+@pytest.mark.parametrize(
+    "layout", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name in LAYOUTS]
+)
 def test_every_parameter_gets_the_single_device_gradient(layout, single_device):
     model, world, overrides = LAYOUTS[layout]
     expected, expected_norm = single_device(model)

@@ -83,7 +83,11 @@ def parity_curves(model: str, folder: Path) -> dict[str, list[float]]:
     return {name: loss_curve(db, run_id) for name, run_id in run_ids.items()}, load
 
 
-@pytest.mark.parametrize("model", LAYOUTS)
+# DeepSeek-V3's run (about 70 s) is slow-marked: its MoE and latent attention's gradients under
+# tp2·ep2 are held per parameter in the default suite (tests/test_expert_parallel.py).
+@pytest.mark.parametrize(
+    "model", [pytest.param(m, marks=pytest.mark.slow) if m == "deepseek_v3_debug" else m for m in LAYOUTS]
+)
 def test_every_layout_reproduces_the_single_device_curve(model, tmp_path):
     curves, load = parity_curves(model, tmp_path)
     reference = curves.pop(REFERENCE)

@@ -138,3 +138,17 @@ def test_csv_holds_plain_numbers_and_empty_cells_for_none(tmp_path: Path) -> Non
     assert first["tps_per_device"] == "12345.678" and first["predicted_tps_per_device"] == "11111.5"
     assert first["run_id"] == "fsdp2-0123456789abcdef" and first["memory_kind"] == "active"
     assert second["tps_per_device"] == second["mfu_pct"] == second["scaling_efficiency"] == ""
+
+
+def test_the_mlflow_view_adds_the_expert_load_where_a_run_has_experts() -> None:
+    from types import SimpleNamespace
+
+    from titan_exp.compare.ui_view import EXPERT_LOAD_COLUMN, STRATEGY_COLUMNS, strategy_columns
+
+    def run(**metrics: float) -> SimpleNamespace:
+        return SimpleNamespace(data=SimpleNamespace(metrics=metrics, tags={}))
+
+    assert strategy_columns([run()]) == list(STRATEGY_COLUMNS)  # a column no run has would stay empty
+    columns = strategy_columns([run(), run(**{"moe/load_imbalance": 1.4})])
+    assert columns.index(EXPERT_LOAD_COLUMN) == columns.index("metrics.`loss/global_avg`") - 1
+    assert [c for c in columns if c != EXPERT_LOAD_COLUMN] == list(STRATEGY_COLUMNS)

@@ -29,11 +29,11 @@ STRATEGY_COLUMNS = (
     "tags.`layout`",
     "tags.`world_size`",
     "tags.`mesh`",
-    # The experts' load is blank for a dense model's runs.
-    *(f"metrics.`{key}`" for key in (TPS_KEY, MFU_KEY, *(key for key, _ in MEMORY_KEYS), LOAD_IMBALANCE_KEY, LOSS_KEY)),
+    *(f"metrics.`{key}`" for key in (TPS_KEY, MFU_KEY, *(key for key, _ in MEMORY_KEYS), LOSS_KEY)),
     "tags.`status`",
 )
-
+# A MoE run's expert load, after the memory (MLflow shows no column for a metric no run has).
+EXPERT_LOAD_COLUMN = f"metrics.`{LOAD_IMBALANCE_KEY}`"
 
 _SECTION = "titan_exp-strategy"
 # The charts view: the loss curves overlaid, and one bar per run of each strategy figure.
@@ -67,12 +67,20 @@ def _chart(kind: str, metric: str, title: str) -> dict:
     return card
 
 
-def _widths(runs: list) -> dict[str, int]:
-    """Pixels for each strategy column that show its whole header (the key) and each of `runs`'
-    values in it, at about 7 px a character in MLflow's font beside the sort icon; MLflow gives every
-    column 100, cutting most of these keys."""
+def strategy_columns(runs: list) -> list[str]:
+    """The view's columns for `runs`: the strategy columns, and the experts' load where a run has experts."""
+    columns = list(STRATEGY_COLUMNS)
+    if any(LOAD_IMBALANCE_KEY in run.data.metrics for run in runs):
+        columns.insert(columns.index(f"metrics.`{LOSS_KEY}`"), EXPERT_LOAD_COLUMN)
+    return columns
+
+
+def _widths(columns: list[str], runs: list) -> dict[str, int]:
+    """Pixels for each column that show its whole header (the key) and each of `runs`' values in
+    it, at about 7 px a character in MLflow's font beside the sort icon; MLflow gives every column
+    100, cutting most of these keys."""
     widths = {}
-    for column in STRATEGY_COLUMNS:
+    for column in columns:
         kind, key = column.split(".")[0], column.split("`")[1]
         values = [str(getattr(run.data, kind).get(key, "")) for run in runs]
         widths[column] = 7 * max(len(key), *map(len, values)) + 40
@@ -87,14 +95,15 @@ def comparison_link(client, base_url: str, experiment_name: str) -> str | None:
     sweep = latest_sweep(client, experiment.experiment_id)
     runs = sweep_points(client, sweep) if sweep else experiment_training_runs(client, experiment.experiment_id)
     key = f"titan_exp-{sweep.info.run_id if sweep else 'all'}"
+    columns = strategy_columns(runs)
     state = {
         "searchFilter": f"tags.`{PARENT_TAG}` = '{sweep.info.run_id}'" if sweep else "",
         "orderByKey": f"metrics.`{TPS_KEY}`",
         "orderByAsc": False,
-        "selectedColumns": list(STRATEGY_COLUMNS),
+        "selectedColumns": columns,
         # MLflow applies widths to the columns named in columnOrder only.
-        "columnOrder": list(STRATEGY_COLUMNS),
-        "columnWidths": _widths(runs),
+        "columnOrder": columns,
+        "columnWidths": _widths(columns, runs),
         "compareRunCharts": [_chart(*chart) for chart in STRATEGY_CHARTS],
         "compareRunSections": [
             {"uuid": _SECTION, "name": "Strategy comparison", "display": True, "isReordered": True, "deleted": False}

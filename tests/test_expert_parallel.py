@@ -40,6 +40,12 @@ LAYOUTS = {
     "tp2·ep2": (QWEN3, 2, ["parallelism=tp", "parallelism.expert_parallel_degree=2"]),
     # The experts' shards replicated like the dense ones' (their gradients all-reduced over replicas).
     "hsdp2x2·ep2": (QWEN3, 4, ["parallelism=hsdp", "parallelism.expert_parallel_degree=2"]),
+    # DDP's replicas: the experts split over the tp ranks, replicated with the dense weights.
+    "ddp2·tp2·ep2": (
+        QWEN3,
+        4,
+        ["parallelism=ddp", "parallelism.tensor_parallel_degree=2", "parallelism.expert_parallel_degree=2"],
+    ),
     "deepseek·tp2·ep2": (DEEPSEEK, 2, ["parallelism=tp", "parallelism.expert_parallel_degree=2"]),
     "deepseek·no_q_latent·tp2·ep2": (
         DEEPSEEK_NO_Q_LATENT,

@@ -194,12 +194,6 @@ def _check_expert_layout(cfg: JobConfig, dims: ParallelDims, model: str) -> None
         raise ConfigError(key, dims.ep, f"{model} has no experts to split; set it to 1")
     if dims.ep > 1 and moe.num_experts % dims.ep:
         raise ConfigError(key, dims.ep, f"must divide {model}'s {moe.num_experts} experts (model.moe.num_experts)")
-    if dims.ep > 1 and dims.ddp_enabled:
-        raise ConfigError(
-            key,
-            dims.ep,
-            "DDP's replicas of expert-parallel experts are not wired; shard them too (parallelism=hsdp)",
-        )
     if dims.tp > 1 and moe.enabled and dims.ep == 1:
         raise ConfigError(
             "parallelism.tensor_parallel_degree",

@@ -176,7 +176,7 @@ def _routed_rows(w: Workload) -> float:
     m = w.model
     if not m.moe.enabled:
         return 0.0
-    share = sum(m.is_moe_layer(layer) for layer in range(m.n_layers)) / m.n_layers
+    share = m.num_moe_layers / m.n_layers
     probabilities = m.moe.num_experts * 4 / DTYPE_BYTES[w.param_dtype]
     # Expert parallelism's exchanges keep one more copy of the rows (MemTracker, 2 CPU ranks).
     copies = 3 if w.parallelism.expert_parallel_degree > 1 else 2

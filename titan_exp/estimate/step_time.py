@@ -196,7 +196,7 @@ def _expert_parallel(w: Workload, links: _Links, layers: int, microbatches: int)
     m, p = w.model, w.parallelism
     if p.expert_parallel_degree == 1:
         return 0.0
-    moe_layers = layers * sum(m.is_moe_layer(layer) for layer in range(m.n_layers)) / m.n_layers
+    moe_layers = layers * m.num_moe_layers / m.n_layers
     rows = w.tokens / p.tensor_parallel_degree * m.moe.top_k * w.expert_load_imbalance
     exchanges = 4 + (2 if w.ac.mode == "full" else 0)
     return (

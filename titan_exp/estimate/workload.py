@@ -94,8 +94,7 @@ def routed_expert_parameters(m: ModelConfig) -> float:
     """One layer's routed experts (their mean over the layers, as layer_parameters)."""
     if not m.moe.enabled:
         return 0.0
-    moe_layers = sum(m.is_moe_layer(layer) for layer in range(m.n_layers))
-    return moe_layers * m.moe.num_experts * m.moe.expert_parameters(m.dim) / m.n_layers
+    return m.num_moe_layers * m.moe.num_experts * m.moe.expert_parameters(m.dim) / m.n_layers
 
 
 def unit_parameters(w: Workload) -> tuple[float, float]:
@@ -111,8 +110,7 @@ def inactive_parameters(m: ModelConfig) -> int:
     """The parameters a token does not go through: the experts its router did not pick."""
     if not m.moe.enabled:
         return 0
-    moe_layers = sum(m.is_moe_layer(layer) for layer in range(m.n_layers))
-    return moe_layers * (m.moe.num_experts - m.moe.top_k) * m.moe.expert_parameters(m.dim)
+    return m.num_moe_layers * (m.moe.num_experts - m.moe.top_k) * m.moe.expert_parameters(m.dim)
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,10 @@ class ModelConfig(Section):
         return self.moe.enabled and layer >= self.moe.n_dense_layers
 
     @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(layer) for layer in range(self.n_layers))
+
+    @property
     def active_ffn_hidden_dim(self) -> int:
         """The SwiGLU hidden width a token's feed-forward computes through: its routed and shared
         experts' in a MoE layer (the FLOPs and activations per token), else ffn_hidden_dim."""

@@ -34,14 +34,9 @@ class _AllToAll(torch.autograd.Function):
         return _AllToAll.apply(grad, in_splits, out_splits, ctx.group), None, None, None
 
 
-def exchange_counts(counts: list[int], group: dist.ProcessGroup, device: torch.device, fake: bool) -> list[list[int]]:
-    """`counts[e]`: rows this rank routed to expert e (all num_experts of them). Returns, for each
-    source rank, how many rows it sends to each of this rank's experts. A dry run's (fake) ranks
-    are taken to receive what they send (the balanced case)."""
-    local = len(counts) // group.size()
-    sent = [counts[start : start + local] for start in range(0, len(counts), local)]
-    if fake:
-        return sent
+def exchange_counts(sent: list[list[int]], group: dist.ProcessGroup, device: torch.device) -> list[list[int]]:
+    """`sent[r][e]`: rows this rank sends to rank r's e-th expert. Returns, for each source rank,
+    how many rows it sends to each of this rank's experts."""
     sent_tensor = torch.tensor(sent, device=device)
     received = torch.empty_like(sent_tensor)
     with torch.profiler.record_function(ALL_TO_ALL_RANGE):
@@ -59,9 +54,11 @@ def run_on_expert_ranks(
     e. Returns their outputs in the same order, computed by `local_experts(rows sorted by local
     expert, rows per local expert)` on the ranks that own the experts."""
     fake = is_fake(grouped)
-    received_counts = exchange_counts(counts, group, grouped.device, fake)
-    local = len(received_counts[0])
-    send_splits = [sum(counts[start : start + local]) for start in range(0, len(counts), local)]
+    local = len(counts) // group.size()
+    sent = [counts[start : start + local] for start in range(0, len(counts), local)]  # by owning rank
+    # A dry run's (fake) ranks are taken to receive what they send (the balanced case).
+    received_counts = sent if fake else exchange_counts(sent, group, grouped.device)
+    send_splits = [sum(rows) for rows in sent]
     receive_splits = [sum(source) for source in received_counts]
     per_expert = [sum(column) for column in zip(*received_counts)]
     received = _AllToAll.apply(grouped, receive_splits, send_splits, group)

@@ -47,6 +47,20 @@ LAYOUTS = {
         ["parallelism=ddp", "parallelism.tensor_parallel_degree=2", "parallelism.expert_parallel_degree=2"],
     ),
     "deepseek·tp2·ep2": (DEEPSEEK, 2, ["parallelism=tp", "parallelism.expert_parallel_degree=2"]),
+    # TP splitting the experts' hidden dim (expert_tensor_parallel_degree = tp, and TP without EP):
+    # the sequence slices' tokens gathered, the partial outputs reduce-scattered; DeepSeek-V3's
+    # shared experts split like a dense FFN.
+    "tp2": (QWEN3, 2, ["parallelism=tp"]),
+    "fsdp2·tp2·ep2·etp2": (
+        QWEN3,
+        4,
+        [
+            "parallelism=fsdp_tp",
+            "parallelism.expert_parallel_degree=2",
+            "parallelism.expert_tensor_parallel_degree=2",
+        ],
+    ),
+    "deepseek·tp2": (DEEPSEEK, 2, ["parallelism=tp"]),
     "deepseek·no_q_latent·tp2·ep2": (
         DEEPSEEK_NO_Q_LATENT,
         2,
@@ -80,8 +94,10 @@ def _grads(rank: int, world: int, port: int, overrides: list[str], results: dict
         for name, param in model.named_parameters():
             grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
             grads[canonical_name(name)] = grad.clone()
+        w1 = model.layers["3"].moe.experts.w1  # how the experts' weights are split
         if rank == 0:
             results["grads"], results["norm"] = grads, norm.item()
+            results["w1"] = dict(zip(w1.device_mesh.mesh_dim_names, map(str, w1.placements)))
     finally:
         dist.destroy_process_group()
 
@@ -117,6 +133,9 @@ def test_every_parameter_gets_the_single_device_gradient(layout, single_device):
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-7, msg=f"{layout}: {name}")
     assert results["norm"] == pytest.approx(expected_norm, rel=1e-4)  # the loss-parity tolerance
+    dims = ParallelDims.resolve(compose_job_config([*model, *overrides]).parallelism, world)
+    # TP splits each expert's hidden dim (w1: experts × hidden × dim) where it splits the experts.
+    assert (results["w1"].get("tp") == "S(1)") == (dims.experts_tp > 1)
 
 
 def test_a_profiled_expert_parallel_run_reports_its_all_to_all_time(tmp_path, store):

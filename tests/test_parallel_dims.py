@@ -11,8 +11,8 @@ from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.rules import ConfigError
 
 
-def dims(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1, ep=1) -> ParallelDims:
-    return ParallelDims(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, ep=ep)
+def dims(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1, ep=1, etp=1) -> ParallelDims:
+    return ParallelDims(pp=pp, dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, ep=ep, etp=etp)
 
 
 @pytest.mark.parametrize(
@@ -28,6 +28,9 @@ def dims(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1, ep=1) -> ParallelDims:
         # Expert parallelism borrows ranks: no change to the world or to what a device's tokens are.
         (dims(dp_shard=8, ep=4), "fsdp8·ep4", "dp_shard8·ep4", 1),
         (dims(pp=2, dp_shard=2, tp=2, ep=2), "fsdp2·tp2·pp2·ep2", "pp2·dp_shard2·tp2·ep2", 4),
+        # TP splitting the experts is named beside EP; without EP it is the layout's TP.
+        (dims(dp_shard=4, tp=2, ep=4, etp=2), "fsdp4·tp2·ep4·etp2", "dp_shard4·tp2·ep4·etp2", 2),
+        (dims(dp_shard=4, tp=2), "fsdp4·tp2", "dp_shard4·tp2", 2),
     ],
 )
 def test_labels_and_sizes(layout, label, describe, non_data_parallel):
@@ -52,6 +55,8 @@ def test_degrees_come_from_the_config_keys_in_mesh_order():
         # ... after all of cp and tp.
         (dims(dp_shard=4, cp=2, ep=4), 2, 2, {"dp_shard_mod_ep": 2, "dp_shard_in_ep": 2, "cp": 2}),
         (dims(dp_shard=2, tp=2, ep=2), 1, 2, {"dp_shard_mod_ep": 2, "tp": 2}),
+        # ... but not tp where TP splits the experts themselves.
+        (dims(dp_shard=2, tp=2, ep=2, etp=2), 2, 1, {"dp_shard_mod_ep": 1, "dp_shard_in_ep": 2, "tp": 2}),
         (dims(pp=2, dp_shard=4), 1, 4, {"pp": 2, "dp_shard": 4}),
     ],
 )
@@ -72,6 +77,24 @@ def test_expert_parallel_degree_must_fit_the_ranks_it_borrows(degrees, world, fi
     with pytest.raises(ConfigError, match=fix) as error:
         ParallelDims.resolve(ParallelismConfig(**degrees), world)
     assert error.value.key == "parallelism.expert_parallel_degree"
+
+
+@pytest.mark.parametrize(
+    "degrees,world,etp",
+    [
+        (dict(tensor_parallel_degree=2), 4, 2),  # no EP: the experts split as the dense weights
+        (dict(tensor_parallel_degree=2, expert_parallel_degree=2), 4, 1),
+        (dict(tensor_parallel_degree=-1, expert_parallel_degree=2, expert_tensor_parallel_degree=2), 4, 2),
+    ],
+)
+def test_the_experts_are_split_by_tp_without_ep_or_with_etp(degrees, world, etp):
+    assert ParallelDims.resolve(ParallelismConfig(data_parallel_shard_degree=2, **degrees), world).experts_tp == etp
+
+
+def test_the_experts_tensor_parallel_degree_is_1_or_tp():
+    with pytest.raises(ConfigError, match=r"must be 1 \(experts whole\) or the tensor-parallel degree 4") as error:
+        ParallelDims.resolve(ParallelismConfig(tensor_parallel_degree=4, expert_tensor_parallel_degree=2), 8)
+    assert error.value.key == "parallelism.expert_tensor_parallel_degree"
 
 
 def test_dims_refuse_unresolved_degrees():
@@ -104,6 +127,7 @@ def fake_world():
         (dims(dp_shard=4, ep=2), ("dp_shard_cp",), 4, 4),
         (dims(dp_shard=2, tp=2, ep=2), ("dp_shard_mod_ep",), 2, 2),
         (dims(dp_replicate=2, dp_shard=2, ep=2), ("dp_replicate", "dp_shard_in_ep"), 4, 4),
+        (dims(dp_shard=4, tp=2, ep=2, etp=2), ("dp_shard_cp",), 4, 4),
     ],
 )
 @pytest.mark.filterwarnings("error")  # no deprecated DeviceMesh use (a flattened dim sliced from the root mesh)
@@ -120,6 +144,9 @@ def test_mesh_and_groups(fake_world, layout, dp_mesh_dims, dp_size, loss_size):
     if layout.ep > 1:
         experts = mesh.expert_shard_mesh  # HSDP's replicas, then the shards EP leaves
         assert mesh.ep_mesh.size() == layout.ep and experts.size() == layout.dp_replicate * layout.dp_shard_mod_ep
+        # The experts' weights: split by expert over EP's ranks, by hidden dim over TP's where it splits them.
+        assert mesh.experts_mesh.size() == layout.ep * layout.experts_tp
+        assert mesh.experts_mesh.ndim == (2 if layout.experts_tp > 1 else 1)
     else:
         assert mesh.ep_mesh is None and mesh.expert_shard_mesh is None
 

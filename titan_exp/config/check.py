@@ -194,12 +194,11 @@ def _check_expert_layout(cfg: JobConfig, dims: ParallelDims, model: str) -> None
         raise ConfigError(key, dims.ep, f"{model} has no experts to split; set it to 1")
     if dims.ep > 1 and moe.num_experts % dims.ep:
         raise ConfigError(key, dims.ep, f"must divide {model}'s {moe.num_experts} experts (model.moe.num_experts)")
-    if dims.tp > 1 and moe.enabled and dims.ep == 1:
+    if moe.enabled and moe.hidden_dim % dims.experts_tp:
+        # Without expert parallelism the experts' split is TP's (ParallelDims.experts_tp).
+        etp_key = "parallelism.expert_tensor_parallel_degree" if dims.ep > 1 else "parallelism.tensor_parallel_degree"
         raise ConfigError(
-            "parallelism.tensor_parallel_degree",
-            dims.tp,
-            f"{model}'s experts are spread over the tp ranks by expert parallelism; set "
-            f"parallelism.expert_parallel_degree to a multiple of {dims.tp * dims.cp} (tp × cp)",
+            etp_key, dims.experts_tp, f"must divide {model}'s expert hidden dim {moe.hidden_dim} (model.moe.hidden_dim)"
         )
 
 

@@ -65,19 +65,17 @@ class ParallelismConfig(Section):
     # borrows its ranks from data_parallel_shard × context × tensor parallel (torchtitan's meaning);
     # the experts are FSDP-sharded over the data-parallel ranks it leaves.
     expert_parallel_degree: int = 1
-    # Tensor parallel inside each expert (torchtitan's key): 1, each expert whole on its EP rank.
+    # Tensor parallel inside each expert (torchtitan's key, under expert parallelism): 1, each
+    # expert whole on its rank, EP spanning the tp ranks; or tensor_parallel_degree, each expert's
+    # hidden dim split over the tp ranks as a dense FFN's, EP borrowing from data × context
+    # parallel only. Without EP the experts are split by TP whatever this says (torchtitan's rule).
     expert_tensor_parallel_degree: int = 1
 
     def check(self, key: str) -> None:
         super().check(key)
         check_positive(f"{key}.pipeline_parallel_microbatch_size", self.pipeline_parallel_microbatch_size)
         check_positive(f"{key}.expert_parallel_degree", self.expert_parallel_degree)
-        if self.expert_tensor_parallel_degree != 1:
-            raise ConfigError(
-                f"{key}.expert_tensor_parallel_degree",
-                self.expert_tensor_parallel_degree,
-                "only 1 is wired: each expert whole on its rank, EP spanning the tensor-parallel ranks",
-            )
+        check_positive(f"{key}.expert_tensor_parallel_degree", self.expert_tensor_parallel_degree)
         if self.pipeline_parallel_layers_per_stage is not None:
             check_positive(f"{key}.pipeline_parallel_layers_per_stage", self.pipeline_parallel_layers_per_stage)
 

@@ -17,11 +17,14 @@ class ParallelDims:
     dp_shard: int
     cp: int
     tp: int
-    # Expert parallel: borrowed from dp_shard × cp × tp, not a factor of the world size.
+    # Expert parallel: borrowed from dp_shard × cp (× tp where etp is 1), not a factor of the world size.
     ep: int = 1
+    # Tensor parallel inside the experts under expert parallelism: 1 (each expert whole on its
+    # rank) or tp (each expert's hidden dim split over the tp ranks). See experts_tp.
+    etp: int = 1
 
     def __post_init__(self) -> None:
-        for name in (*MESH_DIMS.values(), "ep"):
+        for name in (*MESH_DIMS.values(), "ep", "etp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ParallelDims.{name}={getattr(self, name)}: degrees are >= 1 once resolved")
 
@@ -54,8 +57,15 @@ class ParallelDims:
                 f"(launcher.nproc_per_node × launcher.nodes); make them equal or set one degree to -1",
             )
         resolved = {MESH_DIMS[key]: world_size // fixed if d == -1 else d for key, d in degrees.items()}
-        _check_expert_parallel(parallelism.expert_parallel_degree, **resolved)
-        return cls(**resolved, ep=parallelism.expert_parallel_degree)
+        ep, etp = parallelism.expert_parallel_degree, parallelism.expert_tensor_parallel_degree
+        if etp not in (1, resolved["tp"]):
+            raise ConfigError(
+                "parallelism.expert_tensor_parallel_degree",
+                etp,
+                f"must be 1 (experts whole) or the tensor-parallel degree {resolved['tp']} (experts split by TP)",
+            )
+        _check_expert_parallel(ep, etp, **resolved)
+        return cls(**resolved, ep=ep, etp=etp)
 
     def degrees(self) -> dict[str, int]:
         """Every degree keyed by its config key (parallelism.*), outermost first."""
@@ -84,9 +94,21 @@ class ParallelDims:
         return self.dp_replicate > 1 and not self.fsdp_enabled
 
     @property
+    def experts_tp(self) -> int:
+        """The tp ranks each expert's hidden dim is split over: etp under expert parallelism, all of
+        tp without it (torchtitan's rule: then the experts split as the dense weights do)."""
+        return self.etp if self.ep > 1 else self.tp
+
+    @property
+    def ep_spans(self) -> tuple[str, ...]:
+        """The dims expert parallelism takes whole, beside part of dp_shard: cp, and tp unless TP
+        splits the experts themselves."""
+        return ("cp",) if self.etp > 1 else ("cp", "tp")
+
+    @property
     def dp_shard_in_ep(self) -> int:
-        """The part of dp_shard that expert parallelism borrows (beside all of cp and tp)."""
-        return self.ep // (self.cp * self.tp) if self.ep > 1 else 1
+        """The part of dp_shard that expert parallelism borrows (beside ep_spans)."""
+        return self.ep // math.prod(getattr(self, dim) for dim in self.ep_spans) if self.ep > 1 else 1
 
     @property
     def dp_shard_mod_ep(self) -> int:
@@ -114,7 +136,11 @@ class ParallelDims:
     def describe(self) -> str:
         """Compact layout string such as 'dp_replicate2·dp_shard2' ('single' for one device)."""
         parts = [f"{name}{size}" for name, size in self.mesh_shape().items()]
-        return "·".join(parts + ([f"ep{self.ep}"] if self.ep > 1 else [])) or "single"
+        return "·".join(parts + self._expert_parts()) or "single"
+
+    def _expert_parts(self) -> list[str]:
+        """EP's degree, and ETP's beside it (without EP the experts' TP is the layout's)."""
+        return [f"ep{self.ep}", *([f"etp{self.etp}"] if self.etp > 1 else [])] if self.ep > 1 else []
 
     def label(self) -> str:
         """Layout in the words people use: 'fsdp8', 'hsdp2x4', 'ddp2', 'fsdp8·tp2' ('single' for one device)."""
@@ -126,25 +152,23 @@ class ParallelDims:
             parts = [f"ddp{self.dp_replicate}"]
         else:
             parts = []
-        parts += [f"{name}{getattr(self, name)}" for name in ("tp", "pp", "cp", "ep") if getattr(self, name) > 1]
-        return "·".join(parts) or "single"
+        parts += [f"{name}{getattr(self, name)}" for name in ("tp", "pp", "cp") if getattr(self, name) > 1]
+        return "·".join(parts + self._expert_parts()) or "single"
 
 
-def _check_expert_parallel(ep: int, dp_shard: int, cp: int, tp: int, **_: int) -> None:
-    """EP takes all of the cp and tp ranks and part of dp_shard (torchtitan's rule for experts
-    without tensor parallel of their own). Raises ConfigError."""
+def _check_expert_parallel(ep: int, etp: int, dp_shard: int, cp: int, tp: int, **_: int) -> None:
+    """EP takes all of the cp ranks, all of the tp ones unless TP splits the experts (etp > 1), and
+    part of dp_shard (torchtitan's rule). Raises ConfigError."""
     if ep == 1:
         return
     key = "parallelism.expert_parallel_degree"
     if ep < 1:
         raise ConfigError(key, ep, "must be a positive degree")
-    if ep % (cp * tp):
+    whole = {"context": cp} if etp > 1 else {"context": cp, "tensor parallel": tp}
+    names, degrees = " × ".join(whole), "×".join(map(str, whole.values()))
+    if ep % math.prod(whole.values()):
+        raise ConfigError(key, ep, f"must be a multiple of {names} ({degrees}): EP spans those ranks whole")
+    if (dp_shard * math.prod(whole.values())) % ep:
         raise ConfigError(
-            key, ep, f"must be a multiple of context × tensor parallel ({cp}×{tp}): EP spans those ranks whole"
-        )
-    if (dp_shard * cp * tp) % ep:
-        raise ConfigError(
-            key,
-            ep,
-            f"must divide data_parallel_shard × context × tensor parallel ({dp_shard}×{cp}×{tp}), the ranks it borrows",
+            key, ep, f"must divide data_parallel_shard × {names} ({dp_shard}×{degrees}), the ranks it borrows"
         )

@@ -24,7 +24,8 @@ _FLATTENED = {
     "shard": ("dp_shard", "cp"),
     # The ranks whose losses are averaged: every batch, and every sequence slice of it.
     "loss": ("dp_replicate", "dp_shard", "cp"),
-    # The ranks a MoE layer's experts are split over (torchtitan's "ep").
+    # The ranks a MoE layer's experts are split over (torchtitan's "ep"): without tp where TP
+    # splits the experts themselves (ParallelDims.ep_spans).
     "ep": ("dp_shard_in_ep", "cp", "tp"),
     # The ranks whose tokens pass the same layers at once (all but the pipeline's): flattened
     # when first asked for, by every rank at once (a MoE model's auxiliary loss).
@@ -72,9 +73,12 @@ class ParallelMesh:
         """The mesh dims of size > 1 that the group for `purpose` spans."""
         shape = self.dims.device_mesh_shape()
         split = self.dims.ep > 1  # dp_shard is two mesh dims
+        spans = _FLATTENED[purpose]
+        if purpose == "ep":
+            spans = tuple(dim for dim in spans if dim == "dp_shard_in_ep" or dim in self.dims.ep_spans)
         expanded = [
             part
-            for dim in _FLATTENED[purpose]
+            for dim in spans
             for part in (("dp_shard_mod_ep", "dp_shard_in_ep") if dim == "dp_shard" and split else (dim,))
         ]
         return tuple(d for d in expanded if shape.get(d, 1) > 1)
@@ -103,6 +107,19 @@ class ParallelMesh:
     def ep_mesh(self) -> DeviceMesh | None:
         """The ranks each MoE layer's experts are split over (None without expert parallelism)."""
         return self._submesh("ep") if self.dims.ep > 1 else None
+
+    @property
+    def experts_mesh(self) -> DeviceMesh | None:
+        """The mesh the experts' weights are DTensors on: EP's ranks (split by expert), TP's (split
+        by hidden dim, where TP splits them), or both (EP's outer); None where neither splits them."""
+        parts = []
+        if self.dims.ep > 1:
+            parts.append(self.ep_mesh)
+        if self.dims.experts_tp > 1:
+            parts.append(self.mesh["tp"])
+        if len(parts) == 2:  # as FSDP2 builds its HSDP mesh
+            return DeviceMesh._concatenate(parts)
+        return parts[0] if parts else None
 
     @property
     def expert_shard_mesh(self) -> DeviceMesh | None:

@@ -11,7 +11,15 @@ from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -22,6 +30,7 @@ from torch.distributed.tensor.parallel import (
 
 from titan_exp.dependency_warnings import ignore_sequential_redistribute_log, ignore_unavoidable_warnings
 from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.moe.tensor_parallel import ExpertTensorParallel
 from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
 from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
 from titan_exp.parallel.gloo_comms import PeerAllGather, PeerReduceScatter
@@ -47,15 +56,15 @@ def parallelize_llama(
         for block in model.layers.values():
             if block.moe is not None:
                 block.moe.token_group = token_group
-    if dims.ep > 1:
-        apply_expert_parallel(model, mesh.ep_mesh)
+    if model.cfg.moe.enabled and mesh.experts_mesh is not None:
+        distribute_experts(model, mesh)
     if dims.tp > 1:
         tp_mesh = mesh["tp"]
         # float8 tensorwise Linears take float8-aware TP styles, which cast before the collectives and
         # so move float8 over the wire: nccl can, gloo cannot ("Invalid scalar type"). On CPU the plain
         # styles gather in high precision and cast after, the same recipe with more traffic.
         float8_tp = quantize.name == "float8" and quantize.recipe == "tensorwise" and tp_mesh.device_type == "cuda"
-        apply_tensor_parallel(model, tp_mesh, float8_tp)
+        apply_tensor_parallel(model, tp_mesh, float8_tp, experts_split=dims.experts_tp > 1)
         if parallelism.enable_async_tensor_parallel:
             _enable_async_tensor_parallel(tp_mesh)
     apply_activation_checkpointing(model.layers, ac)
@@ -145,13 +154,16 @@ def _overlap_gloo_collectives(model: Transformer, hsdp: bool, mp_policy: MixedPr
         unit.set_modules_to_forward_prefetch([following])
 
 
-def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool = False) -> None:
+def apply_tensor_parallel(
+    model: Transformer, tp_mesh: DeviceMesh, float8: bool = False, experts_split: bool = False
+) -> None:
     """Megatron-style TP with sequence parallelism, torchtitan's plan.
 
     Attention heads and the FFN hidden dimension are split column-wise in, row-wise out; between
     blocks the activations stay sharded along the sequence (norms run on their shard); the output
     projection keeps the vocabulary sharded, so the loss is computed without gathering the logits
-    (the trainer wraps it in loss_parallel).
+    (the trainer wraps it in loss_parallel). `experts_split`: TP splits the experts too (their
+    weights already are: distribute_experts), else expert parallelism spreads them over the tp ranks.
     """
     outer_plan = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
@@ -186,7 +198,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool 
         "feed_forward.w3": colwise(),
     }
     for block in model.layers.values():
-        ffn_plan = dense_plan if block.moe is None else _tensor_parallel_moe(block.moe, tp_mesh)
+        ffn_plan = dense_plan if block.moe is None else _tensor_parallel_moe(block.moe, tp_mesh, experts_split)
         if model.cfg.mla.enabled:
             parallelize_module(
                 block, tp_mesh, norms_plan | _tensor_parallel_latent_attention(block.attention, tp_mesh) | ffn_plan
@@ -199,19 +211,26 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, float8: bool 
                 _replicated_on_local_tensors(norm, tp_mesh, Shard(2))
 
 
-def apply_expert_parallel(model: Transformer, ep_mesh: DeviceMesh) -> None:
-    """Each MoE layer's experts split by expert over the EP ranks (DTensors sharded on dim 0, so
-    checkpoints and initialization see the whole stack); tokens reach them by all-to-all."""
+def distribute_experts(model: Transformer, mesh: ParallelMesh) -> None:
+    """Each MoE layer's experts as DTensors (so that checkpoints and initialization see the whole
+    stack): split by expert over the EP ranks, each one's hidden dim over the tp ranks where TP
+    splits the experts (w1 and w3 are (experts, hidden, dim), w2 (experts, dim, hidden)); tokens
+    reach the EP ranks by all-to-all."""
+    dims, experts_mesh = mesh.dims, mesh.experts_mesh
+    by_expert = [Shard(0)] if dims.ep > 1 else []
+    by_hidden = {"w1": Shard(1), "w2": Shard(2), "w3": Shard(1)}
 
-    def by_expert(name, module, mesh):
+    def split(name, module, mesh):
         for param_name, param in list(module.named_parameters(recurse=False)):
-            sharded = nn.Parameter(distribute_tensor(param, mesh, [Shard(0)], src_data_rank=None))
+            placements = by_expert + ([by_hidden[param_name]] if dims.experts_tp > 1 else [])
+            sharded = nn.Parameter(distribute_tensor(param, mesh, placements, src_data_rank=None))
             module.register_parameter(param_name, sharded)
 
     for block in model.layers.values():
         if block.moe is not None:
-            distribute_module(block.moe.experts, ep_mesh, partition_fn=by_expert)
-            block.moe.experts.ep_group = ep_mesh.get_group()
+            distribute_module(block.moe.experts, experts_mesh, partition_fn=split)
+            if dims.ep > 1:
+                block.moe.experts.ep_group = mesh.ep_mesh.get_group()
     ignore_sequential_redistribute_log()  # the gradient norm over FSDP's and EP's dims
 
 
@@ -237,17 +256,30 @@ def _tensor_parallel_latent_attention(attention: torch.nn.Module, tp_mesh: Devic
     }
 
 
-def _tensor_parallel_moe(moe: torch.nn.Module, tp_mesh: DeviceMesh) -> dict:
-    """A MoE layer under TP, whose experts expert parallelism spreads over the tp ranks too: each tp
-    rank routes its own slice of the sequence (no all-gather), so the router and shared experts are
-    replicated and see different tokens on each rank (their gradients are summed over the ranks)."""
+def _tensor_parallel_moe(moe: torch.nn.Module, tp_mesh: DeviceMesh, experts_split: bool) -> dict:
+    """A MoE layer under TP. Each tp rank routes its own slice of the sequence (no all-gather), so
+    the router is replicated and sees different tokens on each rank (its gradients are summed over
+    the ranks). Where expert parallelism spreads the experts over the tp ranks, each rank runs its
+    slice's tokens through them, and the shared experts are replicated as the router; where TP
+    splits the experts (moe/tensor_parallel.py), the slices are gathered first and the shared
+    experts split as a dense FFN, their outputs partial sums until the layer's reduce-scatter."""
     moe.token_slices = tp_mesh.size()
     _replicated_on_local_tensors(moe.router.gate, tp_mesh, Shard(0))  # (tokens, dim)
-    if moe.shared is not None:
-        _replicated_on_local_tensors(moe.shared, tp_mesh, Shard(0))
-    return {
+    plan = {
         "moe": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
     }
+    if not experts_split:
+        if moe.shared is not None:
+            _replicated_on_local_tensors(moe.shared, tp_mesh, Shard(0))
+        return plan
+    moe.expert_tp = ExpertTensorParallel(tp_mesh)
+    if moe.shared is not None:  # input: the gathered tokens, a replicated DTensor
+        plan |= {
+            "moe.shared.w1": ColwiseParallel(),
+            "moe.shared.w2": RowwiseParallel(output_layouts=Partial(), use_local_output=False),
+            "moe.shared.w3": ColwiseParallel(),
+        }
+    return plan
 
 
 def _replicated_on_local_tensors(module: torch.nn.Module, tp_mesh: DeviceMesh, input_placement: Placement) -> None:

@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 from titan_exp.models.moe.config import MoEConfig
 from titan_exp.models.moe.dispatch import run_on_expert_ranks
 from titan_exp.models.moe.grouped_mm import grouped_mm_applies, grouped_swiglu
+from titan_exp.models.moe.tensor_parallel import ExpertTensorParallel
 from titan_exp.models.swiglu import SwiGLU
 
 # Whether a forward's routed rows count toward the experts' load (moe/balance.py).
@@ -139,18 +140,26 @@ class MoE(nn.Module):
         self.token_group: dist.ProcessGroup | None = None
         self.token_slices = 1
         self.aux_loss_scale = 1.0
+        # Set where TP splits the experts (moe/tensor_parallel.py).
+        self.expert_tp: ExpertTensorParallel | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
         weights, experts, scores = self.router(tokens)
-        flat = experts.flatten()
-        order = flat.argsort(stable=True)  # grouped by expert, each group in token order
+        counts = rows_per_expert = self._counts(experts.flatten())  # this rank's tokens'
+        shared_input = tokens
+        if self.expert_tp is not None:  # every tp rank's tokens through its shards of the experts
+            shared_input, tokens, weights, experts = self.expert_tp.gather(tokens, weights, experts)
+            rows_per_expert = self._counts(experts.flatten(), count_load=False)
+        order = experts.flatten().argsort(stable=True)  # grouped by expert, each group in token order
         source = order // self.cfg.top_k  # the token each sorted row came from
-        counts = self._counts(flat)
-        routed = self.experts(tokens[source], counts) * weights.flatten()[order].unsqueeze(-1)
+        routed = self.experts(tokens[source], rows_per_expert) * weights.flatten()[order].unsqueeze(-1)
         out = torch.zeros_like(tokens).index_add_(0, source, routed)
-        if self.shared is not None:
-            out = out + self.shared(tokens)
+        shared = self.shared(shared_input) if self.shared is not None else None
+        if self.expert_tp is not None:
+            out = self.expert_tp.reduce(out, shared)
+        elif shared is not None:
+            out = out + shared
         if self.cfg.aux_loss_coeff is not None and self._counting(scores):
             out = _AddAuxiliaryLoss.apply(out, self._aux_loss(scores, counts), self.aux_loss_scale)
         return out.view_as(x)
@@ -160,16 +169,16 @@ class MoE(nn.Module):
         """Whether this forward is a training step's, with routing to count (not a dry run's)."""
         return torch.is_grad_enabled() and _COUNTING.get() and not is_fake(routing)
 
-    def _counts(self, experts: torch.Tensor) -> list[int]:
-        """Rows routed to each expert, added to the load of a training forward. A dry run's fake
-        tensors hold no routing to count: there the tokens are taken as spread evenly (the balanced
-        case the memory of a dry run then measures)."""
+    def _counts(self, experts: torch.Tensor, count_load: bool = True) -> list[int]:
+        """Rows routed to each expert, added to the load of a training forward (with `count_load`).
+        A dry run's fake tensors hold no routing to count: there the tokens are taken as spread
+        evenly (the balanced case the memory of a dry run then measures)."""
         num_experts = self.cfg.num_experts
         if is_fake(experts):
             share, extra = divmod(experts.numel(), num_experts)
             return [share + (expert < extra) for expert in range(num_experts)]
         counts = torch.bincount(experts, minlength=num_experts)
-        if self._counting(experts):
+        if count_load and self._counting(experts):
             with torch.no_grad():
                 self.tokens_per_expert += counts
         return counts.tolist()

@@ -7,7 +7,8 @@ Kendall's τ between the predicted and measured TPS/device rankings, and one JSO
 Layouts: the debug Llama (5.6M parameters) under single, ddp, fsdp, hsdp, tp, fsdp_tp, pp (1F1B and
 Interleaved1F1B), 3D, full and selective activation checkpointing, float8; a larger Llama (33M
 parameters: dim 512, 8 layers, vocab 8192) under fsdp, tp and pp; and qwen3_moe_debug under fsdp
-and expert parallelism (ep2 beside fsdp2, fsdp4 and tp2). Global batch 8 × seq 256, CPU
+and expert parallelism (ep2 beside fsdp2, fsdp4 and tp2), and TP splitting the experts (tp2
+without EP, fsdp2·tp2·ep2·etp2). Global batch 8 × seq 256, CPU
 ranks (2 cores: 4- and 8-rank layouts share them).
 
 Usage: python benchmarks/bench_planner.py [--only NAME ...] [--steps 8]
@@ -71,6 +72,14 @@ LAYOUTS = {
     "moe_fsdp4_ep2": [*MOE, *FSDP4, "parallelism.expert_parallel_degree=2"],
     "moe_tp2_ep2": [*MOE, "parallelism=tp", "launcher.nproc_per_node=2", "training.local_batch_size=8"]
     + ["parallelism.expert_parallel_degree=2"],
+    # TP splitting each expert's hidden dim instead (no EP: the slices' tokens gathered).
+    "moe_tp2": [*MOE, "parallelism=tp", "launcher.nproc_per_node=2", "training.local_batch_size=8"],
+    "moe_fsdp2_tp2_ep2_etp2": [*MOE, "parallelism=fsdp_tp", "launcher.nproc_per_node=4", "launcher.oversubscribe=true"]
+    + [
+        "training.local_batch_size=4",
+        "parallelism.expert_parallel_degree=2",
+        "parallelism.expert_tensor_parallel_degree=2",
+    ],
 }
 
 

@@ -11,6 +11,7 @@ def layout(
     pp: int = 1,
     cp: int = 1,
     ep: int = 1,
+    etp: int = 1,
     schedule: str = "1F1B",
     cp_impl: str = "auto",
 ) -> ParallelismConfig:
@@ -22,6 +23,7 @@ def layout(
         pipeline_parallel_degree=pp,
         context_parallel_degree=cp,
         expert_parallel_degree=ep,
+        expert_tensor_parallel_degree=etp,
         pipeline_parallel_schedule=schedule,
         context_parallel_impl=cp_impl,
     )

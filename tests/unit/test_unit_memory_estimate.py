@@ -400,3 +400,6 @@ def test_expert_parallel_gathers_a_ranks_own_experts_only() -> None:
     assert expert_parallel.parameters == fsdp.parameters and expert_parallel.optimizer_state == fsdp.optimizer_state
     assert fsdp.communication == 16 * layer_parameters(moe)
     assert expert_parallel.communication == 16 * (layer_parameters(moe) - experts + experts / 4)
+    # TP splitting the experts too: each rank's 2 of 8 experts by half their hidden dim, as the dense weights.
+    split = memory(layout(dp_shard=4, tp=2, ep=4, etp=2), m=moe, batch=1, seq_len=16)
+    assert split.communication == pytest.approx(16 * (layer_parameters(moe) - experts + experts / 4) / 2)

@@ -289,6 +289,24 @@ def test_expert_parallel_by_hand() -> None:
     assert s.communication == pytest.approx(6 * 4 * all_to_all + gathers + scatters + 3 * 10e-6)
 
 
+def test_experts_split_by_tp_exchange_every_tp_ranks_rows_over_ep_ranks_outside_tp() -> None:
+    """fsdp2·tp2·ep2, blocking, 4 × 256 tokens, against the same layout with TP splitting the
+    experts (etp 2). Whole experts: EP spans the tp pair, each rank sends its 512-token slice's
+    rows, a MoE layer has attention's 4 TP collectives only, and each rank's 4 of 8 experts are
+    FSDP-sharded over the 2 dp_shard ranks. Split: EP pairs the dp_shard ranks, each rank sends
+    every tp rank's rows (1024 tokens), the layer's all-gather and reduce-scatter come back (8 TP
+    collectives, as a dense layer's), and the experts, 4 by half their hidden dim, are FSDP-sharded
+    over no one."""
+    whole, split = (step(layout(dp_shard=2, tp=2, ep=2, etp=etp), BLOCKING, m=MOE) for etp in (1, 2))
+    half_out = 1 / 2 / 100e9  # seconds per byte of a collective over 2 ranks
+    tp_collective = 10e-6 + 1024 * 256 * 4 * half_out
+    exchange = lambda tokens: 10e-6 + tokens * 2 * 256 * 4 * half_out  # noqa: E731 (top-2 rows, fp32)
+    experts = 8 * 3 * 256 * 128 / 2  # a rank's experts under etp 1, gathered in fp32
+    fsdp_experts = 11 * (10e-6 + experts * 4 * half_out) + 6 * (20e-6 + experts * 4 * half_out)
+    extra = 6 * (4 * tp_collective + 4 * (exchange(1024) - exchange(512))) - fsdp_experts
+    assert split.communication == pytest.approx(whole.communication + extra)
+
+
 def test_expert_parallel_within_a_node_beats_across_nodes() -> None:
     """The all-to-all runs on the node's links while EP fits in one (8 devices), on the slower ones beyond."""
     within = step(layout(dp_shard=16, ep=8), BLOCKING, m=MOE).communication

@@ -180,7 +180,12 @@ def _routed_rows(w: Workload) -> float:
     probabilities = m.moe.num_experts * 4 / DTYPE_BYTES[w.param_dtype]
     # Expert parallelism's exchanges keep one more copy of the rows (MemTracker, 2 CPU ranks).
     copies = 3 if w.parallelism.expert_parallel_degree > 1 else 2
-    return share * (copies * m.moe.top_k * m.dim + probabilities)
+    rows = copies * m.moe.top_k * m.dim
+    if w.experts_tp > 1:
+        # Every tp rank's tokens, gathered (kept once more), and their rows: tp times a slice's
+        # (the caller divides by tp).
+        rows = (rows + m.dim) * w.experts_tp
+    return share * (rows + probabilities)
 
 
 def _kept_per_layer(w: Workload) -> float:

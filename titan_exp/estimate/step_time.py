@@ -33,6 +33,7 @@ from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.workload import (
     DTYPE_BYTES,
     Workload,
+    experts_tensor_parallel,
     layer_parameters,
     part_parameters,
     pipeline_ranks,
@@ -133,6 +134,10 @@ class _Links:
     hw: HardwareConfig
     p: ParallelismConfig
 
+    @property
+    def experts_tp(self) -> int:
+        return experts_tensor_parallel(self.p)
+
     def send(self, size: float) -> float:
         """One pipeline send: to the next pp rank, across nodes once the inner dimensions fill one."""
         p, hw = self.p, self.hw
@@ -150,14 +155,15 @@ class _Links:
                 p.tensor_parallel_degree * p.data_parallel_shard_degree * p.context_parallel_degree,
                 p.data_parallel_replicate_degree,
             ),
-            # EP's ranks are the innermost (tp, cp, then dp_shard's); each expert's FSDP ranks lie outside them.
-            "ep": (1, p.expert_parallel_degree),
+            # EP's ranks are the innermost (tp, cp, then dp_shard's; outside tp where TP splits the
+            # experts); each expert's FSDP ranks lie outside them.
+            "ep": (self.experts_tp, p.expert_parallel_degree),
             "expert_shard": (
-                p.expert_parallel_degree,
+                p.expert_parallel_degree * self.experts_tp,
                 p.data_parallel_shard_degree
                 * p.context_parallel_degree
                 * p.tensor_parallel_degree
-                // p.expert_parallel_degree,
+                // (p.expert_parallel_degree * self.experts_tp),
             ),
         }
         inner, group = sizes[dim]
@@ -169,8 +175,13 @@ def _tensor_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: 
     p = w.parallelism
     if p.tensor_parallel_degree == 1:
         return 0.0
-    activation = w.tokens * w.model.dim * DTYPE_BYTES[w.param_dtype]
-    collectives = _TP_COLLECTIVES + (4 if w.ac.mode == "full" else 0)
+    m = w.model
+    activation = w.tokens * m.dim * DTYPE_BYTES[w.param_dtype]
+    collectives = _TP_COLLECTIVES * (1.5 if w.ac.mode == "full" else 1)
+    if m.moe.enabled and w.experts_tp == 1:
+        # A MoE layer whose experts EP spreads over the tp ranks routes each rank's sequence slice:
+        # no all-gather or reduce-scatter around it, half of a dense layer's.
+        collectives *= 1 - m.num_moe_layers / m.n_layers / 2
     per_layer = collectives * links.collective(activation, "tp", "all_gather")
     if w.async_tp and links.hw.overlaps_communication:
         # Hidden behind the linears that consume or produce them, split into tp chunks: the first
@@ -197,7 +208,9 @@ def _expert_parallel(w: Workload, links: _Links, layers: int, microbatches: int)
     if p.expert_parallel_degree == 1:
         return 0.0
     moe_layers = layers * m.num_moe_layers / m.n_layers
-    rows = w.tokens / p.tensor_parallel_degree * m.moe.top_k * w.expert_load_imbalance
+    # Each tp rank sends its sequence slice's rows, or, where TP splits the experts, every tp rank's.
+    tokens = w.tokens / p.tensor_parallel_degree * w.experts_tp
+    rows = tokens * m.moe.top_k * w.expert_load_imbalance
     exchanges = 4 + (2 if w.ac.mode == "full" else 0)
     return (
         microbatches

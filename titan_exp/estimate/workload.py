@@ -3,10 +3,12 @@ the resolved layout, the step's shapes and dtypes, the options that change its k
 float8, async TP) and the device kind; and which parts of the model a rank holds (its pipeline
 stages, as the trainer cuts them: parallel/stages.py)."""
 
+import math
 from dataclasses import dataclass
 
 from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
+from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.stages import StagePlan
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
@@ -57,6 +59,11 @@ class Workload:
         return self.microbatch * self.seq_len / self.parallelism.context_parallel_degree
 
     @property
+    def experts_tp(self) -> int:
+        """The tp ranks each expert's hidden dim is split over (ParallelDims.experts_tp)."""
+        return experts_tensor_parallel(self.parallelism)
+
+    @property
     def fsdp_shards(self) -> int:
         p = self.parallelism
         return p.data_parallel_shard_degree * p.context_parallel_degree
@@ -97,13 +104,19 @@ def routed_expert_parameters(m: ModelConfig) -> float:
     return m.num_moe_layers * m.moe.num_experts * m.moe.expert_parameters(m.dim) / m.n_layers
 
 
+def experts_tensor_parallel(p: ParallelismConfig) -> int:
+    """ParallelDims.experts_tp of resolved degrees."""
+    return ParallelDims.resolve(p, math.prod(p.degrees().values())).experts_tp
+
+
 def unit_parameters(w: Workload) -> tuple[float, float]:
     """(dense, experts): one layer's parameters as its FSDP unit gathers them on a rank. TP splits
     the dense ones; expert parallelism leaves a rank num_experts / ep experts (gathered over the
-    data-parallel ranks EP leaves, not over all of FSDP's)."""
+    data-parallel ranks EP leaves, not over all of FSDP's), TP their hidden dim where it splits them."""
     m, p = w.model, w.parallelism
     experts = routed_expert_parameters(m)
-    return (layer_parameters(m) - experts) / p.tensor_parallel_degree, experts / p.expert_parallel_degree
+    dense = (layer_parameters(m) - experts) / p.tensor_parallel_degree
+    return dense, experts / (p.expert_parallel_degree * w.experts_tp)
 
 
 def inactive_parameters(m: ModelConfig) -> int:

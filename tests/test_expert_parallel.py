@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial
 from torch.distributed.tensor.parallel import loss_parallel
 
 from launchers.env import free_port
 from titan_exp.config.compose import compose_job_config
 from titan_exp.models.llama3.model import Transformer, canonical_name
-from titan_exp.optim.grad_clip import clip_grad_norm_
+from titan_exp.optim.grad_clip import clip_grad_norm_, reduce_partial_gradients
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.train.model_parts import build_model_parts
@@ -89,6 +89,8 @@ def _grads(rank: int, world: int, port: int, overrides: list[str], results: dict
                 loss.backward()
         else:
             _loss(model(rows), rows).backward()
+        reduce_partial_gradients(list(model.parameters()))  # as the trainer does, once, before the norm
+        assert not [p for p in model.parameters() if isinstance(p.grad, DTensor) and Partial() in p.grad.placements]
         norm = clip_grad_norm_(list(model.parameters()), max_norm=0.0)
         grads = {}
         for name, param in model.named_parameters():

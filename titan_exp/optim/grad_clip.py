@@ -1,8 +1,33 @@
-"""Gradient clipping by the total norm over all parameters, sharded (DTensor) or not."""
+"""Gradient clipping by the total norm over all parameters, sharded (DTensor) or not, and the
+partial-sum gradients summed once before it."""
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial, Replicate
+
+
+@torch.no_grad()
+def reduce_partial_gradients(parameters: list[torch.nn.Parameter]) -> None:
+    """Sum the gradients DTensor leaves as partial sums (weights TP replicates: the norms under
+    sequence parallelism, the MoE router, Qwen3's q/k norms), one all-reduce per mesh, placements
+    and dtype, and store them replicated. Left partial, each optimizer op and the norm that reads one
+    would sum it again (an all-reduce apiece). FSDP sums its own before the reduce-scatter."""
+    groups: dict[tuple, list[torch.nn.Parameter]] = {}
+    for p in parameters:
+        grad = p.grad
+        if isinstance(grad, DTensor) and Partial() in grad.placements:
+            groups.setdefault((grad.device_mesh, grad.placements, grad.dtype), []).append(p)
+    for (mesh, placements, _), params in groups.items():
+        pieces = [p.grad.to_local() for p in params]
+        flat = torch.cat([piece.reshape(-1) for piece in pieces])
+        for dim, placement in enumerate(placements):
+            if placement == Partial():
+                dist.all_reduce(flat, group=mesh.get_group(dim))
+        summed = tuple(Replicate() if placement == Partial() else placement for placement in placements)
+        for p, piece, total in zip(params, pieces, flat.split([piece.numel() for piece in pieces])):
+            p.grad = DTensor.from_local(
+                total.view_as(piece), mesh, summed, run_check=False, shape=p.grad.shape, stride=p.grad.stride()
+            )
 
 
 @torch.no_grad()

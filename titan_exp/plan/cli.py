@@ -108,7 +108,7 @@ def plan_one(job: ResolvedJob) -> Prediction:
         hw = measure.resolve_hardware(hw, threads, cfg.data.cache_dir)  # beside the measured peak FLOP/s
         w = workload(cfg, "cpu")
         shape = (w.microbatch, w.seq_len // w.parallelism.context_parallel_degree)  # this rank's microbatch
-        compute = measure.measured_compute(cfg, shape, job.dims.tp, local_parameters(w), threads)
+        compute = measure.measured_compute(cfg, shape, job.dims, local_parameters(w), threads)
     return predict(job, hw, compute, oversubscription, fake_pass)
 
 

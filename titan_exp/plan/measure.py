@@ -34,6 +34,7 @@ from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import apply_tensor_parallel
 from titan_exp.optim.optimizer import build_optimizer
 from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
+from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.quantize.float8 import convert_linears
 from titan_exp.train.loss import cross_entropy_loss
@@ -128,19 +129,23 @@ def resolve_hardware(hw: HardwareConfig, threads: int, cache_dir: str) -> Hardwa
 
 
 def measured_compute(
-    cfg: JobConfig, tokens: tuple[int, int], tp: int, local_params: float, threads: int
+    cfg: JobConfig, tokens: tuple[int, int], dims: ParallelDims, local_params: float, threads: int
 ) -> ComputeTimes:
     """Times one layer (forward + backward, recomputation included), the output head with the loss,
     and the optimizer step over `local_params` parameters, for a microbatch of `tokens` = (samples,
     sequence length on this rank), on this machine with `threads` threads; the matmuls' share
-    divided by `tp`, whose shards split them. Under tensor parallelism a layer also pays DTensor's
-    dispatch: measured as the layer over a one-rank tp mesh (no communication) against the plain one."""
+    divided by tp, whose shards split them. Under tensor parallelism a layer also pays DTensor's
+    dispatch: measured as the layer over a one-rank tp mesh (no communication; the MoE layer's
+    path as `dims` splits its experts) against the plain one."""
+    tp = dims.tp
     with _threads(threads):
         layer, head, optimizer = _timed_parts(cfg, tokens, local_params, tensor_parallel=False)
         if tp == 1:
             return ComputeTimes(layer=layer, head=head, optimizer=optimizer)
         with _one_rank_world():
-            tp_layer, tp_head, _ = _timed_parts(cfg, tokens, local_params, tensor_parallel=True)
+            tp_layer, tp_head, _ = _timed_parts(
+                cfg, tokens, local_params, tensor_parallel=True, experts_split=dims.experts_tp > 1
+            )
     return ComputeTimes(
         layer=layer / tp + max(0.0, tp_layer - layer),
         head=head / tp + max(0.0, tp_head - head),
@@ -171,14 +176,15 @@ def _one_rank_world():
 
 
 def _timed_parts(
-    cfg: JobConfig, tokens: tuple[int, int], local_params: float, tensor_parallel: bool
+    cfg: JobConfig, tokens: tuple[int, int], local_params: float, tensor_parallel: bool, experts_split: bool = False
 ) -> tuple[float, float, float]:
     """Seconds of (one layer's forward + backward, the head's with the loss, the optimizer step)."""
     shape = dataclasses.replace(cfg.model, n_layers=1, max_seq_len=max(cfg.model.max_seq_len, tokens[1]))
     model = Transformer(shape)
     convert_linears(model, cfg.quantize, torch.device("cpu"))
     if tensor_parallel:
-        apply_tensor_parallel(model, init_device_mesh("cpu", (1,), mesh_dim_names=("tp",)))
+        tp_mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        apply_tensor_parallel(model, tp_mesh, experts_split=experts_split)
     apply_activation_checkpointing(model.layers, cfg.activation_checkpoint)
     dtype = getattr(torch, cfg.training.mixed_precision_param)
     for param in model.parameters():

@@ -30,7 +30,7 @@ from titan_exp.metrics.expert_load import EXPERT_LOAD_ARTIFACT, plot_expert_load
 from titan_exp.metrics.peak_flops import cpu_peak_flops, gpu_peak_flops
 from titan_exp.models.moe.balance import ExpertBalance
 from titan_exp.models.moe.layer import uncounted
-from titan_exp.optim.grad_clip import clip_grad_norm_
+from titan_exp.optim.grad_clip import clip_grad_norm_, reduce_partial_gradients
 from titan_exp.optim.lr_schedule import build_lr_scheduler
 from titan_exp.optim.optimizer import build_optimizer
 from titan_exp.parallel.mesh import ParallelMesh, set_collective_timeout
@@ -194,6 +194,7 @@ class Trainer:
     def train_step(self, step: int) -> "StepOutcome":
         """Forward and backward over the step's microbatches, clip, update."""
         loss, data_seconds = self.forward_backward(step)
+        reduce_partial_gradients(self.parameters)
         grad_norm = clip_grad_norm_(self.parameters, self.job.config.training.max_norm, self.mesh.pp_group)
         if not torch.isfinite(grad_norm):  # the global norm: every rank stops at the same step
             raise NonFiniteTraining(

@@ -73,6 +73,17 @@ def test_a_grid_is_ranked_fitting_first_then_by_tps(tmp_path, plan):
     assert html.count("<tr>") == 7 and (tmp_path / "plan" / "plan.md").read_text().count("\n") == 8
 
 
+def test_a_grid_whose_points_share_a_tensor_parallel_mesh_is_planned(tmp_path, plan):
+    """Each point's fake pass runs in this process, one fake world after another; the tp ranks of
+    the second equal the first's, which DTensor's caches must not mistake for the same mesh. The
+    MoE debug model with TP splitting its experts, beside EP: all-gathers and reduce-scatters."""
+    args = ["model=qwen3_moe_debug", "hardware=h100", "launcher.nproc_per_node=8", "tracking=none"]
+    args += ["parallelism.tensor_parallel_degree=4", "parallelism.expert_tensor_parallel_degree=4"]
+    _, rows = plan([*args, "parallelism.expert_parallel_degree=1,2"], tmp_path)
+    assert sorted(row["layout"] for row in rows) == ["fsdp2·tp4", "fsdp2·tp4·ep2·etp4"]
+    assert all(float(row["peak GiB/rank"]) > 0 for row in rows)
+
+
 def test_published_h100_layouts_are_predicted_plausibly(tmp_path, plan):
     """TorchTitan's published runs on 96 GB H100s at seq 8192 (its strategy-selection guide): Llama 3
     8B, FSDP 8, local batch 2, selective AC: 5,762 TPS/GPU in 82 GiB; 405B, FSDP 8 × TP 8 × PP 8 on 512 GPUs, full AC:

@@ -25,6 +25,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -51,12 +52,16 @@ def _local_numel(p: torch.Tensor) -> int:
 
 @contextlib.contextmanager
 def _fake_world(world_size: int):
-    """This process as rank 0 of `world_size` on the fake process group (collectives do nothing)."""
+    """This process as rank 0 of `world_size` on the fake process group (collectives do nothing).
+    One world after another in a process (a plan's grid): DTensor's sharding propagation caches
+    its results by mesh, and a mesh of the next world over the same ranks compares equal to this
+    one's, so a cached result would hand the next world this one's destroyed process groups."""
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        _clear_sharding_prop_cache()
 
 
 def fake_backend_dry_run(job: ResolvedJob) -> dict[str, float]:

@@ -82,8 +82,18 @@ def test_the_grouped_gemm_runs_the_experts_on_a_gpu_that_has_it():
     torch.testing.assert_close(experts(rows, counts), looped, rtol=2e-2, atol=2e-2)
 
 
-def test_expert_parallel_over_nccl_trains_like_one_gpu(tmp_path, store):
-    """qwen3_moe_debug with its experts split over two GPUs (all-to-all over nccl) against one GPU."""
+@pytest.mark.parametrize(
+    "layout",
+    [
+        # The experts split by expert: tokens exchanged by all-to-all.
+        ["parallelism=fsdp", "training.local_batch_size=2", "parallelism.expert_parallel_degree=2"],
+        # Each expert split by TP: the sequence slices all-gathered, the partial outputs reduce-scattered.
+        ["parallelism=tp", "training.local_batch_size=4"],
+    ],
+    ids=["ep2", "tp2"],
+)
+def test_expert_parallel_over_nccl_trains_like_one_gpu(tmp_path, store, layout):
+    """qwen3_moe_debug with its experts split over two GPUs (nccl) against one GPU."""
     assert visible_gpus() >= 2, "needs two GPUs"
     uri, db = store
     common = [
@@ -91,9 +101,8 @@ def test_expert_parallel_over_nccl_trains_like_one_gpu(tmp_path, store):
         "training.steps=8", "debug=deterministic",
     ]  # fmt: skip
     single = ["parallelism=single", "training.local_batch_size=4"]
-    expert_parallel = ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=2"]
-    for layout in (single, [*expert_parallel, "parallelism.expert_parallel_degree=2"]):
-        result = run_cli([*common, *layout], tmp_path / layout[0])
+    for overrides in (single, [*layout, "launcher.nproc_per_node=2"]):
+        result = run_cli([*common, *overrides], tmp_path / overrides[0])
         assert result.returncode == 0, result.stderr[-3000:]
     curves = {run.data.tags["world_size"]: loss_curve(db, run.info.run_id) for run in mlflow_runs(db)}
     assert curves["2"] == pytest.approx(curves["1"], rel=1e-3)

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from titan_exp.parallel.config import MESH_DIMS, ParallelismConfig
 from titan_exp.rules import ConfigError
 
+# The dims expert parallelism spans, in the words its errors use.
+_DIM_WORDS = {"cp": "context", "tp": "tensor parallel"}
+
 
 @dataclass(frozen=True)
 class ParallelDims:
@@ -64,8 +67,9 @@ class ParallelDims:
                 etp,
                 f"must be 1 (experts whole) or the tensor-parallel degree {resolved['tp']} (experts split by TP)",
             )
-        _check_expert_parallel(ep, etp, **resolved)
-        return cls(**resolved, ep=ep, etp=etp)
+        dims = cls(**resolved, ep=ep, etp=etp)
+        dims._check_expert_parallel()
+        return dims
 
     def degrees(self) -> dict[str, int]:
         """Every degree keyed by its config key (parallelism.*), outermost first."""
@@ -133,6 +137,23 @@ class ParallelDims:
                 shape[name] = getattr(self, name)
         return shape
 
+    def _check_expert_parallel(self) -> None:
+        """EP takes its spans whole (all of cp, and of tp unless TP splits the experts) and part of
+        dp_shard (torchtitan's rule). Raises ConfigError."""
+        if self.ep == 1:
+            return
+        key, spanned = "parallelism.expert_parallel_degree", math.prod(getattr(self, d) for d in self.ep_spans)
+        names = " × ".join(_DIM_WORDS[dim] for dim in self.ep_spans)
+        degrees = "×".join(str(getattr(self, dim)) for dim in self.ep_spans)
+        if self.ep % spanned:
+            raise ConfigError(key, self.ep, f"must be a multiple of {names} ({degrees}): EP spans those ranks whole")
+        if (self.dp_shard * spanned) % self.ep:
+            raise ConfigError(
+                key,
+                self.ep,
+                f"must divide data_parallel_shard × {names} ({self.dp_shard}×{degrees}), the ranks it borrows",
+            )
+
     def describe(self) -> str:
         """Compact layout string such as 'dp_replicate2·dp_shard2' ('single' for one device)."""
         parts = [f"{name}{size}" for name, size in self.mesh_shape().items()]
@@ -154,21 +175,3 @@ class ParallelDims:
             parts = []
         parts += [f"{name}{getattr(self, name)}" for name in ("tp", "pp", "cp") if getattr(self, name) > 1]
         return "·".join(parts + self._expert_parts()) or "single"
-
-
-def _check_expert_parallel(ep: int, etp: int, dp_shard: int, cp: int, tp: int, **_: int) -> None:
-    """EP takes all of the cp ranks, all of the tp ones unless TP splits the experts (etp > 1), and
-    part of dp_shard (torchtitan's rule). Raises ConfigError."""
-    if ep == 1:
-        return
-    key = "parallelism.expert_parallel_degree"
-    if ep < 1:
-        raise ConfigError(key, ep, "must be a positive degree")
-    whole = {"context": cp} if etp > 1 else {"context": cp, "tensor parallel": tp}
-    names, degrees = " × ".join(whole), "×".join(map(str, whole.values()))
-    if ep % math.prod(whole.values()):
-        raise ConfigError(key, ep, f"must be a multiple of {names} ({degrees}): EP spans those ranks whole")
-    if (dp_shard * math.prod(whole.values())) % ep:
-        raise ConfigError(
-            key, ep, f"must divide data_parallel_shard × {names} ({dp_shard}×{degrees}), the ranks it borrows"
-        )

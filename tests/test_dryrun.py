@@ -122,15 +122,33 @@ def test_local_tensor_mode_refuses_fsdp_by_name(monkeypatch):
         resolve(to_job_config(compose_config(["experiment=smoke", "parallelism=fsdp", "launcher.nproc_per_node=2"])))
 
 
-def test_deepseek_v3_671b_on_256_ranks_pp8_ep32_fsdp32():
-    """DeepSeek-V3 on 32 nodes of 8 GPUs: 8 pipeline stages, each over 32 ranks that FSDP-shard the
-    dense weights and split the 256 routed experts 32 ways (8 each), the fake tokens routed evenly."""
+@pytest.mark.parametrize(
+    "layout,mesh,tp",
+    [
+        (["parallelism.expert_parallel_degree=32"], "pp8·dp_shard32·ep32", 1),
+        # TP splitting each expert: EP borrows from FSDP's ranks only, the experts 2D-sharded.
+        (
+            [
+                "parallelism.tensor_parallel_degree=4",
+                "parallelism.expert_parallel_degree=8",
+                "parallelism.expert_tensor_parallel_degree=4",
+            ],
+            "pp8·dp_shard8·tp4·ep8·etp4",
+            4,
+        ),
+    ],
+    ids=["fsdp32·ep32", "fsdp8·tp4·ep8·etp4"],
+)
+def test_deepseek_v3_671b_on_256_ranks_pp8(layout, mesh, tp):
+    """DeepSeek-V3 on 32 nodes of 8 GPUs: 8 pipeline stages, each over 32 ranks that FSDP-shard
+    the dense weights and split the 256 routed experts 32 ways: 8 whole experts each, or 32 by a
+    quarter of their hidden dim each; the fake tokens routed evenly."""
     report = dry_run(
         [
             "model=deepseek_v3_671b",
             "parallelism=fsdp_pp",
             "parallelism.pipeline_parallel_degree=8",
-            "parallelism.expert_parallel_degree=32",
+            *layout,
             "launcher.nproc_per_node=8",
             "launcher.nodes=32",
             "training.local_batch_size=8",
@@ -138,11 +156,11 @@ def test_deepseek_v3_671b_on_256_ranks_pp8_ep32_fsdp32():
             "tracking=none",
         ]
     )
-    assert report["world_size"] == 256 and report["mesh"] == "pp8·dp_shard32·ep32"
+    assert report["world_size"] == 256 and report["mesh"] == mesh
     assert report["total_params"] == 671_026_404_352
     # Stage 0: the embeddings, the 3 dense layers and 4 MoE layers (61 layers over 8 stages, the
-    # first getting 7). Each MoE layer's routed experts: 8 of 256 on this rank, whole (EP leaves
-    # no data-parallel rank to shard them over); everything else FSDP-sharded 32 ways: 1/32 of all.
+    # first getting 7). Each MoE layer's routed experts: 1/32 of them on this rank (EP leaves no
+    # data-parallel rank to shard them over); everything else FSDP-sharded (× TP) 32 ways: 1/32 of all.
     from titan_exp.config.compose import compose_job_config
     from titan_exp.models.llama3.model import Transformer
 
@@ -151,5 +169,8 @@ def test_deepseek_v3_671b_on_256_ranks_pp8_ep32_fsdp32():
     stage0 = [("tok_embeddings.weight", model.tok_embeddings.weight)] + [
         (name, p) for name, p in model.named_parameters() if name.startswith("layers.") and int(name.split(".")[1]) < 7
     ]
-    expected = sum(p.numel() // 32 for _, p in stage0)
+    # Under TP: the weights it keeps whole on every tp rank (the norms, the router, the latent
+    # down-projections) are FSDP-sharded 8 ways only.
+    whole_under_tp = ("norm", "router", "wq_a", "wkv_a")
+    expected = sum(p.numel() // (32 // tp if any(w in n for w in whole_under_tp) else 32) for n, p in stage0)
     assert report["rank0_params"] == expected

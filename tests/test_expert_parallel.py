@@ -60,6 +60,16 @@ LAYOUTS = {
             "parallelism.expert_tensor_parallel_degree=2",
         ],
     ),
+    # ... with the experts' 2D shards FSDP-sharded over the 2 data-parallel ranks EP leaves.
+    "fsdp4·tp2·ep2·etp2": (
+        QWEN3,
+        8,
+        [
+            "parallelism=fsdp_tp",
+            "parallelism.expert_parallel_degree=2",
+            "parallelism.expert_tensor_parallel_degree=2",
+        ],
+    ),
     "deepseek·tp2": (DEEPSEEK, 2, ["parallelism=tp"]),
     "deepseek·no_q_latent·tp2·ep2": (
         DEEPSEEK_NO_Q_LATENT,
@@ -118,8 +128,9 @@ def single_device():
     return functools.cache(_single_device)
 
 
-# Beyond the default suite: EP over all four ranks, and the query without a latent (one plain colwise linear).
-SLOW = ("fsdp2·ep4", "deepseek·no_q_latent·tp2·ep2")
+# Beyond the default suite: EP over all four ranks, the query without a latent (one plain colwise
+# linear), and eight ranks.
+SLOW = ("fsdp2·ep4", "deepseek·no_q_latent·tp2·ep2", "fsdp4·tp2·ep2·etp2")
 
 
 @pytest.mark.parametrize(

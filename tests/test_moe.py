@@ -27,43 +27,53 @@ STEPS = 6
 LOAD = "moe/load_imbalance"  # the worst MoE layer's routed tokens per expert, max over mean
 RTOL = 1e-4
 # Each layout takes the same 4 sequences a step (experiment=loss_parity's local batch is 4).
-LAYOUTS = {
-    # The expert-parallel layouts, as experiment=loss_parity_moe runs them (its own list).
-    "qwen3_moe_debug": {layout: layout for layout in compose_job_config(["experiment=loss_parity_moe"]).parity.layouts},
+MOE_PRESET = compose_job_config(["experiment=loss_parity_moe"]).parity.layouts
+FOUR_RANKS = "launcher.nproc_per_node=4"
+# By run: (model, experiment, layouts by name).
+RUNS = {
+    # The expert-parallel layouts, as experiment=loss_parity_moe runs them (its own list): those on
+    # two ranks in the default suite, those on four oversubscribed ranks beyond it (their gradients
+    # are held against one device's in tests/test_expert_parallel.py, but for pp2·ep2).
+    "qwen3_moe_debug": ("qwen3_moe_debug", "loss_parity_moe", [x for x in MOE_PRESET if FOUR_RANKS not in x]),
+    "qwen3_moe_debug·4_ranks": (
+        "qwen3_moe_debug",
+        "loss_parity_moe",
+        ["parallelism=single", *(x for x in MOE_PRESET if FOUR_RANKS in x)],
+    ),
     # Latent attention, grouped sigmoid routing and a shared expert.
-    "deepseek_v3_debug": {
-        "parallelism=single": "parallelism=single",
-        "fsdp2": "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2",
-        "ep2": "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2 "
-        "parallelism.expert_parallel_degree=2",
-        "pp2": "parallelism=pp launcher.nproc_per_node=2 parallelism.pipeline_parallel_schedule=1F1B",
-        "cp2·ep2": "parallelism=cp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
-        # Latent attention split by heads, its latents whole on each rank.
-        "tp2·ep2": "parallelism=tp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
-    },
+    "deepseek_v3_debug": (
+        "deepseek_v3_debug",
+        "loss_parity",
+        [
+            "parallelism=single",
+            "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2",
+            "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2 "
+            "parallelism.expert_parallel_degree=2",
+            "parallelism=pp launcher.nproc_per_node=2 parallelism.pipeline_parallel_schedule=1F1B",
+            "parallelism=cp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
+            # Latent attention split by heads, its latents whole on each rank.
+            "parallelism=tp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
+        ],
+    ),
     # The dense model's q/k norms under tensor parallelism (their weight's gradient summed over the heads' ranks).
-    "qwen3_debug": {
-        "parallelism=single": "parallelism=single",
-        "tp2": "parallelism=tp launcher.nproc_per_node=2",
-    },
+    "qwen3_debug": ("qwen3_debug", "loss_parity", ["parallelism=single", "parallelism=tp launcher.nproc_per_node=2"]),
 }
 REFERENCE = "parallelism=single"
-EXPERIMENT = {"qwen3_moe_debug": "loss_parity_moe"}
+# DeepSeek-V3's run (about 70 s) is slow-marked: its MoE and latent attention's gradients under
+# tp2·ep2 are held per parameter in the default suite (tests/test_expert_parallel.py).
+SLOW = ("qwen3_moe_debug·4_ranks", "deepseek_v3_debug")
 
 
-def parity_curves(model: str, folder: Path) -> dict[str, list[float]]:
+def parity_curves(run: str, folder: Path) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each layout's loss curve and expert load, by layout, from one loss-parity run."""
     db = folder / "mlflow.db"
-    layouts = LAYOUTS[model]
-    experiment = EXPERIMENT.get(model)
-    own_layouts = (
-        [] if experiment else ["parity.layouts=[" + ",".join(f"'{layout}'" for layout in layouts.values()) + "]"]
-    )
+    model, experiment, layouts = RUNS[run]
     result = run_cli(
         [
-            f"experiment={experiment or 'loss_parity'}",
+            f"experiment={experiment}",
             f"model={model}",
             f"training.steps={STEPS}",
-            *own_layouts,
+            "parity.layouts=[" + ",".join(f"'{layout}'" for layout in layouts) + "]",
             f"tracking.uri=sqlite:///{db}",
         ],
         folder,
@@ -71,10 +81,7 @@ def parity_curves(model: str, folder: Path) -> dict[str, list[float]]:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     client = mlflow_client(db)
-    run_ids = {
-        name: (folder / "run" / layout_folder(layout) / RUN_ID_FILE).read_text().strip()
-        for name, layout in layouts.items()
-    }
+    run_ids = {layout: (folder / "run" / layout_folder(layout) / RUN_ID_FILE).read_text().strip() for layout in layouts}
     assert {client.get_run(run_id).data.tags["model"] for run_id in run_ids.values()} == {model}
     load = {name: [m.value for m in client.get_metric_history(run_id, LOAD)] for name, run_id in run_ids.items()}
     moe = model != "qwen3_debug"
@@ -83,19 +90,15 @@ def parity_curves(model: str, folder: Path) -> dict[str, list[float]]:
     return {name: loss_curve(db, run_id) for name, run_id in run_ids.items()}, load
 
 
-# DeepSeek-V3's run (about 70 s) is slow-marked: its MoE and latent attention's gradients under
-# tp2·ep2 are held per parameter in the default suite (tests/test_expert_parallel.py).
-@pytest.mark.parametrize(
-    "model", [pytest.param(m, marks=pytest.mark.slow) if m == "deepseek_v3_debug" else m for m in LAYOUTS]
-)
-def test_every_layout_reproduces_the_single_device_curve(model, tmp_path):
-    curves, load = parity_curves(model, tmp_path)
+@pytest.mark.parametrize("run", [pytest.param(r, marks=pytest.mark.slow) if r in SLOW else r for r in RUNS])
+def test_every_layout_reproduces_the_single_device_curve(run, tmp_path):
+    curves, load = parity_curves(run, tmp_path)
     reference = curves.pop(REFERENCE)
     assert len(reference) == STEPS and reference[-1] < reference[0], reference  # it trains
     for name, curve in curves.items():
         assert curve == pytest.approx(reference, rel=RTOL), name
     # The experts' load, a count of the routing, is the same in every layout (a dense model has none).
-    moe = model != "qwen3_debug"
+    moe = RUNS[run][0] != "qwen3_debug"
     assert all(len(curve) == (STEPS if moe else 0) for curve in load.values()), load
     assert all(curve == load[REFERENCE] for curve in load.values()), load
 

@@ -70,8 +70,8 @@ def test_the_rendezvous_wait_returns_once_rank_0_listens(monkeypatch):
         server.bind(("127.0.0.1", port))
         server.listen()
 
+    start = time.monotonic()  # before the thread's sleep starts, or the wait may look shorter than it
     threading.Thread(target=listen_later).start()
-    start = time.monotonic()
     wait_for_rendezvous(timeout_s=30)
     assert 0.5 <= time.monotonic() - start < 5.0
     server.close()

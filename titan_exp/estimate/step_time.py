@@ -26,6 +26,7 @@ On CPU ranks (gloo, `overlaps_communication: false`) every collective blocks.
 """
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -134,7 +135,7 @@ class _Links:
     hw: HardwareConfig
     p: ParallelismConfig
 
-    @property
+    @functools.cached_property  # read by every collective's sizes
     def experts_tp(self) -> int:
         return experts_tensor_parallel(self.p)
 

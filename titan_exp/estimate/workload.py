@@ -3,6 +3,7 @@ the resolved layout, the step's shapes and dtypes, the options that change its k
 float8, async TP) and the device kind; and which parts of the model a rank holds (its pipeline
 stages, as the trainer cuts them: parallel/stages.py)."""
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -58,7 +59,7 @@ class Workload:
         """Tokens of one microbatch on one rank (context parallelism splits the sequence)."""
         return self.microbatch * self.seq_len / self.parallelism.context_parallel_degree
 
-    @property
+    @functools.cached_property  # resolving the degrees is not free, and the estimates ask often
     def experts_tp(self) -> int:
         """The tp ranks each expert's hidden dim is split over (ParallelDims.experts_tp)."""
         return experts_tensor_parallel(self.parallelism)

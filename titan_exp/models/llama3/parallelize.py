@@ -56,7 +56,7 @@ def parallelize_llama(
         for block in model.layers.values():
             if block.moe is not None:
                 block.moe.token_group = token_group
-    if model.cfg.moe.enabled and mesh.experts_mesh is not None:
+    if model.cfg.moe.enabled:
         distribute_experts(model, mesh)
     if dims.tp > 1:
         tp_mesh = mesh["tp"]
@@ -215,8 +215,10 @@ def distribute_experts(model: Transformer, mesh: ParallelMesh) -> None:
     """Each MoE layer's experts as DTensors (so that checkpoints and initialization see the whole
     stack): split by expert over the EP ranks, each one's hidden dim over the tp ranks where TP
     splits the experts (w1 and w3 are (experts, hidden, dim), w2 (experts, dim, hidden)); tokens
-    reach the EP ranks by all-to-all."""
+    reach the EP ranks by all-to-all. Nothing where neither splits them."""
     dims, experts_mesh = mesh.dims, mesh.experts_mesh
+    if experts_mesh is None:
+        return
     by_expert = [Shard(0)] if dims.ep > 1 else []
     by_hidden = {"w1": Shard(1), "w2": Shard(2), "w3": Shard(1)}
 

@@ -26,7 +26,6 @@ On CPU ranks (gloo, `overlaps_communication: false`) every collective blocks.
 """
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 
@@ -34,7 +33,6 @@ from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.workload import (
     DTYPE_BYTES,
     Workload,
-    experts_tensor_parallel,
     layer_parameters,
     part_parameters,
     pipeline_ranks,
@@ -106,7 +104,7 @@ def step_time(w: Workload, hw: HardwareConfig, compute: ComputeTimes, oversubscr
     # The busiest rank: its layers, and the output head (the last stage's; under the V schedules rank 0's).
     per_microbatch = layers * compute.layer + compute.head
     work = microbatches * per_microbatch + compute.optimizer
-    links = _Links(hw, p)
+    links = _Links(hw, p, w.experts_tp)
     blocking = _tensor_parallel(w, links, compute, layers, microbatches)
     blocking += _context_parallel(w, links, layers, microbatches)
     blocking += _expert_parallel(w, links, layers, microbatches)
@@ -134,10 +132,7 @@ class _Links:
 
     hw: HardwareConfig
     p: ParallelismConfig
-
-    @functools.cached_property  # read by every collective's sizes
-    def experts_tp(self) -> int:
-        return experts_tensor_parallel(self.p)
+    experts_tp: int  # Workload.experts_tp
 
     def send(self, size: float) -> float:
         """One pipeline send: to the next pp rank, across nodes once the inner dimensions fill one."""

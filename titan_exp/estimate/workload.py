@@ -62,7 +62,8 @@ class Workload:
     @functools.cached_property  # resolving the degrees is not free, and the estimates ask often
     def experts_tp(self) -> int:
         """The tp ranks each expert's hidden dim is split over (ParallelDims.experts_tp)."""
-        return experts_tensor_parallel(self.parallelism)
+        p = self.parallelism
+        return ParallelDims.resolve(p, math.prod(p.degrees().values())).experts_tp
 
     @property
     def fsdp_shards(self) -> int:
@@ -103,11 +104,6 @@ def routed_expert_parameters(m: ModelConfig) -> float:
     if not m.moe.enabled:
         return 0.0
     return m.num_moe_layers * m.moe.num_experts * m.moe.expert_parameters(m.dim) / m.n_layers
-
-
-def experts_tensor_parallel(p: ParallelismConfig) -> int:
-    """ParallelDims.experts_tp of resolved degrees."""
-    return ParallelDims.resolve(p, math.prod(p.degrees().values())).experts_tp
 
 
 def unit_parameters(w: Workload) -> tuple[float, float]:

@@ -8,7 +8,8 @@ Layouts: the debug Llama (5.6M parameters) under single, ddp, fsdp, hsdp, tp, fs
 Interleaved1F1B), 3D, full and selective activation checkpointing, float8; a larger Llama (33M
 parameters: dim 512, 8 layers, vocab 8192) under fsdp, tp and pp; and qwen3_moe_debug under fsdp
 and expert parallelism (ep2 beside fsdp2, fsdp4 and tp2), and TP splitting the experts (tp2
-without EP, fsdp2·tp2·ep2·etp2). Global batch 8 × seq 256, CPU
+without EP, fsdp2·tp2·ep2·etp2); deepseek_v3_debug (latent attention, a shared expert) under
+fsdp2·ep2 and tp2. Global batch 8 × seq 256, CPU
 ranks (2 cores: 4- and 8-rank layouts share them).
 
 Usage: python benchmarks/bench_planner.py [--only NAME ...] [--steps 8]
@@ -42,6 +43,7 @@ LARGER = ["model.dim=512", "model.n_layers=8", "model.n_heads=8", "model.n_kv_he
 FSDP2 = ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=4"]
 FSDP4 = ["parallelism=fsdp", "launcher.nproc_per_node=4", "training.local_batch_size=2"]
 MOE = ["model=qwen3_moe_debug"]
+DEEPSEEK = ["model=deepseek_v3_debug"]
 PP2 = ["parallelism=pp", "launcher.nproc_per_node=2", "training.local_batch_size=8"]
 PP2 += ["parallelism.pipeline_parallel_microbatch_size=2"]
 LAYOUTS = {
@@ -72,6 +74,10 @@ LAYOUTS = {
     "moe_fsdp4_ep2": [*MOE, *FSDP4, "parallelism.expert_parallel_degree=2"],
     "moe_tp2_ep2": [*MOE, "parallelism=tp", "launcher.nproc_per_node=2", "training.local_batch_size=8"]
     + ["parallelism.expert_parallel_degree=2"],
+    # DeepSeek-V3's shape (8.0M parameters): latent attention, a dense first layer, a shared
+    # expert, sigmoid routing over groups.
+    "deepseek_fsdp2_ep2": [*DEEPSEEK, *FSDP2, "parallelism.expert_parallel_degree=2"],
+    "deepseek_tp2": [*DEEPSEEK, "parallelism=tp", "launcher.nproc_per_node=2", "training.local_batch_size=8"],
     # TP splitting each expert's hidden dim instead (no EP: the slices' tokens gathered).
     "moe_tp2": [*MOE, "parallelism=tp", "launcher.nproc_per_node=2", "training.local_batch_size=8"],
     "moe_fsdp2_tp2_ep2_etp2": [*MOE, "parallelism=fsdp_tp", "launcher.nproc_per_node=4", "launcher.oversubscribe=true"]

@@ -214,6 +214,41 @@ def test_kept_activations_per_layer_by_hand(ac: ActivationCheckpointConfig, comp
     assert kept.activations == 6 * 8 * 1024 * per_token * 4 + 2 * 256 * 8 * 1024 * 4
 
 
+def _kept_by_autograd(m: ModelConfig, seq_len: int, batch: int = 2) -> float:
+    """Elements per token that a block of the real model saves for its backward, averaged over the
+    blocks (DeepSeek-V3's first is dense), on a CPU in float32, eager: every saved tensor's storage
+    once, the block's input included, weights and buffers not."""
+    torch.manual_seed(0)
+    model = Transformer(m)
+    held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in held:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    outputs = []  # kept alive, so that no storage is freed and its address reused
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for block in model.layers.values():
+            x = torch.randn(batch, seq_len, m.dim, requires_grad=True)
+            outputs.append(block(x, model.freqs_cis[:seq_len]))
+    return sum(kept.values()) / 4 / (batch * seq_len * m.n_layers)
+
+
+@pytest.mark.parametrize("name", ["llama3_debug", "qwen3_debug", "qwen3_moe_debug", "deepseek_v3_debug"])
+def test_kept_activations_per_token_are_what_autograd_saves_on_a_cpu(name: str) -> None:
+    """The model's count per token of one eager block against the tensors torch's autograd keeps
+    for that block's backward, on this CPU: Llama's attention, Qwen3's wider heads and q/k norms,
+    a MoE layer's routed rows, router and indices, and DeepSeek-V3's latent attention (SDPA's math
+    path on a CPU, its probabilities growing with the sequence) and shared expert."""
+    m = OmegaConf.to_object(compose_config([f"model={name}"])).model
+    for seq_len in (64, 256):
+        w = Workload(m, layout(), NO_AC, 2, seq_len, device="cpu")
+        assert layer_activations(w, "none") == pytest.approx(_kept_by_autograd(m, seq_len=seq_len), rel=0.02)
+
+
 def test_compile_keeps_less_without_checkpointing_and_a_compiled_loss_shrinks_the_logits() -> None:
     eager, compiled = memory(layout(), batch=8, seq_len=1024), memory(layout(), batch=8, seq_len=1024, compiled=True)
     assert compiled.activations < eager.activations
@@ -342,7 +377,7 @@ def test_a_gpus_allocator_keeps_its_largest_transient_block() -> None:
 
 def test_total_is_the_sum_and_describe_leaves_out_empty_parts() -> None:
     m = RankMemory(
-        parameters=GIB, gradients=0, optimizer_state=2 * GIB, activations=GIB // 2,
+        parameters=GIB, buffers=0, gradients=0, optimizer_state=2 * GIB, activations=GIB // 2,
         logits=0, temporaries=0, communication=0, allocator=0, process=GIB // 4,
     )  # fmt: skip
     assert m.total == m.reserved == GIB * 15 // 4 and m.active == GIB * 14 // 4

@@ -75,12 +75,19 @@ def test_single_device_step_is_compute_only() -> None:
     assert s.total == pytest.approx(s.compute)
 
 
-def test_total_is_the_breakdown_stretched_by_oversubscription() -> None:
-    s = step(layout(dp_shard=2, pp=2), BLOCKING, batch=4, oversubscription=1.5)
-    breakdown = s.breakdown()
-    assert set(breakdown) == {"compute", "communication", "bubble", "oversubscription", "total"}
-    assert breakdown["total"] == pytest.approx(1.5 * (s.compute + s.communication + s.bubble))
-    assert s.communication > 0 and s.bubble > 0
+def test_ranks_sharing_cores_stretch_the_busy_time_and_fill_the_bubble() -> None:
+    """Unshared, the bubble adds to the busy time; ranks sharing cores stretch it, and a rank idle
+    in its bubble lends its core, so the bubble shows only beyond the stretch."""
+    alone = step(layout(dp_shard=2, pp=2), BLOCKING, batch=4)
+    busy = alone.compute + alone.communication
+    assert alone.communication > 0 and alone.bubble > 0
+    assert set(alone.breakdown()) == {"compute", "communication", "bubble", "oversubscription", "total"}
+    assert alone.total == pytest.approx(busy + alone.bubble)
+    shared = step(layout(dp_shard=2, pp=2), BLOCKING, batch=4, oversubscription=4.0)
+    assert shared.bubble == alone.bubble and 4 * busy > busy + alone.bubble
+    assert shared.total == pytest.approx(4 * busy)
+    barely = step(layout(dp_shard=2, pp=2), BLOCKING, batch=4, oversubscription=1.01)
+    assert barely.total == pytest.approx(busy + alone.bubble)
 
 
 def test_collective_costs_by_hand() -> None:

@@ -18,6 +18,7 @@ Under pipelining a rank's peak is its steady state, with the schedule's microbat
 every pipeline rank is modelled (its stages as the trainer cuts them) and the largest kept.
 
 Each term, with its source:
+- the rotary embeddings' table (a buffer, complex64 up to max_seq_len);
 - float32 master weights, gradients and AdamW's two moments, sharded over dp_shard × cp (FSDP2
   keeps sharded parameters in their dtype and casts only what it all-gathers: torch's
   `MixedPrecisionPolicy`; AdamW's `exp_avg`, `exp_avg_sq`);
@@ -85,6 +86,7 @@ class RankMemory:
     what the allocator and the process keep beyond them."""
 
     parameters: int
+    buffers: int
     gradients: int
     optimizer_state: int
     activations: int
@@ -111,6 +113,12 @@ class RankMemory:
     def describe(self) -> str:
         parts = {f.name.replace("_", " "): getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "phase"}
         return " + ".join(f"{name} {size / GIB:.1f}" for name, size in parts.items() if size) + " GiB"
+
+
+def rope_table_bytes(m: ModelConfig) -> int:
+    """The rotary embeddings' table each model part keeps as a buffer: complex64 rotations for
+    every position up to max_seq_len (models/rotary.py), whatever the sequence trained."""
+    return m.max_seq_len * m.rope_dim // 2 * 8
 
 
 def pipeline_chunks_in_flight(p: ParallelismConfig, microbatches: int, pp_rank: int = 0) -> int:
@@ -159,33 +167,64 @@ def layer_activations(w: Workload, mode: str) -> float:
         # Fused pointwise work recomputed: the block's input, q/k/v before rotary, attention's
         # output, the residual after attention, w1's and w3's outputs.
         return (4 * dim + 2 * kv + 2 * ffn) / tp
-    # Both norms' outputs (whole) and inputs; q, k, v as attention takes them (k and v repeated to
-    # every head), its output and the contiguous copy wo reads, each n_heads · head_dim wide (dim
-    # for Llama; Qwen3's heads are wider); q and k before their norms where the model has them;
-    # the SwiGLU's four ffn-wide tensors. The CPU's flash kernel keeps one more copy of q's width.
-    heads = m.n_heads * m.head_dim
-    qk_norms = heads + kv if m.qk_norm else 0
-    sharded = 2 * dim + (6 if w.device == "cpu" else 5) * heads + qk_norms + 4 * ffn + _routed_rows(w)
-    return 2 * dim + sharded / tp
+    # Each RMSNorm keeps its input and, on a CPU (where it is composed of pointwise ops rather than
+    # one fused kernel), its normalized input too; its output is what the next matmuls read, gathered
+    # under TP, except a MoE layer's: its router and experts read the rank's sequence slice.
+    norm_kept = 2 if w.device == "cpu" else 1
+    moe_share = m.num_moe_layers / m.n_layers
+    attention_whole, attention = _attention_kept(w, norm_kept)
+    whole = dim + (1 - moe_share) * dim + attention_whole
+    # The SwiGLU's four ffn-wide tensors.
+    sharded = 2 * norm_kept * dim + moe_share * dim + attention + 4 * ffn + _routed_rows(w)
+    return whole + sharded / tp
+
+
+def _attention_kept(w: Workload, norm_kept: int) -> tuple[float, float]:
+    """(elements per token attention keeps whole under TP, and split over its heads): q, k and v as
+    attention takes them and its output; on a GPU the contiguous copy wo reads (the CPU's flash
+    kernel writes its output in that layout). Multi-head attention's k and v are repeated to every
+    head; Qwen3 keeps q and k before and after their norms. Latent attention (DeepSeek-V3) keeps its
+    latents (normed, and read by wq_b and wkv_b, whole under TP: their projections are not split),
+    each head's query and key (the no-position and rotary parts concatenated), and the values inside
+    wkv_b's output, which attention reads in place."""
+    m, cpu = w.model, w.device == "cpu"
+    output_copies = 1 if cpu else 2
+    if m.mla.enabled:
+        mla, heads = m.mla, m.n_heads
+        latents = (norm_kept + 1) * (mla.kv_lora_rank + mla.q_lora_rank)
+        if cpu and mla.qk_head_dim != mla.v_head_dim:
+            # The CPU's flash kernel wants one head width for q, k and v: SDPA takes its math path,
+            # which keeps its own q, k and v, every head's attention probabilities (a row of
+            # seq_len per token), and wo reads a copy of its output.
+            return latents, heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim + w.seq_len)
+        keys_values = heads * (2 * mla.qk_head_dim + mla.qk_nope_head_dim + mla.v_head_dim)
+        return latents, keys_values + output_copies * heads * mla.v_head_dim
+    heads, kv = m.n_heads * m.head_dim, m.kv_heads * m.head_dim
+    qk_norms = norm_kept * (heads + kv) if m.qk_norm else 0
+    return 0.0, (3 + output_copies) * heads + qk_norms
 
 
 def _routed_rows(w: Workload) -> float:
     """What a MoE layer keeps beyond its experts' SwiGLUs, per token and averaged over the layers:
-    the token's top_k routed rows (gathered for the experts' matmuls), their outputs before the
-    router's weights scale them, and the router's float32 probabilities."""
+    the router's float32 scores and chosen weights and the chosen experts (int64); then per token
+    whose rows the rank runs, its top_k rows as the experts read them and their outputs back in
+    token order (the batched matmul that weighs and sums them reads them), and the int64 indices
+    that move them (source tokens and the way back; under EP also the received rows' order and its
+    way back). The busiest EP rank runs `expert_load_imbalance` times the mean rank's rows."""
     m = w.model
     if not m.moe.enabled:
         return 0.0
-    share = m.num_moe_layers / m.n_layers
-    probabilities = m.moe.num_experts * 4 / DTYPE_BYTES[w.param_dtype]
-    # Expert parallelism's exchanges keep one more copy of the rows (MemTracker, 2 CPU ranks).
-    copies = 3 if w.parallelism.expert_parallel_degree > 1 else 2
-    rows = copies * m.moe.top_k * m.dim
+    moe, act = m.moe, DTYPE_BYTES[w.param_dtype]
+    ep = w.parallelism.expert_parallel_degree > 1
+    routed_here = (moe.num_experts + 2 * moe.top_k) * 4 / act + moe.top_k * 8 / act
+    rows = 2 * moe.top_k * m.dim + (4 if ep else 2) * moe.top_k * 8 / act
+    if ep:
+        rows += (w.expert_load_imbalance - 1) * moe.top_k * (m.dim + 4 * moe.hidden_dim)
     if w.experts_tp > 1:
         # Every tp rank's tokens, gathered (kept once more), and their rows: tp times a slice's
         # (the caller divides by tp).
         rows = (rows + m.dim) * w.experts_tp
-    return share * (rows + probabilities)
+    return m.num_moe_layers / m.n_layers * (routed_here + rows)
 
 
 def _kept_per_layer(w: Workload) -> float:
@@ -280,7 +319,7 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
     unreduced = sum(unit_parameters(w)) * (DTYPE_BYTES[w.param_dtype] + reduce_bytes) if fsdp else 0.0
     # DDP's gradient buckets: a flat copy of the gradients, allocated once and kept (its Reducer).
     buckets = rank.parameters(m) / tp * reduce_bytes if not fsdp and p.data_parallel_replicate_degree > 1 else 0.0
-    common = {"parameters": b.states[0], "optimizer_state": b.states[1]}
+    common = {"parameters": b.states[0], "optimizer_state": b.states[1], "buffers": rope_table_bytes(m) * rank.stages}
 
     if p.pipeline_parallel_degree > 1:
         microbatches = w.local_batch_size // w.microbatch

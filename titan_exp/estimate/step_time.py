@@ -72,11 +72,14 @@ class StepTime:
     compute: float
     communication: float  # what shows: blocking collectives, and what overlapped ones exceed compute by
     bubble: float
-    oversubscription: float  # CPU ranks sharing cores: the factor their time stretches by
+    oversubscription: float  # CPU ranks sharing cores: the factor their busy time stretches by
 
     @property
     def total(self) -> float:
-        return (self.compute + self.communication + self.bubble) * self.oversubscription
+        busy = self.compute + self.communication
+        # A pipeline rank idle in its bubble lends its core to the ranks sharing it: the bubble
+        # shows only where it outlasts what the sharing stretches the busy time by.
+        return max(busy * self.oversubscription, busy + self.bubble)
 
     def breakdown(self) -> dict[str, float]:
         return dataclasses.asdict(self) | {"total": self.total}

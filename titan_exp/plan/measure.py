@@ -216,7 +216,9 @@ def _timed_parts(
 # them grow with the layers a rank holds (FSDP's gathered units and the temporaries of one layer's
 # backward do not: one or two units are gathered at a time).
 _CATEGORIES = {
-    "parameters": (("sharded_param", "parameter", "buffer"), True),
+    "parameters": (("sharded_param", "parameter"), True),
+    # The rotary table, whatever the layers (the MoE layers' load counters are a few bytes).
+    "buffers": (("buffer",), False),
     "gradients": (("sharded_grad", "gradient"), True),
     "activations": (("activation",), True),
     "temporaries": (("temp",), False),

@@ -68,6 +68,7 @@ def run_on_expert_ranks(
     expert_of_row = torch.arange(local).repeat(group.size()).repeat_interleave(torch.tensor(received_counts).flatten())
     order = expert_of_row.argsort(stable=True).to(grouped.device)
     computed = local_experts(received[order], per_expert)
-    # Back to the order the rows arrived in, and to the ranks they came from.
-    outputs = torch.empty_like(computed).index_copy(0, order, computed)
+    # Back to the order the rows arrived in (by the inverse permutation: index_copy would keep
+    # `computed` for backward), and to the ranks they came from.
+    outputs = computed[order.argsort()]
     return _AllToAll.apply(outputs, send_splits, receive_splits, group)

@@ -153,8 +153,12 @@ class MoE(nn.Module):
             rows_per_expert = self._counts(experts.flatten(), count_load=False)
         order = experts.flatten().argsort(stable=True)  # grouped by expert, each group in token order
         source = order // self.cfg.top_k  # the token each sorted row came from
-        routed = self.experts(tokens[source], rows_per_expert) * weights.flatten()[order].unsqueeze(-1)
-        out = torch.zeros_like(tokens).index_add_(0, source, routed)
+        routed = self.experts(tokens[source], rows_per_expert)
+        # Back in token order (indexing by the inverse permutation keeps only the indices for
+        # backward; index_copy and index_add keep their source too), then each token's top_k rows
+        # weighed and summed in one batched matmul, as torchtitan does.
+        by_token = routed[order.argsort()].view(-1, self.cfg.top_k, routed.shape[-1])
+        out = torch.bmm(weights.unsqueeze(1), by_token).squeeze(1)
         shared = self.shared(shared_input) if self.shared is not None else None
         if self.expert_tp is not None:
             out = self.expert_tp.reduce(out, shared)

@@ -10,6 +10,7 @@ pre-flight check does not):
 
 import contextlib
 import dataclasses
+import functools
 import os
 import socket
 import statistics
@@ -178,8 +179,16 @@ def _one_rank_world():
 def _timed_parts(
     cfg: JobConfig, tokens: tuple[int, int], local_params: float, tensor_parallel: bool, experts_split: bool = False
 ) -> tuple[float, float, float]:
-    """Seconds of (one layer's forward + backward, the head's with the loss, the optimizer step)."""
-    shape = dataclasses.replace(cfg.model, n_layers=1, max_seq_len=max(cfg.model.max_seq_len, tokens[1]))
+    """Seconds of (one layer's forward + backward, the head's with the loss, the optimizer step); a
+    model with dense layers before its MoE ones (DeepSeek-V3) times one of each, and a layer's
+    seconds are their mean over the model's layers."""
+    m = cfg.model
+    dense = m.n_layers - m.num_moe_layers
+    mixed = m.moe.enabled and 0 < dense < m.n_layers
+    # Layer 0 as the model's first; where the model mixes kinds, layer 1 a MoE one.
+    shares = {0: dense / m.n_layers, 1: m.num_moe_layers / m.n_layers} if mixed else {0: 1.0}
+    moe = dataclasses.replace(m.moe, n_dense_layers=1) if mixed else m.moe
+    shape = dataclasses.replace(m, n_layers=len(shares), moe=moe, max_seq_len=max(m.max_seq_len, tokens[1]))
     model = Transformer(shape)
     convert_linears(model, cfg.quantize, torch.device("cpu"))
     if tensor_parallel:
@@ -192,10 +201,6 @@ def _timed_parts(
     inputs = torch.randint(cfg.model.vocab_size, tokens)
     hidden = torch.randn(*tokens, cfg.model.dim, dtype=dtype, requires_grad=True)
     freqs = model.freqs_cis[: tokens[1]]
-    layer = model.layers["0"]
-
-    def layer_step() -> None:
-        layer(hidden, freqs).sum().backward()
 
     def head_step() -> None:
         with loss_parallel() if tensor_parallel else contextlib.nullcontext():
@@ -207,9 +212,15 @@ def _timed_parts(
         for param in model.parameters():
             param.grad = torch.zeros_like(param)
         optimizer_seconds = _timed(optimizer.step) * local_params / model.num_params()
+
+    def layer_step(index: int) -> None:
+        model.layers[str(index)](hidden, freqs).sum().backward()
+
     # Best of five: a rank's steady steps run undisturbed; a first measurement here may not.
-    layer_seconds, head_seconds = (_timed(step, repeats=5, best=True) for step in (layer_step, head_step))
-    return layer_seconds, head_seconds, optimizer_seconds
+    layer_seconds = sum(
+        share * _timed(functools.partial(layer_step, index), repeats=5, best=True) for index, share in shares.items()
+    )
+    return layer_seconds, _timed(head_step, repeats=5, best=True), optimizer_seconds
 
 
 # The dry run's categories (MemTracker's, at rank 0's peak) as the memory model's, and which of

@@ -256,3 +256,16 @@ def test_the_command_line_runs_the_planner():
     assert (
         result.stderr.startswith("titan_exp plan: config error:") and "Could not find 'hardware/tpu'" in result.stderr
     )
+
+
+@pytest.mark.parametrize("ranks, cost, stretch", [(2, 1.18, 1.0), (4, 1.18, 2 * 1.18), (4, 1.0, 2.0)])
+def test_cpu_ranks_sharing_cores_stretch_by_their_share_and_the_profiles_time_sharing_cost(
+    monkeypatch, ranks: int, cost: float, stretch: float
+) -> None:
+    """On 2 cores: 2 single-thread ranks have a core each; 4 share them, 2× their time alone and the
+    `cpu` profile's measured cost of time-sharing beyond it (hardware.time_sharing_cost)."""
+    monkeypatch.setattr(plan_cli, "cpu_cores", lambda: 2)
+    point = ["launcher.device=cpu", "launcher.oversubscribe=true", f"launcher.nproc_per_node={ranks}"]
+    job = plan_cli.compose_point([*point, "parallelism=fsdp", f"hardware.time_sharing_cost={cost}", "tracking=none"])
+    assert job.placement.threads_per_rank == 1
+    assert plan_cli._cpu_ranks(job) == (1, pytest.approx(stretch))

@@ -47,6 +47,10 @@ class HardwareConfig(Section):
     devices_per_node: int = 8
     # Whether FSDP/DDP's collectives run beside compute (nccl's streams) or block it (gloo on CPU).
     overlaps_communication: bool = True
+    # CPU ranks wanting more threads than there are cores run slower than their share of the cores
+    # alone would make them (context switches, caches refilled, collectives waiting on a peer that
+    # is not running): the factor beyond that share.
+    time_sharing_cost: float = 1.0
 
     def check(self, key: str) -> None:
         """Each figure finite and > 0, or -1 (measured on this machine); the efficiencies fractions."""

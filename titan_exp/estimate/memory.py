@@ -24,11 +24,15 @@ Each term, with its source:
   `MixedPrecisionPolicy`; AdamW's `exp_avg`, `exp_avg_sq`);
 - activations per token and layer, by kernel and checkpointing (`layer_activations`), counted on
   this model's ops: what each op saves for backward (torch's derivatives.yaml; SDPA's flash and
-  efficient kernels save q, k, v, the output and the log-sum-exp, not the score matrix);
-  selective "op" checkpointing saves the outputs of every other matmul, attention and
-  reduce-scatter (torchtitan's policy, parallel/activation_checkpoint.py); with tensor parallelism
-  the layers run sequence parallel, so only the all-gathered inputs of the column-wise linears and
-  the row-wise linears' partial outputs are whole;
+  efficient kernels save q, k, v, the output and the log-sum-exp, not the score matrix; its math
+  path, which latent attention takes on a CPU, keeps the probabilities; on a CPU RMSNorm is
+  composed of pointwise ops and keeps its normalized input too; a MoE layer keeps its routed rows
+  twice and their int64 indices; on this CPU the count is what autograd saves per block within 1%,
+  tests/unit/test_unit_memory_estimate.py); selective "op" checkpointing saves the outputs of
+  every other matmul, attention and reduce-scatter (torchtitan's policy,
+  parallel/activation_checkpoint.py); with tensor parallelism the layers run sequence parallel,
+  so only the all-gathered inputs of the column-wise linears and the row-wise linears' partial
+  outputs are whole;
 - logits: `cross_entropy(logits.float())` keeps a float32 copy, the log-softmax output and its
   gradient at once (12 bytes per token and vocabulary entry, vocabulary sharded under TP); compiled
   (train/loss.py), the logits and their gradient in the param dtype;

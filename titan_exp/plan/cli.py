@@ -88,7 +88,8 @@ def compose_point(point: list[str]) -> ResolvedJob:
 def _cpu_ranks(job: ResolvedJob) -> tuple[int, float]:
     """(threads per rank, how much the ranks' time stretches as they share this machine's cores)."""
     cores, ranks, threads = cpu_cores(), job.placement.nproc_per_node, job.placement.threads_per_rank
-    return threads, max(1.0, ranks * threads / cores)
+    share = ranks * threads / cores
+    return threads, share * job.config.hardware.time_sharing_cost if share > 1 else 1.0
 
 
 def plan_one(job: ResolvedJob) -> Prediction:

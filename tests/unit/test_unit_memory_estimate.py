@@ -17,7 +17,14 @@ from titan_exp.estimate.memory import (
     pipeline_chunks_in_flight,
     rank_memory,
 )
-from titan_exp.estimate.workload import Workload, layer_parameters, model_parameters, part_parameters
+from titan_exp.estimate.workload import (
+    Workload,
+    inactive_parameters,
+    layer_parameters,
+    model_parameters,
+    part_parameters,
+    whole_under_tensor_parallel,
+)
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import split_into_stages
@@ -438,3 +445,16 @@ def test_expert_parallel_gathers_a_ranks_own_experts_only() -> None:
     # TP splitting the experts too: each rank's 2 of 8 experts by half their hidden dim, as the dense weights.
     split = memory(layout(dp_shard=4, tp=2, ep=4, etp=2), m=moe, batch=1, seq_len=16)
     assert split.communication == pytest.approx(16 * (layer_parameters(moe) - experts + experts / 4) / 2)
+
+
+def test_only_latent_attention_leaves_matmul_work_whole_under_tensor_parallelism() -> None:
+    """DeepSeek-V3's wq_a and wkv_a run whole on every tp rank (256·(128 + 128 + 32) multiply-adds a
+    token of the debug model's), a share that longer sequences' attention scores dilute; a Llama's
+    or a Qwen3's every matmul is split."""
+    deepseek = OmegaConf.to_object(compose_config(["model=deepseek_v3_debug"])).model
+    short, long = (whole_under_tensor_parallel(deepseek, seq_len) for seq_len in (256, 4096))
+    assert 0 < long < short < 0.1
+    active = layer_parameters(deepseek) - inactive_parameters(deepseek) / deepseek.n_layers
+    assert short == pytest.approx(256 * (128 + 128 + 32) / (active + 128 * 8 * (64 + 32)))
+    for name in ("llama3_debug", "qwen3_moe_debug"):
+        assert whole_under_tensor_parallel(OmegaConf.to_object(compose_config([f"model={name}"])).model, 256) == 0

@@ -116,6 +116,20 @@ def unit_parameters(w: Workload) -> tuple[float, float]:
     return dense, experts / (p.expert_parallel_degree * w.experts_tp)
 
 
+def whole_under_tensor_parallel(m: ModelConfig, seq_len: int) -> float:
+    """The share of a layer's matmul work (multiply-adds per token, attention's scores included,
+    averaged over the layers) that every tp rank runs whole: latent attention's down-projections
+    (wq_a, wkv_a), whose weights TP leaves whole, over the gathered sequence. 0 for multi-head
+    attention, where TP splits every matmul."""
+    if not m.mla.enabled:
+        return 0.0
+    mla = m.mla
+    whole = m.dim * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim)
+    active = layer_parameters(m) - inactive_parameters(m) / m.n_layers
+    scores = seq_len / 2 * m.n_heads * (mla.qk_head_dim + mla.v_head_dim)  # causal: half the keys
+    return whole / (active + scores)
+
+
 def inactive_parameters(m: ModelConfig) -> int:
     """The parameters a token does not go through: the experts its router did not pick."""
     if not m.moe.enabled:

@@ -29,7 +29,7 @@ from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.memory import RankMemory, pipeline_chunks_in_flight
 from titan_exp.estimate.step_time import ComputeTimes
-from titan_exp.estimate.workload import DTYPE_BYTES
+from titan_exp.estimate.workload import DTYPE_BYTES, whole_under_tensor_parallel
 from titan_exp.metrics.peak_flops import cached, cpu_name, cpu_peak_flops
 from titan_exp.models.llama3.model import Transformer
 from titan_exp.models.llama3.parallelize import apply_tensor_parallel
@@ -147,8 +147,10 @@ def measured_compute(
             tp_layer, tp_head, _ = _timed_parts(
                 cfg, tokens, local_params, tensor_parallel=True, experts_split=dims.experts_tp > 1
             )
+    # What TP splits runs 1/tp as long; latent attention's down-projections run whole on every rank.
+    whole = whole_under_tensor_parallel(cfg.model, cfg.training.seq_len)
     return ComputeTimes(
-        layer=layer / tp + max(0.0, tp_layer - layer),
+        layer=layer * (whole + (1 - whole) / tp) + max(0.0, tp_layer - layer),
         head=head / tp + max(0.0, tp_head - head),
         optimizer=optimizer,
     )

@@ -1,4 +1,4 @@
-"""The planner against published measured GPU runs of Llama 3 (torch-free, instant): for each run,
+"""The planner against published measured GPU runs of Llama 3 and of two MoE models (torch-free, instant): for each run,
 predicted vs published peak memory per GPU and TPS per GPU with the errors, and whether the order
 of published TPS inside each family of runs (compile > eager, float8 > bf16, async TP > plain TP,
 Interleaved1F1B > 1F1B) is kept. Targets (issue 23): memory within 15%, TPS/GPU within 20%, every
@@ -38,6 +38,8 @@ TORCHAO_FLOAT8 = "pytorch/ao torchao/float8/README.md @9e655fc7 (2025-03)"
 TORCHAO_MX = "pytorch/ao torchao/prototype/mx_formats/README.md @374601de (2025-08)"
 TT_ASYNC_TP = "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"
 TT_TRAINY = "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy.md"
+TT_DSV3_SCALING = "pytorch/torchtitan branch graph_trainer/dsv3_scaling dsv3_scaling_experiment_results.md @6b960233"
+PITH_TRAIN = "mlc-ai/pith-train issue 79 (torchtitan on 8 B200, five steps)"
 TT_PERFORMANCE = "pytorch/torchtitan docs/performance.md @4d88a8a4 (tables of 2024-04 and 2024-08)"
 
 
@@ -175,6 +177,17 @@ RUNS: list[Published] = [
               notes="torchtitan compiled the loss too (titan_exp compiles the blocks)"),
     Published("8b fsdp64 h200 compile f8", "trainy", TT_TRAINY,
               [*fsdp("llama3_8b", 64, H200, 2), *SAC_OP, *COMPILE, *FLOAT8], 10753, 46.97),
+    # Mixture of experts. DeepSeek-V3 16B on 8 H100s of 95 GiB (Grand Teton's), FSDP 8 with EP 4, local
+    # batch 16, seq 4096, full AC, the loss compiled; eager, torch's all-to-all (Run 8 of torchtitan's
+    # DeepSeek-V3 scaling notes, unmerged branch; its attention is FlexAttention).
+    Published("dsv3-16b fsdp8 ep4 full ac", "moe-dsv3-16b", TT_DSV3_SCALING,
+              [*fsdp("deepseek_v3_16b", 8, GRAND_TETON, 16), "parallelism.expert_parallel_degree=4", *seq(4096),
+               *FULL_AC, "compile.enable=true", "compile.components=[loss]"], 10160, 66.98),
+    # Qwen3-30B-A3B on 8 B200s through torchtitan: FSDP 8, no EP, local batch 8, seq 8192, SAC, blocks and
+    # loss compiled. Its loss runs in 8 chunks (titan_exp's does not): memory not compared.
+    Published("qwen3-30b-a3b fsdp8 b200 compile", "moe-qwen3-30b", PITH_TRAIN,
+              [*fsdp("qwen3_30b_a3b", 8, B200, 8), *seq(8192), *SAC_OP, *COMPILE], 19500, None,
+              notes="loss in 8 chunks there: its 141.79 GiB not compared"),
 ]  # fmt: skip
 
 

@@ -184,13 +184,11 @@ def layer_activations(w: Workload, mode: str) -> float:
 
 
 def _attention_kept(w: Workload, norm_kept: int) -> tuple[float, float]:
-    """(elements per token attention keeps whole under TP, and split over its heads): q, k and v as
-    attention takes them and its output; on a GPU the contiguous copy wo reads (the CPU's flash
-    kernel writes its output in that layout). Multi-head attention's k and v are repeated to every
-    head; Qwen3 keeps q and k before and after their norms. Latent attention (DeepSeek-V3) keeps its
-    latents (normed, and read by wq_b and wkv_b, whole under TP: their projections are not split),
-    each head's query and key (the no-position and rotary parts concatenated), and the values inside
-    wkv_b's output, which attention reads in place."""
+    """(elements per token attention keeps whole under TP, and split over its heads): q, k, v as
+    attention takes them (multi-head attention's k and v repeated to every head), its output, and
+    on a GPU the contiguous copy wo reads (the CPU's flash kernel writes that layout); Qwen3's q and
+    k before and after their norms; latent attention's latents (normed, read by wq_b and wkv_b:
+    whole, as TP does not split their projections) and the values inside wkv_b's output."""
     m, cpu = w.model, w.device == "cpu"
     output_copies = 1 if cpu else 2
     if m.mla.enabled:

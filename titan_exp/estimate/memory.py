@@ -90,9 +90,9 @@ class RankMemory:
     what the allocator and the process keep beyond them."""
 
     parameters: int
-    buffers: int
     gradients: int
     optimizer_state: int
+    buffers: int
     activations: int
     logits: int
     temporaries: int

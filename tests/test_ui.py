@@ -27,11 +27,13 @@ def _ui(db: Path, port: int, **popen) -> subprocess.Popen:
 
 
 def _server_of(ui: subprocess.Popen) -> int:
-    """The pid of the server `ui` started (its only child; the leader of a session of its own)."""
+    """The pid of the server `ui` started (its only child; the leader of a session of its own), once
+    it leads its group: between fork and setsid the child is still in the UI's, and a signal to its
+    group would find none."""
     deadline = time.monotonic() + 60
     while True:
         children = Path(f"/proc/{ui.pid}/task/{ui.pid}/children").read_text().split()
-        if children:
+        if children and os.getpgid(int(children[0])) == int(children[0]):
             return int(children[0])
         assert time.monotonic() < deadline and ui.poll() is None, "the UI started no server"
         time.sleep(0.02)

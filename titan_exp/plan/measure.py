@@ -186,7 +186,7 @@ def _timed_parts(
     seconds are their mean over the model's layers."""
     m = cfg.model
     dense = m.n_layers - m.num_moe_layers
-    mixed = m.moe.enabled and 0 < dense < m.n_layers
+    mixed = 0 < dense < m.n_layers  # a MoE model with dense layers first
     # Layer 0 as the model's first; where the model mixes kinds, layer 1 a MoE one.
     shares = {0: dense / m.n_layers, 1: m.num_moe_layers / m.n_layers} if mixed else {0: 1.0}
     moe = dataclasses.replace(m.moe, n_dense_layers=1) if mixed else m.moe

@@ -3,6 +3,7 @@ prints its links only once the server answers them, the comparison's columns who
 Chromium; and it leaves no server process behind, whether stopped by Ctrl-C or when the server ends
 before it answers (the UI of a real sweep is checked in test_tracking.py)."""
 
+import contextlib
 import os
 import re
 import signal
@@ -118,10 +119,17 @@ def test_a_server_that_ends_before_answering_is_said_in_one_line_and_leaves_noth
     _, db = store
     port = free_port()
     ui = _ui(db, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    server = _server_of(ui)
-    os.killpg(server, signal.SIGKILL)  # long before it answers: its start takes seconds
-    out, err = ui.communicate(timeout=60)
+    server = None
+    try:
+        server = _server_of(ui)
+        os.killpg(server, signal.SIGKILL)  # long before it answers: its start takes seconds
+        out, err = ui.communicate(timeout=60)
+        server_left = process_group_alive(server)  # what the UI left, before the cleanup below
+    finally:  # whatever failed, nothing of the UI's left running (the server has a session of its own)
+        for group in [ui.pid] if server is None else [server, ui.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
     assert ui.returncode == 1 and out == "", out
     said = f"the MLflow server ended (exit status -9) before it answered on http://127.0.0.1:{port}"
     assert err.strip().splitlines()[-1] == f"titan_exp ui: {said}; its output is above", err[-3000:]
-    assert not process_group_alive(server)
+    assert not server_left

@@ -9,7 +9,7 @@ from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
 from titan_exp.job.preflight import preflight
-from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.registry import build_model
 from titan_exp.rules import ConfigError
 
 from conftest import CONF_DIR, compose_config
@@ -60,7 +60,7 @@ def test_model_flavors_have_published_parameter_counts(flavor: str, count: int):
 
     cfg = OmegaConf.to_object(compose_config([f"model={flavor}"]))
     with torch.device("meta"):
-        assert Transformer(cfg.model).num_params() == count
+        assert build_model(cfg.model).num_params() == count
 
 
 def resolved(overrides: list[str]) -> JobConfig:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from launchers.env import free_port
-from titan_exp.models.rotary import causal_attention
+from titan_exp.models.common.rotary import causal_attention
 from titan_exp.parallel.context import AllGatherAttention, load_balanced_positions
 
 BATCH, SEQ, HEADS, KV_HEADS, HEAD_DIM = 2, 48, 4, 2, 8

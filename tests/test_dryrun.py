@@ -45,7 +45,7 @@ def test_llama3_405b_on_512_ranks_fsdp8_tp8_pp8():
     # Rank 0 holds stage 0 (embeddings + layers 0..14 of 126), every weight split 64 ways
     # (FSDP 8 × TP 8) except the norms, which TP replicates.
     from titan_exp.models.config import ModelConfig
-    from titan_exp.models.llama3.model import Transformer
+    from titan_exp.models.registry import build_model
 
     cfg = ModelConfig(
         dim=16384,
@@ -58,7 +58,7 @@ def test_llama3_405b_on_512_ranks_fsdp8_tp8_pp8():
         max_seq_len=16,
     )
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = build_model(cfg)
     stage0 = [("tok_embeddings.weight", model.tok_embeddings.weight)] + [
         (name, p) for name, p in model.named_parameters() if name.startswith("layers.") and int(name.split(".")[1]) < 15
     ]
@@ -162,10 +162,10 @@ def test_deepseek_v3_671b_on_256_ranks_pp8(layout, mesh, tp):
     # first getting 7). Each MoE layer's routed experts: 1/32 of them on this rank (EP leaves no
     # data-parallel rank to shard them over); everything else FSDP-sharded (× TP) 32 ways: 1/32 of all.
     from titan_exp.config.compose import compose_job_config
-    from titan_exp.models.llama3.model import Transformer
+    from titan_exp.models.registry import build_model
 
     with torch.device("meta"):
-        model = Transformer(compose_job_config(["model=deepseek_v3_671b"]).model)
+        model = build_model(compose_job_config(["model=deepseek_v3_671b"]).model)
     stage0 = [("tok_embeddings.weight", model.tok_embeddings.weight)] + [
         (name, p) for name, p in model.named_parameters() if name.startswith("layers.") and int(name.split(".")[1]) < 7
     ]

@@ -18,7 +18,8 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from launchers.env import free_port
 from titan_exp.config.compose import compose_job_config
-from titan_exp.models.llama3.model import Transformer, canonical_name
+from titan_exp.models.common.transformer import canonical_name
+from titan_exp.models.registry import build_model
 from titan_exp.optim.grad_clip import clip_grad_norm_, reduce_partial_gradients
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.mesh import ParallelMesh
@@ -115,7 +116,7 @@ def _grads(rank: int, world: int, port: int, overrides: list[str], results: dict
 
 
 def _single_device(model_overrides: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], float]:
-    model = Transformer(compose_job_config(list(model_overrides)).model)
+    model = build_model(compose_job_config(list(model_overrides)).model)
     model.init_weights(seed=0)
     _loss(model(TOKENS), TOKENS).backward()
     norm = clip_grad_norm_(list(model.parameters()), max_norm=0.0)

@@ -61,9 +61,9 @@ def test_the_grouped_gemm_runs_the_experts_on_a_gpu_that_has_it():
     give what one matmul per expert gives (to bfloat16's precision)."""
     import torch
 
-    from titan_exp.models.moe.config import MoEConfig
-    from titan_exp.models.moe.grouped_mm import grouped_mm_applies
-    from titan_exp.models.moe.layer import GroupedExperts
+    from titan_exp.models.common.moe.config import MoEConfig
+    from titan_exp.models.common.moe.grouped_mm import grouped_mm_applies
+    from titan_exp.models.common.moe.layer import GroupedExperts
 
     assert visible_gpus() > 0, "no GPU visible: this test needs a CUDA machine"
     experts = GroupedExperts(256, MoEConfig(num_experts=8, top_k=2, hidden_dim=512)).cuda().bfloat16()

@@ -15,8 +15,8 @@ from titan_exp.checkpoint.manager import load_model
 from titan_exp.data.config import DataConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.llama3.hf_format import fields_from_hf
-from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.hf import refusing
+from titan_exp.models.registry import FAMILIES, build_model
 
 from conftest import loss_curve, mlflow_runs, run_cli, store_in
 
@@ -96,8 +96,12 @@ def logits_of_export(step_folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """(transformers' logits from the exported safetensors, ours from the same step's DCP checkpoint)."""
     inputs, _ = first_batch()
     hf_model = transformers.LlamaForCausalLM.from_pretrained(step_folder, dtype=torch.float32)
-    cfg = ModelConfig(**fields_from_hf(json.loads((step_folder / "config.json").read_text()), "test", ""))
-    ours = Transformer(cfg)
+    cfg = ModelConfig(
+        **FAMILIES["llama3"].hf.fields_from_hf(
+            json.loads((step_folder / "config.json").read_text()), refusing("test", "")
+        )
+    )
+    ours = build_model(cfg)
     ours.init_weights(seed=1)  # overwritten by the load below
     load_model(ours, str(step_folder))
     with torch.no_grad():
@@ -217,5 +221,5 @@ def test_another_architecture_is_refused(untied, tmp_path):
     line = refusal(["model=hf", f"model.hf_path={other}"], tmp_path)
     assert line == (
         f"titan_exp: config error: model.hf_path={other}: its config.json has model_type=mistral; "
-        "only llama (LlamaForCausalLM) is built here"
+        "the config.json model types read here: llama (llama3)"
     )

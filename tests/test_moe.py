@@ -17,8 +17,8 @@ from launchers.env import free_port
 from titan_exp.config.compose import compose_job_config
 from titan_exp.job.parity import layout_folder
 from titan_exp.metrics.expert_load import EXPERT_LOAD_ARTIFACT
-from titan_exp.models.llama3.model import Transformer
-from titan_exp.models.llama3.parallelize import apply_tensor_parallel
+from titan_exp.models.registry import build_model
+from titan_exp.parallel.tensor_parallel import apply_tensor_parallel
 from titan_exp.tracking.journal import RUN_ID_FILE
 
 from conftest import loss_curve, mlflow_client, run_cli
@@ -121,9 +121,9 @@ def _tensor_parallel_grads(rank: int, port: int, results: dict) -> None:
 TOKENS = torch.randint(0, 2048, (2, 32), generator=torch.Generator().manual_seed(0))
 
 
-def one_layer_qwen3() -> Transformer:
+def one_layer_qwen3() -> torch.nn.Module:
     cfg = dataclasses.replace(compose_job_config(["model=qwen3_debug"]).model, n_layers=1)
-    model = Transformer(cfg)
+    model = build_model(cfg)
     model.init_weights(seed=0)
     for norm in (model.layers["0"].attention.q_norm, model.layers["0"].attention.k_norm):
         torch.nn.init.normal_(norm.weight, mean=1.0, std=0.1, generator=torch.Generator().manual_seed(1))

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from titan_exp.config.schema import JobConfig
+from titan_exp.config.schema import JobConfig, option_schemas
+from titan_exp.config.tree import option_schema
 
 from conftest import CONF_DIR
 
@@ -41,10 +42,13 @@ def test_every_group_is_a_section_of_the_job_config():
 
 @pytest.mark.parametrize("path", option_files(), ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_option_file_sets_only_fields_that_differ_from_the_defaults(path: Path):
-    section = SECTIONS[path.parent.name]
+    group = path.parent.name
+    schema = option_schema(group, path.stem)
+    section = option_schemas()[group][schema] if schema else SECTIONS[group]
     loaded = OmegaConf.load(path)
     values = OmegaConf.to_container(loaded) if loaded else {}  # a comment-only file loads as empty
     assert isinstance(values, dict), f"{path} does not hold a mapping"
+    values.pop("defaults", None)  # names its schema
     unknown = sorted(set(values) - {f.name for f in dataclasses.fields(section)})
     assert not unknown, f"{path}: not fields of {section.__name__}: {unknown}"
     default = defaults(section)

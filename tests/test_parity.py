@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 
 from launchers.env import RankEnv
 from titan_exp.config.resolve import resolve
-from titan_exp.config.sections import VALIDATION_LOSS
 from titan_exp.job.parity import layout_folder
+from titan_exp.metric_names import VALIDATION_LOSS
 from titan_exp.parallel.config import SCHEDULES
 from titan_exp.tracking.journal import RUN_ID_FILE
 from titan_exp.train.trainer import Trainer

@@ -15,8 +15,9 @@ import urllib.request
 from pathlib import Path
 
 from launchers.env import free_port
-from titan_exp.compare.runs import LOSS_KEY, MEMORY_KEYS, MFU_KEY, TPS_KEY
+from titan_exp.compare.runs import MEMORY_KEYS
 from titan_exp.compare.ui_view import STRATEGY_COLUMNS
+from titan_exp.metric_names import LOSS, MFU_MEAN, TPS_MEAN
 from titan_exp.tracking.run import PARENT_TAG, ROLE_TAG
 
 from conftest import REPO, chromium, mlflow_client, process_group_alive, start_as_in_a_terminal, stopped_for_good
@@ -71,7 +72,7 @@ def _sweep(db: Path) -> None:
     for i, (layout, mesh) in enumerate([("ddp2", "dp_replicate2"), ("fsdp2·tp2", "dp_shard2·tp2")]):
         tags = {PARENT_TAG: parent.info.run_id, "layout": layout, "world_size": "2", "mesh": mesh, "status": "finished"}
         run = store.create_run(experiment, run_name=f"llama3_debug·{layout}", tags=tags)
-        metrics = {TPS_KEY: 1523.456789012 + i, MFU_KEY: 0.0123456789123, LOSS_KEY: 9.170979189}
+        metrics = {TPS_MEAN: 1523.456789012 + i, MFU_MEAN: 0.0123456789123, LOSS: 9.170979189}
         metrics |= {key: 0.4567891234 for key, _ in MEMORY_KEYS}
         for key, value in metrics.items():
             store.log_metric(run.info.run_id, key, value)

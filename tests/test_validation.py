@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from titan_exp.config.sections import VALIDATION_LOSS
 from titan_exp.data.config import DataConfig
 from titan_exp.data.loader import SyntheticSource, TextSource
+from titan_exp.metric_names import VALIDATION_LOSS
 
 from conftest import mlflow_client, mlflow_runs, run_cli
 

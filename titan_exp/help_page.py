@@ -62,13 +62,18 @@ def page(subcommands: dict[str, str]) -> str:
 
 def _usage(subcommands: dict[str, str]) -> str:
     rows = [
-        ("titan_exp [GROUP=OPTION] [KEY=VALUE]...", "train one job (the default: llama3_debug, FSDP on 2 CPU ranks)"),
+        ("titan_exp [GROUP=OPTION] [KEY=VALUE]...", f"train one job (the default: {_default_job()})"),
         ("titan_exp -m KEY=A,B [GROUP=X,Y]...", "a sweep: one MLflow parent run, a child run per point, compared"),
         *((f"titan_exp {name} ...", summary) for name, summary in subcommands.items()),
         ("titan_exp SUBCOMMAND --help", "a subcommand's own options"),
     ]
     width = max(len(usage) for usage, _ in rows)
     return "Usage:\n" + "\n".join(f"  {usage:<{width}}  {summary}" for usage, summary in rows)
+
+
+def _default_job() -> str:
+    picked = default_options()
+    return f"{picked['model']}, {picked['parallelism']} on 2 CPU ranks or every GPU"
 
 
 def _groups() -> Iterable[str]:

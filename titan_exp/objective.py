@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from titan_exp import metric_names as names
 from titan_exp.rules import ConfigError, Section, one_of
 from titan_exp.tracking.journal import RUN_ID_FILE
 from titan_exp.tracking.store import client, with_retries
@@ -20,13 +21,13 @@ from titan_exp.tracking.store import client, with_retries
 # The metrics a sweep may optimise, each with the way it is better. A point returns its last
 # logged value (for the _mean figures: the steady state over the whole run after its first interval).
 OBJECTIVES = {
-    "loss/global_avg": "minimize",
-    "throughput/tps_per_device_mean": "maximize",
-    "throughput/tps_per_device": "maximize",
-    "throughput/mfu_pct_mean": "maximize",
-    "time/step_s": "minimize",
-    "memory/max_active_gib": "minimize",  # CUDA ranks
-    "memory/cpu_rss_peak_gib": "minimize",  # CPU ranks
+    names.LOSS: "minimize",
+    names.TPS_MEAN: "maximize",
+    names.TPS: "maximize",
+    names.MFU_MEAN: "maximize",
+    names.STEP_SECONDS: "minimize",
+    names.MAX_ACTIVE_GIB: "minimize",  # CUDA ranks
+    names.CPU_RSS_PEAK_GIB: "minimize",  # CPU ranks
 }
 
 

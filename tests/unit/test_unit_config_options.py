@@ -11,7 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from titan_exp.config.compose import to_job_config
-from titan_exp.config.schema import JobConfig
+from titan_exp.config.schema import JobConfig, option_schemas
+from titan_exp.config.tree import option_schema
 
 from conftest import CONF_DIR, compose_config
 
@@ -30,14 +31,19 @@ def composed(*overrides: str) -> JobConfig:
 
 
 def option_values(group: str, option: str) -> dict[str, Any]:
-    """What titan_exp/conf/<group>/<option>.yaml sets (a comment-only file sets nothing)."""
+    """What titan_exp/conf/<group>/<option>.yaml sets (a comment-only file sets nothing; its
+    defaults list names its schema)."""
     loaded = OmegaConf.load(CONF_DIR / group / f"{option}.yaml")
-    return OmegaConf.to_container(loaded) if loaded else {}
+    values = OmegaConf.to_container(loaded) if loaded else {}
+    values.pop("defaults", None)
+    return values
 
 
-def schema_default(group: str) -> Any:
-    """The section's value in a JobConfig built from the schema alone."""
-    return getattr(JobConfig(), group)
+def schema_default(group: str, option: str | None = None) -> Any:
+    """The section's value in a JobConfig built from the schema alone (for `option`: from the
+    schema it names, a subclass of the section's)."""
+    schema = option_schema(group, option) if option else None
+    return option_schemas()[group][schema]() if schema else getattr(JobConfig(), group)
 
 
 def test_conf_has_groups_options_and_presets() -> None:
@@ -59,7 +65,7 @@ def test_every_option_composes_into_its_section(group: str, option: str) -> None
     `name`, where it sets one, is the typed section's name)."""
     section = getattr(composed(f"{group}={option}"), group)
     values = option_values(group, option)
-    assert section == with_values(schema_default(group), values)
+    assert section == with_values(schema_default(group, option), values)
     if "name" in values:
         assert section.name == values["name"]
 
@@ -109,7 +115,7 @@ def test_every_experiment_preset_composes(name: str) -> None:
     selected, own = _preset(name)
     for group, option in selected.items():
         values = OmegaConf.to_container(OmegaConf.merge(option_values(group, option), own.pop(group, {})))
-        assert getattr(job, group) == with_values(schema_default(group), values), group
+        assert getattr(job, group) == with_values(schema_default(group, option), values), group
     for section, values in own.items():
         for key, value in values.items():
             assert getattr(getattr(job, section), key) == value, f"{section}.{key}"

@@ -10,7 +10,7 @@ import torch
 from titan_exp.estimate.workload import model_parameters
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.registry import build_model
 
 DEBUG = ModelConfig()  # 6 layers, 16 heads of 16, dim 256, vocab 2048
 LLAMA3_8B = ModelConfig(
@@ -50,7 +50,7 @@ def test_trainer_and_planner_pass_the_same_counts(tied: bool) -> None:
     model_parameters() and vocab·dim: the same FLOPs either way."""
     m = dataclasses.replace(DEBUG, tie_word_embeddings=tied)
     with torch.device("meta"):
-        model = Transformer(m)
+        model = build_model(m)
     trainer = flops_per_token(m, model.num_params(), model.tok_embeddings.weight.numel(), 256)
     planner = flops_per_token(m, model_parameters(m), m.vocab_size * m.dim, 256)
     assert trainer == planner

@@ -10,14 +10,21 @@ import transformers
 
 from titan_exp.config.compose import compose_job_config
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.llama3.hf_format import expected_shapes, fields_from_hf, hf_config
-from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.hf import refusing
+from titan_exp.models.registry import FAMILIES, build_model
+
+LLAMA = FAMILIES["llama3"].hf
+
+
+def fields_from_hf(hf: dict) -> dict:
+    return LLAMA.fields_from_hf(hf, refusing("model.hf_path", "folder"))
+
 
 FLAVORS = ("llama3_debug", "llama3_1b", "llama3_8b", "llama3_70b", "llama3_405b")
 
 
 def transformers_model(cfg: ModelConfig) -> torch.nn.Module:
-    config = transformers.LlamaConfig.from_dict(hf_config(cfg, "float32"))
+    config = transformers.LlamaConfig.from_dict(LLAMA.hf_config(cfg, "float32"))
     with torch.device("meta"):
         return transformers.LlamaForCausalLM(config)
 
@@ -30,17 +37,17 @@ def test_transformers_builds_our_model_from_our_config_json(flavor):
     if cfg.tie_word_embeddings:  # one matrix, which HF's state dict lists under both names
         assert theirs.lm_head.weight is theirs.model.embed_tokens.weight
         del shapes["lm_head.weight"]
-    assert shapes == expected_shapes(cfg)
+    assert shapes == LLAMA.expected_shapes(cfg)
     with torch.device("meta"):
-        ours = Transformer(cfg)
+        ours = build_model(cfg)
     assert sum(p.numel() for p in theirs.parameters()) == ours.num_params()
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_our_fields_come_back_from_transformers_config(flavor):
     cfg = compose_job_config([f"model={flavor}"]).model
-    saved = transformers.LlamaConfig.from_dict(hf_config(cfg, "float32")).to_dict()
-    back = ModelConfig(**fields_from_hf(saved, "model.hf_path", "folder"))
+    saved = transformers.LlamaConfig.from_dict(LLAMA.hf_config(cfg, "float32")).to_dict()
+    back = ModelConfig(**fields_from_hf(saved))
     # intermediate_size is given outright where ours is derived from multiple_of/ffn_dim_multiplier.
     assert dataclasses.replace(back, name=cfg.name, flavor=cfg.flavor).ffn_hidden_dim == cfg.ffn_hidden_dim
     for field in ("dim", "n_layers", "n_heads", "kv_heads", "vocab_size", "norm_eps", "max_seq_len"):
@@ -74,6 +81,6 @@ def test_meta_llama3_files_with_rope_scaling_are_read():
         "hidden_act": "silu",
     }
     ours = compose_job_config(["model=llama3_8b"]).model
-    read = ModelConfig(**fields_from_hf(meta, "model.hf_path", "folder"))
+    read = ModelConfig(**fields_from_hf(meta))
     assert read.ffn_hidden_dim == ours.ffn_hidden_dim
     assert (read.rope_scaling_factor, read.rope_theta) == (ours.rope_scaling_factor, ours.rope_theta)

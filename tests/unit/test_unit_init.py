@@ -7,18 +7,18 @@ import math
 import torch
 
 from titan_exp.config.compose import compose_job_config
-from titan_exp.models.llama3.model import Transformer
+from titan_exp.models.registry import build_model
 
 
-def initialised(cfg) -> Transformer:
+def initialised(cfg) -> torch.nn.Module:
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = build_model(cfg)
     model.to_empty(device="cpu")
     model.init_weights(seed=0)
     return model
 
 
-def first_loss(model: Transformer, tokens: int = 128) -> float:
+def first_loss(model: torch.nn.Module, tokens: int = 128) -> float:
     batch = torch.randint(0, model.cfg.vocab_size, (2, tokens), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits = model(batch)

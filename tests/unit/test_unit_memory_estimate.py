@@ -25,10 +25,9 @@ from titan_exp.estimate.workload import (
     part_parameters,
     whole_under_tensor_parallel,
 )
+from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.llama3.model import Transformer
-from titan_exp.models.llama3.parallelize import split_into_stages
-from titan_exp.models.moe.config import MoEConfig
+from titan_exp.models.registry import build_model
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 
@@ -86,7 +85,7 @@ def test_analytic_count_matches_the_torch_model(tied: bool) -> None:
     """model_parameters agrees with the Transformer itself (built on meta), tied or not."""
     m = dataclasses.replace(DEBUG, tie_word_embeddings=tied)
     with torch.device("meta"):
-        assert model_parameters(m) == Transformer(m).num_params()
+        assert model_parameters(m) == build_model(m).num_params()
 
 
 def test_tied_embeddings_are_counted_once() -> None:
@@ -226,7 +225,7 @@ def _kept_by_autograd(m: ModelConfig, seq_len: int, batch: int = 2) -> float:
     blocks (DeepSeek-V3's first is dense), on a CPU in float32, eager: every saved tensor's storage
     once, the block's input included, weights and buffers not."""
     torch.manual_seed(0)
-    model = Transformer(m)
+    model = build_model(m)
     held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     kept: dict[int, int] = {}
 
@@ -394,12 +393,12 @@ def test_total_is_the_sum_and_describe_leaves_out_empty_parts() -> None:
 def _held_by_each_pp_rank(m: ModelConfig, p: ParallelismConfig) -> list[int]:
     """Parameters each pipeline rank's parts hold, as the trainer cuts the (meta) model."""
     with torch.device("meta"):
-        model = Transformer(m)
+        model = build_model(m)
     plan = StagePlan.from_config(p, m.n_layers)
     pp = p.pipeline_parallel_degree
     held = []
     for rank in range(pp):
-        parts = split_into_stages(model, plan, plan.stage_ids(rank, pp, p.pipeline_parallel_schedule))
+        parts = model.pipeline_stages(plan, plan.stage_ids(rank, pp, p.pipeline_parallel_schedule))
         held.append(sum(t.numel() for part in parts for t in part.parameters()))
     return held
 

@@ -14,10 +14,10 @@ from titan_exp import CONF_DIR
 from titan_exp.config.compose import compose_job_config
 from titan_exp.estimate.workload import inactive_parameters, model_parameters
 from titan_exp.metrics.flops import flops_per_token
-from titan_exp.models.llama3.model import Transformer
-from titan_exp.models.moe.config import MoEConfig
-from titan_exp.models.moe.layer import MoE
-from titan_exp.models.rotary import precompute_freqs_cis
+from titan_exp.models.common.moe.config import MoEConfig
+from titan_exp.models.common.moe.layer import MoE
+from titan_exp.models.common.rotary import precompute_freqs_cis
+from titan_exp.models.registry import build_model
 
 QWEN3 = ("qwen3_debug", "qwen3_moe_debug", "qwen3_0.6b", "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b")
 # Qwen's model cards: (total, active) in billions, to the digits they give.
@@ -93,7 +93,7 @@ def stated_counts(flavor: str) -> list[int]:
 def test_parameter_counts_agree_with_transformers_and_the_option_file(flavor):
     m = compose_job_config([f"model={flavor}"]).model
     with torch.device("meta"):
-        ours = Transformer(m).num_params()
+        ours = build_model(m).num_params()
     built = transformers_deepseek_v3(flavor) if flavor in DEEPSEEK_V3 else transformers_qwen3(flavor)
     theirs = sum(p.numel() for p in built.parameters())
     assert ours == theirs == model_parameters(m)
@@ -198,10 +198,10 @@ def test_yarn_frequencies_are_transformers():
 def test_the_bias_moves_each_expert_toward_the_mean_load():
     """DeepSeek-V3's balancing: an expert that got more than the mean is picked less after the
     step, one that got fewer more; the load counted is the training forwards' only."""
-    from titan_exp.models.moe.balance import ExpertBalance
+    from titan_exp.models.common.moe.balance import ExpertBalance
 
     cfg = compose_job_config(["model=deepseek_v3_debug"]).model
-    model = Transformer(cfg)
+    model = build_model(cfg)
     model.init_weights(seed=0)
     tokens = torch.randint(0, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -227,13 +227,13 @@ def test_the_auxiliary_loss_is_qwen3s():
     model.moe.aux_loss_coeff: as the moe/aux_loss metric, and as the gradient it adds to the router."""
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
-    from titan_exp.models.moe.balance import ExpertBalance
+    from titan_exp.models.common.moe.balance import ExpertBalance
 
     cfg = dataclasses.replace(compose_job_config(["model=qwen3_moe_debug"]).model, n_layers=1)
     tokens = torch.randint(0, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
     gate_grads, seen = {}, {}
     for coeff in (cfg.moe.aux_loss_coeff, None):
-        model = Transformer(dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, aux_loss_coeff=coeff)))
+        model = build_model(dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, aux_loss_coeff=coeff)))
         model.init_weights(seed=0)
         gate = model.layers["0"].moe.router.gate
         gate.register_forward_hook(lambda module, inputs, output: seen.update(inputs=inputs[0].detach()))
@@ -256,7 +256,7 @@ def test_the_auxiliary_loss_is_qwen3s():
 def test_the_grouped_gemm_equals_one_matmul_per_expert():
     """torch's grouped GEMM (CUDA bfloat16 in training; its CPU fallback here, float32) over rows
     padded per expert gives each row its own expert's output and gradients, empty experts included."""
-    from titan_exp.models.moe.grouped_mm import grouped_swiglu
+    from titan_exp.models.common.moe.grouped_mm import grouped_swiglu
 
     generator = torch.Generator().manual_seed(0)
     layer = MoE(16, MoEConfig(num_experts=4, top_k=1, hidden_dim=32))

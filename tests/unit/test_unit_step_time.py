@@ -12,8 +12,8 @@ from titan_exp.estimate.gpu_compute import gpu_compute
 from titan_exp.estimate.hardware_profiles import hardware_profiles
 from titan_exp.estimate.step_time import ComputeTimes, StepTime, _collective, step_time
 from titan_exp.estimate.workload import Workload, layer_parameters, model_parameters
+from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.moe.config import MoEConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 
 DEBUG = ModelConfig()  # 6 layers of 754,176 parameters, dim 256, 16 heads of 16, vocab 2048

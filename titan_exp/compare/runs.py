@@ -4,17 +4,11 @@ figures of the strategy table."""
 import statistics
 from dataclasses import dataclass, field
 
-from titan_exp.models.moe.config import LOAD_IMBALANCE_KEY
+from titan_exp import metric_names as names
 from titan_exp.tracking.run import PARENT_TAG, ROLE_TAG, UNREAD_KEYS_PARAM
 
-# Steady-state figures only (everything after step 1, which includes start-up and compilation); a
-# run that never got past its first log interval has none.
-TPS_KEY = "throughput/tps_per_device_mean"
-MFU_KEY = "throughput/mfu_pct_mean"
 # CUDA's allocator peak, else the CPU resident-set peak: never mixed in one figure (see metrics/memory.py).
-MEMORY_KEYS = (("memory/max_active_gib", "active"), ("memory/cpu_rss_peak_gib", "cpu rss"))
-LOSS_KEY = "loss/global_avg"
-VALIDATION_KEY = "loss/validation"
+MEMORY_KEYS = ((names.MAX_ACTIVE_GIB, "active"), (names.CPU_RSS_PEAK_GIB, "cpu rss"))
 # The role tag of a prediction run (python -m titan_exp plan): compared with, never as, a training run.
 PREDICTION_ROLE = "prediction"
 
@@ -152,7 +146,7 @@ def latest_prediction(client, run):
     return found[0] if found else None
 
 
-def loss_curve(client, run_id: str, key: str = LOSS_KEY) -> list[tuple[int, float]]:
+def loss_curve(client, run_id: str, key: str = names.LOSS) -> list[tuple[int, float]]:
     """(step, global average loss, or the metric `key`) of every logged step, in step order. A step
     logged twice (a run resumed from a checkpoint older than its last steps) counts once, as its
     latest logging."""
@@ -171,18 +165,18 @@ def summarize(client, run) -> RunSummary:
         mesh=parse_mesh(tags.get("mesh", "")),
         device=tags.get("device", "?"),
         world_size=int(tags.get("world_size", 0) or 0),
-        tps_per_device=metrics.get(TPS_KEY),
-        mfu_pct=metrics.get(MFU_KEY),
+        tps_per_device=metrics.get(names.TPS_MEAN),  # steady state: after the first log interval
+        mfu_pct=metrics.get(names.MFU_MEAN),
         peak_memory_gib=max(m.value for m in client.get_metric_history(run.info.run_id, memory_key))
         if memory_key
         else None,
         memory_kind=memory_kind,
         final_loss=curve[-1][1] if curve else None,
         params=dict(run.data.params),
-        validation_loss=metrics.get(VALIDATION_KEY),
+        validation_loss=metrics.get(names.VALIDATION_LOSS),
         loss_curve=curve,
         failure_reason=tags.get("failure_reason", ""),
-        expert_load_imbalance=metrics.get(LOAD_IMBALANCE_KEY),
+        expert_load_imbalance=metrics.get(names.LOAD_IMBALANCE),
         **_predicted(client, run),
     )
 

@@ -10,16 +10,13 @@ opens the model-training view instead of the GenAI overview."""
 
 import json
 
+from titan_exp import metric_names as names
 from titan_exp.compare.runs import (
-    LOSS_KEY,
     MEMORY_KEYS,
-    MFU_KEY,
-    TPS_KEY,
     experiment_training_runs,
     latest_sweep,
     sweep_points,
 )
-from titan_exp.models.moe.config import LOAD_IMBALANCE_KEY
 from titan_exp.tracking.run import PARENT_TAG
 from titan_exp.tracking.store import with_retries
 
@@ -29,18 +26,18 @@ STRATEGY_COLUMNS = (
     "tags.`layout`",
     "tags.`world_size`",
     "tags.`mesh`",
-    *(f"metrics.`{key}`" for key in (TPS_KEY, MFU_KEY, *(key for key, _ in MEMORY_KEYS), LOSS_KEY)),
+    *(f"metrics.`{key}`" for key in (names.TPS_MEAN, names.MFU_MEAN, *(key for key, _ in MEMORY_KEYS), names.LOSS)),
     "tags.`status`",
 )
 # A MoE run's expert load, after the memory (MLflow shows no column for a metric no run has).
-EXPERT_LOAD_COLUMN = f"metrics.`{LOAD_IMBALANCE_KEY}`"
+EXPERT_LOAD_COLUMN = f"metrics.`{names.LOAD_IMBALANCE}`"
 
 _SECTION = "titan_exp-strategy"
 # The charts view: the loss curves overlaid, and one bar per run of each strategy figure.
 STRATEGY_CHARTS = (
-    ("LINE", LOSS_KEY, "loss"),
-    ("BAR", TPS_KEY, "TPS/device"),
-    ("BAR", MFU_KEY, "MFU %"),
+    ("LINE", names.LOSS, "loss"),
+    ("BAR", names.TPS_MEAN, "TPS/device"),
+    ("BAR", names.MFU_MEAN, "MFU %"),
     *(("BAR", key, f"peak memory GiB ({kind})") for key, kind in MEMORY_KEYS),
 )
 # MLflow's UI shows the view's table by default, its charts with this added to the link.
@@ -70,8 +67,8 @@ def _chart(kind: str, metric: str, title: str) -> dict:
 def strategy_columns(runs: list) -> list[str]:
     """The view's columns for `runs`: the strategy columns, and the experts' load where a run has experts."""
     columns = list(STRATEGY_COLUMNS)
-    if any(LOAD_IMBALANCE_KEY in run.data.metrics for run in runs):
-        columns.insert(columns.index(f"metrics.`{LOSS_KEY}`"), EXPERT_LOAD_COLUMN)
+    if any(names.LOAD_IMBALANCE in run.data.metrics for run in runs):
+        columns.insert(columns.index(f"metrics.`{names.LOSS}`"), EXPERT_LOAD_COLUMN)
     return columns
 
 
@@ -98,7 +95,7 @@ def comparison_link(client, base_url: str, experiment_name: str) -> str | None:
     columns = strategy_columns(runs)
     state = {
         "searchFilter": f"tags.`{PARENT_TAG}` = '{sweep.info.run_id}'" if sweep else "",
-        "orderByKey": f"metrics.`{TPS_KEY}`",
+        "orderByKey": f"metrics.`{names.TPS_MEAN}`",
         "orderByAsc": False,
         "selectedColumns": columns,
         # MLflow applies widths to the columns named in columnOrder only.

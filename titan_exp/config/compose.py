@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from titan_exp import CONF_DIR
-from titan_exp.config.schema import JobConfig, register_schema
-from titan_exp.config.tree import group_options
+from titan_exp.config.schema import JobConfig, option_schemas, register_schema
+from titan_exp.config.tree import group_options, option_schema
 from titan_exp.rules import ConfigError
 
 
@@ -19,7 +19,7 @@ def to_job_config(composed: DictConfig, overrides: Sequence[str] = ()) -> JobCon
     """`composed`: the task's config (Hydra's own `hydra` node left out); `overrides`: the
     command line's, as Hydra recorded them (hydra.overrides.task)."""
     check_label_overrides(overrides)
-    check_known_keys(OmegaConf.to_container(composed, resolve=True), JobConfig)
+    check_known_keys(composed)
     return OmegaConf.to_object(composed)
 
 
@@ -54,32 +54,57 @@ def check_label_overrides(overrides: Sequence[str]) -> None:
             )
 
 
-def check_known_keys(tree: dict, schema: type, prefix: str = "") -> None:
-    """Every key of the composed config is one of the schema's: Hydra lets `+section.key=value` add
-    any key, which the typed config would then drop without a word. Free-form dicts (such as
+def check_known_keys(node: DictConfig, prefix: str = "") -> None:
+    """Every key of the composed config is one of its schema's (a section's, or the subclass its
+    option chose: config/schema.py's option_schemas): Hydra lets `+section.key=value` add any key,
+    which the typed config would then drop without a word. Free-form dicts (such as
     launcher.additional_parameters) take any key."""
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return
     fields = typing.get_type_hints(schema)
-    for key, value in tree.items():
+    for key in node:
         if key not in fields:
-            raise ConfigError(f"{prefix}{key}", value, unknown_key_fix(f"{prefix}{key}"))
-        if dataclasses.is_dataclass(fields[key]) and isinstance(value, dict):
-            check_known_keys(value, fields[key], f"{prefix}{key}.")
+            raise ConfigError(f"{prefix}{key}", OmegaConf.to_container(node)[key], unknown_key_fix(f"{prefix}{key}"))
+        value = node._get_node(key)
+        if isinstance(value, DictConfig):
+            check_known_keys(value, f"{prefix}{key}.")
 
 
 def schema_keys(schema: type = JobConfig, prefix: str = "") -> list[str]:
-    """Every key of the schema, dotted (training.steps, ...)."""
+    """Every key of the schema, dotted (training.steps, ...), those of the groups' option schemas
+    included (a key of one model family's section is a key of its options)."""
     keys = []
     for name, kind in typing.get_type_hints(schema).items():
         if dataclasses.is_dataclass(kind):
-            keys += schema_keys(kind, f"{prefix}{name}.")
+            for subclass in [kind, *option_schemas().get(name, {}).values()] if not prefix else [kind]:
+                keys += schema_keys(subclass, f"{prefix}{name}.")
         elif not name.startswith("_"):
             keys.append(f"{prefix}{name}")
-    return keys
+    return list(dict.fromkeys(keys))
+
+
+def options_reading(key: str) -> list[str]:
+    """The options of `key`'s group whose schema has `key` where the group's own section lacks it
+    (a key of one model family's section: that family's options); empty for a key of the section itself."""
+    group = key.partition(".")[0]
+
+    def has(schema: type) -> bool:  # the key itself, or a section of keys under it
+        return any(known == key or known.startswith(f"{key}.") for known in schema_keys(schema, f"{group}."))
+
+    section = next((f.default_factory for f in dataclasses.fields(JobConfig) if f.name == group), None)
+    if section is None or has(section):
+        return []
+    names = [name for name, schema in option_schemas().get(group, {}).items() if has(schema)]
+    return [option for option in group_options().get(group, []) if option_schema(group, option) in names]
 
 
 def unknown_key_fix(key: str) -> str:
     """What to say of a key the schema lacks: the closest known key (a typo in the name or the
     section, or the right name in the wrong section), or where the keys are listed."""
+    if readers := options_reading(key):
+        group = key.partition(".")[0]
+        return f"is read by {group}={'|'.join(readers)} only; choose one of them"
     keys = schema_keys()
     section, _, leaf = key.rpartition(".")
     names_in_section = [known.rpartition(".")[2] for known in keys if known.rpartition(".")[0] == section]

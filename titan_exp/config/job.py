@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from titan_exp.config.schema import JobConfig
+from titan_exp.config.unread import unread_keys
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.tracking.config import Store
 
@@ -58,6 +59,11 @@ class ResolvedJob:
         return self.config.launcher.name == "slurm"
 
     @property
+    def unread_keys(self) -> list[str]:
+        """The keys this layout does not read, whatever their values (config/unread.py)."""
+        return [key for key, _ in unread_keys(self.config, self.dims)]
+
+    @property
     def accumulation(self) -> int:
         """Microbatches whose gradients accumulate into one step."""
         t = self.config.training
@@ -88,8 +94,8 @@ class ResolvedJob:
         return dataclasses.replace(job, placement=placement)
 
     def run_name(self) -> str:
-        """The model, the layout and every choice that changes how it runs, e.g. llama3_debug·fsdp2,
-        llama3_8b·fsdp8·tp2·float8·ac_full·compile, llama3_debug·pp2·Interleaved1F1B·4mb: the runs
+        """The model, the layout and every choice that changes how it runs, e.g. <model>_debug·fsdp2,
+        <model>_8b·fsdp8·tp2·float8·ac_full·compile, <model>_debug·pp2·Interleaved1F1B·4mb: the runs
         of a sweep over any of them are told apart by name (tracking.run_name wins when set)."""
         cfg = self.config
         if cfg.tracking.run_name:

@@ -17,7 +17,7 @@ from titan_exp.config import check
 from titan_exp.config.aliases import apply_aliases
 from titan_exp.config.job import Placement, ResolvedJob, threads_per_rank
 from titan_exp.config.schema import JobConfig
-from titan_exp.models.llama3.hf_format import fields_from_hf, read_hf_config
+from titan_exp.models.registry import config_from_hf
 from titan_exp.parallel.config import resolved_context_parallel_impl
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.rules import ConfigError
@@ -45,8 +45,8 @@ def resolve(cfg: JobConfig, place: bool = True) -> ResolvedJob:
 
 
 def _model_from_hf(cfg: JobConfig) -> None:
-    """model=hf: the model's fields from model.hf_path's config.json (read here, not in the
-    pre-flight: every rule after this one depends on the model's shape)."""
+    """model=hf: the model section of model.hf_path's config.json, its family's (read here, not in
+    the pre-flight: every rule after this one depends on the model's shape)."""
     model = cfg.model
     if model.name != "hf":
         if model.hf_path is not None:
@@ -54,11 +54,9 @@ def _model_from_hf(cfg: JobConfig) -> None:
         return
     if model.hf_path is None:
         raise ConfigError("model.hf_path", None, "model=hf takes its shape from a Hugging Face model folder; set it")
-    hf = read_hf_config(model.hf_path, "model.hf_path")
-    for name, value in fields_from_hf(hf, "model.hf_path", model.hf_path).items():
-        setattr(model, name, value)
-    model.hf_path = str(Path(model.hf_path).resolve())
-    model.flavor = Path(model.hf_path).name
+    folder = Path(model.hf_path).resolve()
+    cfg.model = config_from_hf(str(folder), "model.hf_path")
+    cfg.model.flavor = folder.name
 
 
 def _spawns_cpu_ranks_here(cfg: JobConfig, placement: Placement) -> bool:

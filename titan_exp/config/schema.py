@@ -22,6 +22,7 @@ from titan_exp.config.sections import (
 from titan_exp.data.config import DataConfig
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.models.config import ModelConfig
+from titan_exp.models.registry import FAMILIES
 from titan_exp.objective import SweepConfig
 from titan_exp.optim.config import LRSchedulerConfig, OptimizerConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, CommConfig, CompileConfig, ParallelismConfig
@@ -66,5 +67,16 @@ class JobConfig(Section):
             getattr(self, name).check(name)
 
 
+def option_schemas() -> dict[str, dict[str, type[Section]]]:
+    """The groups whose options build on a section of their own (a subclass of the group's
+    section: a model family's, models/registry.py): each option names its schema first in its
+    defaults list, `- /<group>_schema/<name>@_here_`."""
+    return {"model": {name: family.config for name, family in FAMILIES.items()}}
+
+
 def register_schema() -> None:
-    ConfigStore.instance().store(name="job_schema", node=JobConfig)
+    store = ConfigStore.instance()
+    store.store(name="job_schema", node=JobConfig)
+    for group, schemas in option_schemas().items():
+        for name, node in schemas.items():
+            store.store(group=f"{group}_schema", name=name, node=node)

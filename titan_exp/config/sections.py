@@ -57,10 +57,6 @@ class TrainingConfig(Section):
             raise ConfigError(f"{key}.max_norm", self.max_norm, "must be a finite number (<= 0 turns clipping off)")
 
 
-# The held-out loss's MLflow metric.
-VALIDATION_LOSS = "loss/validation"
-
-
 @dataclass
 class ValidationConfig(Section):
     """A held-out loss during training, `loss/validation` (torchtitan's keys; train/validation.py)."""

@@ -22,3 +22,14 @@ def default_options() -> dict[str, str]:
         if isinstance(entry, dict):
             picked.update({group: option for group, option in entry.items() if option is not None})
     return picked
+
+
+def option_schema(group: str, option: str) -> str | None:
+    """The schema an option builds on (`- /<group>_schema/<name>@_here_` in its defaults list:
+    config/schema.py's option_schemas), None where it builds on its group's section alone."""
+    entries = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")).get("defaults", [])
+    marker = f"/{group}_schema/"
+    for entry in entries:
+        if isinstance(entry, str) and entry.startswith(marker):
+            return entry.removeprefix(marker).partition("@")[0]
+    return None

@@ -121,7 +121,7 @@ class RankMemory:
 
 def rope_table_bytes(m: ModelConfig) -> int:
     """The rotary embeddings' table each model part keeps as a buffer: complex64 rotations for
-    every position up to max_seq_len (models/rotary.py), whatever the sequence trained."""
+    every position up to max_seq_len (models/common/rotary.py), whatever the sequence trained."""
     return m.max_seq_len * m.rope_dim // 2 * 8
 
 
@@ -176,34 +176,11 @@ def layer_activations(w: Workload, mode: str) -> float:
     # under TP, except a MoE layer's: its router and experts read the rank's sequence slice.
     norm_kept = 2 if w.device == "cpu" else 1
     moe_share = m.num_moe_layers / m.n_layers
-    attention_whole, attention = _attention_kept(w, norm_kept)
+    attention_whole, attention = m.attention_kept_per_token(norm_kept, w.device == "cpu", w.seq_len)
     whole = dim + (1 - moe_share) * dim + attention_whole
     # The SwiGLU's four ffn-wide tensors.
     sharded = 2 * norm_kept * dim + moe_share * dim + attention + 4 * ffn + _routed_rows(w)
     return whole + sharded / tp
-
-
-def _attention_kept(w: Workload, norm_kept: int) -> tuple[float, float]:
-    """(elements per token attention keeps whole under TP, and split over its heads): q, k, v as
-    attention takes them (multi-head attention's k and v repeated to every head), its output, and
-    on a GPU the contiguous copy wo reads (the CPU's flash kernel writes that layout); Qwen3's q and
-    k before and after their norms; latent attention's latents (normed, read by wq_b and wkv_b:
-    whole, as TP does not split their projections) and the values inside wkv_b's output."""
-    m, cpu = w.model, w.device == "cpu"
-    output_copies = 1 if cpu else 2
-    if m.mla.enabled:
-        mla, heads = m.mla, m.n_heads
-        latents = (norm_kept + 1) * (mla.kv_lora_rank + mla.q_lora_rank)
-        if cpu and mla.qk_head_dim != mla.v_head_dim:
-            # The CPU's flash kernel wants one head width for q, k and v: SDPA takes its math path,
-            # which keeps its own q, k and v, every head's attention probabilities (a row of
-            # seq_len per token), and wo reads a copy of its output.
-            return latents, heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim + w.seq_len)
-        keys_values = heads * (2 * mla.qk_head_dim + mla.qk_nope_head_dim + mla.v_head_dim)
-        return latents, keys_values + output_copies * heads * mla.v_head_dim
-    heads, kv = m.n_heads * m.head_dim, m.kv_heads * m.head_dim
-    qk_norms = norm_kept * (heads + kv) if m.qk_norm else 0
-    return 0.0, (3 + output_copies) * heads + qk_norms
 
 
 def _routed_rows(w: Workload) -> float:

@@ -49,7 +49,7 @@ _ZERO_BUBBLE_SHARE = {"InterleavedZeroBubble": 0.25, "ZBVZeroBubble": 0.25, "Dua
 # and the MLP, a reduce-scatter after each, in forward and in backward.
 _TP_COLLECTIVES = 8
 # The share of the hideable TP collectives async TP hides in practice: torchtitan's published async
-# TP runs (benchmarks/asyncTP_llama3_h100_2025-06) gain 9-16%, about half of what hiding every
+# TP runs (torchtitan's benchmarks/asyncTP_*_h100_2025-06) gain 9-16%, about half of what hiding every
 # transfer behind its matmul would give on the same links.
 _ASYNC_TP_OVERLAP = 0.5
 

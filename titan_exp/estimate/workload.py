@@ -72,13 +72,9 @@ class Workload:
 
 
 def block_parameters(m: ModelConfig, layer: int) -> int:
-    """Transformer block `layer`'s: attention's projections (and q/k norms, or latent attention's), its feed-forward
-    (a SwiGLU, or a MoE layer's router, experts and shared experts), two norms."""
-    if m.mla.enabled:
-        attention = m.mla.attention_parameters(m.dim, m.n_heads)
-    else:
-        attention = m.dim * m.n_heads * m.head_dim * 2 + 2 * m.dim * m.kv_heads * m.head_dim
-        attention += 2 * m.head_dim if m.qk_norm else 0
+    """Transformer block `layer`'s: its family's attention, its feed-forward (a SwiGLU, or a MoE
+    layer's router, experts and shared experts), two norms."""
+    attention = m.attention_parameters()
     if m.is_moe_layer(layer):
         moe = m.moe
         shared = 3 * m.dim * moe.num_shared_experts * moe.hidden_dim
@@ -118,15 +114,13 @@ def unit_parameters(w: Workload) -> tuple[float, float]:
 
 def whole_under_tensor_parallel(m: ModelConfig, seq_len: int) -> float:
     """The share of a layer's matmul work (multiply-adds per token, attention's scores included,
-    averaged over the layers) that every tp rank runs whole: latent attention's down-projections
-    (wq_a, wkv_a), whose weights TP leaves whole, over the gathered sequence. 0 for multi-head
-    attention, where TP splits every matmul."""
-    if not m.mla.enabled:
+    averaged over the layers) that every tp rank runs whole: the weights TP leaves whole (latent
+    attention's down-projections), over the gathered sequence. 0 where TP splits every matmul."""
+    whole = m.whole_under_tensor_parallel_parameters()
+    if not whole:
         return 0.0
-    mla = m.mla
-    whole = m.dim * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim)
     active = layer_parameters(m) - inactive_parameters(m) / m.n_layers
-    scores = seq_len / 2 * m.n_heads * (mla.qk_head_dim + mla.v_head_dim)  # causal: half the keys
+    scores = seq_len / 2 * m.n_heads * 2 * m.attention_flops_dim  # q·k and the values; causal: half the keys
     return whole / (active + scores)
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from hydra import compose
 
+from titan_exp import metric_names as names
 from titan_exp.compare.plots import overlay
-from titan_exp.compare.runs import LOSS_KEY, loss_curve
+from titan_exp.compare.runs import loss_curve
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
-from titan_exp.config.sections import VALIDATION_LOSS
 from titan_exp.job.context import RunContext
 from titan_exp.job.launch import run_job
 from titan_exp.job.preflight import preflight
@@ -52,8 +52,8 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
             sweep.point_ended(point.state == "done")
         if failed := [p for p in points if p.state != "done"]:
             raise RuntimeError(f"layout {' '.join(failed[0].overrides)} failed: {failed[0].detail}")
-        curves = {" ".join(p.overrides): _curve(p, LOSS_KEY) for p in points}
-        held_out = {" ".join(p.overrides): _curve(p, VALIDATION_LOSS) for p in points}
+        curves = {" ".join(p.overrides): _curve(p, names.LOSS) for p in points}
+        held_out = {" ".join(p.overrides): _curve(p, names.VALIDATION_LOSS) for p in points}
         passed = _report(curves, held_out, cfg.parity.rtol, job_dir)
         if sweep.parent:
             for name in ("loss_parity.md", "loss_parity.png"):

@@ -21,7 +21,8 @@ from titan_exp.data.files import FilesSource, TooFewTokensError
 from titan_exp.data.tokenizer import load_tokenizer
 from titan_exp.estimate.workload import model_parameters
 from titan_exp.job.memory import Budget, check_memory_fit
-from titan_exp.models.llama3.hf_format import check_hf_checkpoint
+from titan_exp.models.hf import check_hf_checkpoint
+from titan_exp.models.registry import config_from_hf, family_of
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import Store
 from titan_exp.tracking.store import is_store_busy, server_answers
@@ -146,13 +147,23 @@ def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:
             "raise training.steps or point checkpoint.folder elsewhere",
         )
     if c.initial_load_in_hf:
-        check_hf_checkpoint(cfg.model, c.initial_load_path, "checkpoint.initial_load_path")
+        _hf_checkpoint(cfg, c.initial_load_path, "checkpoint.initial_load_path")
     elif c.initial_load_path is not None and not (Path(c.initial_load_path) / ".metadata").is_file():
         raise ConfigError(
             "checkpoint.initial_load_path",
             c.initial_load_path,
             "not a checkpoint folder (no .metadata); point it at a step-N folder, e.g. a seed checkpoint's step-0",
         )
+
+
+def _hf_checkpoint(cfg: JobConfig, folder: str, key: str) -> None:
+    """A Hugging Face folder of the job's model: its family's, the same shape, every tensor there."""
+    theirs = config_from_hf(folder, key)
+    if theirs.name != cfg.model.name:
+        raise ConfigError(
+            key, folder, f"holds a {theirs.name} model, not {cfg.model.name}; add model=hf model.hf_path={folder}"
+        )
+    check_hf_checkpoint(cfg.model, theirs, family_of(cfg.model).hf, folder, key)
 
 
 def _room_for_a_checkpoint(cfg: JobConfig, resumes_at: int | None) -> None:

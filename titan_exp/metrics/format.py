@@ -1,21 +1,21 @@
 """How metrics read on the console: one line per logged step, one line of name=value facts."""
 
-from titan_exp.models.moe.config import LOAD_IMBALANCE_KEY
+from titan_exp import metric_names as names
 
 
 def format_line(step: int, metrics: dict[str, float]) -> str:
     mem = (
-        f"mem(active) {metrics['memory/max_active_gib']:.2f}GiB"
-        if "memory/max_active_gib" in metrics
-        else f"mem(cpu rss peak) {metrics['memory/cpu_rss_peak_gib']:.2f}GiB"
+        f"mem(active) {metrics[names.MAX_ACTIVE_GIB]:.2f}GiB"
+        if names.MAX_ACTIVE_GIB in metrics
+        else f"mem(cpu rss peak) {metrics[names.CPU_RSS_PEAK_GIB]:.2f}GiB"
     )
-    mfu = f"mfu {metrics['throughput/mfu_pct']:.2f}%" if "throughput/mfu_pct" in metrics else "mfu n/a"
+    mfu = f"mfu {metrics[names.MFU]:.2f}%" if names.MFU in metrics else "mfu n/a"
     return (
-        f"step {step:5d}  loss {metrics['loss/global_avg']:7.4f}  grad_norm {metrics['grad_norm']:7.4f}  "
-        f"lr {metrics['lr']:.2e}  tps/dev {metrics['throughput/tps_per_device']:,.0f}  "
-        f"tflops {metrics['throughput/tflops']:.3f}  {mfu}  {mem}  "
-        f"step {metrics['time/step_s']:.3f}s  data {metrics['time/data_loading_pct']:.1f}%"
-        + (f"  experts max/mean {metrics[LOAD_IMBALANCE_KEY]:.2f}" if LOAD_IMBALANCE_KEY in metrics else "")
+        f"step {step:5d}  loss {metrics[names.LOSS]:7.4f}  grad_norm {metrics[names.GRAD_NORM]:7.4f}  "
+        f"lr {metrics[names.LR]:.2e}  tps/dev {metrics[names.TPS]:,.0f}  "
+        f"tflops {metrics[names.TFLOPS]:.3f}  {mfu}  {mem}  "
+        f"step {metrics[names.STEP_SECONDS]:.3f}s  data {metrics[names.DATA_PCT]:.1f}%"
+        + (f"  experts max/mean {metrics[names.LOAD_IMBALANCE]:.2f}" if names.LOAD_IMBALANCE in metrics else "")
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from titan_exp import metric_names as names
 from titan_exp.units import GIB
 
 
@@ -37,14 +38,14 @@ class MemoryMonitor:
             stats = torch.cuda.memory_stats(self.device)
             active, reserved = stats["active_bytes.all.peak"], stats["reserved_bytes.all.peak"]
             return {
-                "memory/max_active_gib": active / GIB,
-                "memory/max_active_pct": 100 * active / self.capacity,
-                "memory/max_reserved_gib": reserved / GIB,
-                "memory/max_reserved_pct": 100 * reserved / self.capacity,
-                "memory/num_alloc_retries": stats.get("num_alloc_retries", 0),
+                names.MAX_ACTIVE_GIB: active / GIB,
+                names.MAX_ACTIVE_PCT: 100 * active / self.capacity,
+                names.MAX_RESERVED_GIB: reserved / GIB,
+                names.MAX_RESERVED_PCT: 100 * reserved / self.capacity,
+                names.ALLOC_RETRIES: stats.get("num_alloc_retries", 0),
             }
         rss = _vm_hwm_bytes()
-        return {"memory/cpu_rss_peak_gib": rss / GIB, "memory/cpu_rss_peak_pct": 100 * rss / self.capacity}
+        return {names.CPU_RSS_PEAK_GIB: rss / GIB, names.CPU_RSS_PEAK_PCT: 100 * rss / self.capacity}
 
 
 def _vm_hwm_bytes() -> int:

@@ -4,6 +4,7 @@ import time
 
 import torch
 
+from titan_exp import metric_names as names
 from titan_exp.metrics.memory import MemoryMonitor
 
 
@@ -51,24 +52,24 @@ class ThroughputMeter:
         now = time.perf_counter()
         tps = self._tps(self.interval_tokens, now - self.interval_start)
         metrics = {
-            "throughput/tps_per_device": tps,
-            "throughput/tflops": self.flops_per_token * tps / 1e12,
-            "time/step_s": (now - self.interval_start) / self.interval_steps,
-            "time/data_loading_s": self.data_seconds / self.interval_steps,
-            "time/data_loading_pct": 100 * self.data_seconds / (now - self.interval_start),
-            "tokens_seen": self.tokens_seen,
+            names.TPS: tps,
+            names.TFLOPS: self.flops_per_token * tps / 1e12,
+            names.STEP_SECONDS: (now - self.interval_start) / self.interval_steps,
+            names.DATA_SECONDS: self.data_seconds / self.interval_steps,
+            names.DATA_PCT: 100 * self.data_seconds / (now - self.interval_start),
+            names.TOKENS_SEEN: self.tokens_seen,
             **self.memory.peak(),
         }
         if self.peak_flops:
-            metrics["throughput/mfu_pct"] = self._mfu(tps)
+            metrics[names.MFU] = self._mfu(tps)
         if self._steady_start is None:
             self._steady_start = (now, self.tokens_seen)
         else:
             start, tokens_before = self._steady_start
             mean_tps = self._tps(self.tokens_seen - tokens_before, now - start)
-            metrics["throughput/tps_per_device_mean"] = mean_tps
+            metrics[names.TPS_MEAN] = mean_tps
             if self.peak_flops:
-                metrics["throughput/mfu_pct_mean"] = self._mfu(mean_tps)
+                metrics[names.MFU_MEAN] = self._mfu(mean_tps)
         self._reset()
         return metrics
 

@@ -1,13 +1,14 @@
-"""The model's hyper-parameters: the `model` config group is read into this. One decoder-only
-transformer with the choices its families make: Llama 3 (GQA, SwiGLU), Qwen3 (q/k norms, wider
-heads, mixture-of-experts layers: `model.moe`), DeepSeek-V3 (latent attention: `model.mla`, YaRN,
-MoE layers after dense ones, shared experts, grouped sigmoid routing)."""
+"""The `model` section every family builds on: the shape of a decoder-only transformer (embeddings,
+blocks of attention and a SwiGLU or mixture-of-experts feed-forward, a norm and the output head),
+its rotary embedding and its experts (`model.moe`). A family's folder (models/<family>/) adds its
+own keys in a subclass and overrides what the planner reads of its attention (the figures below);
+each option of the `model` group names its family's section as its schema (models/registry.py).
+Torch-free: the launching process and the planner read it."""
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from titan_exp.models.deepseek_v3.config import MLAConfig
-from titan_exp.models.moe.config import MoEConfig
+from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.rules import ConfigError, Section, check_positive, label, one_of
 
 # Fields that must be finite and > 0.
@@ -29,7 +30,7 @@ _POSITIVE = (
 @dataclass
 class ModelConfig(Section):
     # Labels of the model option (conf/model/<name>_<flavor>.yaml), in run names and tables; the
-    # name is the family (llama3, qwen3, hf).
+    # name is the family (models/registry.py), or hf until the folder's config.json says which.
     name: str = label("llama3", chosen_by="model=<option>")
     flavor: str = label("debug", chosen_by="model=<option>")
     dim: int = 256
@@ -39,8 +40,6 @@ class ModelConfig(Section):
     n_kv_heads: Optional[int] = 4
     # Each head's width; None: dim / n_heads (Llama 3). Qwen3's heads are 128 wide at every size.
     attention_head_dim: Optional[int] = None
-    # An RMSNorm over each head's q and k before the rotary embedding (Qwen3).
-    qk_norm: bool = False
     vocab_size: int = 2048
     # SwiGLU hidden size = multiple_of-rounded(ffn_dim_multiplier * 8/3 * dim), as in Meta's reference code.
     multiple_of: int = 256
@@ -63,7 +62,6 @@ class ModelConfig(Section):
     # model=hf: a Hugging Face model folder whose config.json gives every field above (config/resolve.py).
     hf_path: Optional[str] = None
     moe: MoEConfig = field(default_factory=MoEConfig)
-    mla: MLAConfig = field(default_factory=MLAConfig)
 
     def check(self, key: str) -> None:
         """Shapes that would fail inside the ranks, or silently build a different model (an attention
@@ -72,7 +70,6 @@ class ModelConfig(Section):
             check_positive(f"{key}.{name}", getattr(self, name))
         super().check(key)
         self.moe.check(f"{key}.moe")
-        self.mla.check(f"{key}.mla")
         if self.moe.enabled and self.moe.n_dense_layers >= self.n_layers:
             raise ConfigError(
                 f"{key}.moe.n_dense_layers", self.moe.n_dense_layers, f"leaves none of the {self.n_layers} layers MoE"
@@ -85,10 +82,9 @@ class ModelConfig(Section):
                 f"{key}.n_heads", self.n_heads, f"must divide model dim={self.dim} (each head takes dim / n_heads)"
             )
         if self.rope_dim % 2:
+            name, value = self.rope_dim_set_by
             raise ConfigError(
-                f"{key}.mla.qk_rope_head_dim" if self.mla.enabled else f"{key}.n_heads",
-                self.mla.qk_rope_head_dim if self.mla.enabled else self.n_heads,
-                f"leaves an odd rotary dim {self.rope_dim}; rotary embeddings need it even",
+                f"{key}.{name}", value, f"leaves an odd rotary dim {self.rope_dim}; rotary embeddings need it even"
             )
         if self.n_kv_heads is not None and (self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads):
             raise ConfigError(
@@ -115,13 +111,38 @@ class ModelConfig(Section):
     @property
     def rope_dim(self) -> int:
         """The channels of each head the rotary embedding turns."""
-        return self.mla.qk_rope_head_dim if self.mla.enabled else self.head_dim
+        return self.head_dim
+
+    @property
+    def rope_dim_set_by(self) -> tuple[str, object]:
+        """The key (under `model.`) and value that set rope_dim, for a refusal."""
+        return ("attention_head_dim", self.attention_head_dim) if self.attention_head_dim else ("n_heads", self.n_heads)
+
+    # What the planner reads of a family's attention (estimate/, metrics/flops.py): grouped-query
+    # attention's figures here; a family whose attention differs overrides them in its section.
 
     @property
     def attention_flops_dim(self) -> float:
-        """Each head's width in attention's two matmuls, on average (q·k, then the values): latent
-        attention's differ."""
-        return (self.mla.qk_head_dim + self.mla.v_head_dim) / 2 if self.mla.enabled else self.head_dim
+        """Each head's width in attention's two matmuls, on average (q·k, then the values)."""
+        return self.head_dim
+
+    def attention_parameters(self) -> int:
+        """One layer's attention weights: q and the output projection over n_heads × head_dim, k
+        and v over kv_heads × head_dim."""
+        return 2 * self.dim * self.n_heads * self.head_dim + 2 * self.dim * self.kv_heads * self.head_dim
+
+    def attention_kept_per_token(self, norm_kept: int, cpu: bool, seq_len: int) -> tuple[float, float]:
+        """(elements per token attention keeps for its backward whole on every tp rank, and split
+        over the heads): q, k and v as attention takes them (k and v repeated to every head), its
+        output, and on a GPU the contiguous copy wo reads (the CPU's flash kernel writes that
+        layout). `norm_kept`: what an RMSNorm keeps per element of its input (1 fused, 2 composed
+        of pointwise ops on a CPU); `seq_len`: the keys each query attends to."""
+        return 0.0, (3 + output_copies(cpu)) * self.n_heads * self.head_dim
+
+    def whole_under_tensor_parallel_parameters(self) -> int:
+        """One layer's weights that tensor parallelism leaves whole on every tp rank, whose
+        matmuls each rank then runs over the gathered sequence (grouped-query attention: none)."""
+        return 0
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe.enabled and layer >= self.moe.n_dense_layers
@@ -146,3 +167,9 @@ class ModelConfig(Section):
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+
+def output_copies(cpu: bool) -> int:
+    """Copies of attention's output kept for backward: SDPA's, and on a GPU the contiguous one wo
+    reads (the CPU's flash kernel writes that layout)."""
+    return 1 if cpu else 2

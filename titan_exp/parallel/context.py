@@ -113,7 +113,7 @@ class AllGatherContextParallel:
             # The rotary table holds this rank's positions, in the order its tokens come.
             part.freqs_cis = part.freqs_cis[self.positions.to(part.freqs_cis.device)].clone()
             for module in part.modules():
-                if hasattr(module, "attend"):  # the model's attention layers (models/llama3/model.py)
+                if hasattr(module, "attend"):  # the attention layers (models/common/transformer.py)
                     module.attend = attention
 
     def shard(self, batch: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ against 14 ms). Here every rank sends each peer its chunk directly, all sends an
 On CPU FSDP2 has no side streams, so a collective it waits for is a point where the two ranks
 sharing the cores must meet, and the one ahead idles. These collectives need not be waited for:
 - the all-gather returns a `dist.Work` when FSDP2 asks for an asynchronous unshard
-  (`parallelize.py` asks for one and prefetches the next block's parameters in forward), so a block
+  (`data_parallel.py` asks for one and prefetches the next block's parameters in forward), so a block
   computes while the next one's parameters arrive;
 - the reduce-scatter, during backward, leaves its sums to be finished when the next one is posted
   and at the end of backward (an autograd final callback), so a rank goes on to the next block's

@@ -99,6 +99,16 @@ class ParallelMesh:
         return None if submesh is None else submesh.get_group()
 
     @property
+    def tp_mesh(self) -> DeviceMesh | None:
+        """The mesh tensor parallelism splits the model over (None without it)."""
+        return self.mesh["tp"] if self.dims.tp > 1 else None
+
+    @property
+    def experts_split_by_tp(self) -> bool:
+        """Whether TP splits each expert's hidden dim (ParallelDims.experts_tp)."""
+        return self.dims.experts_tp > 1
+
+    @property
     def token_group(self) -> dist.ProcessGroup | None:
         """The ranks that run the same layers on different tokens (every rank but the pipeline's)."""
         return self._group("tokens")
@@ -115,7 +125,7 @@ class ParallelMesh:
         parts = []
         if self.dims.ep > 1:
             parts.append(self.ep_mesh)
-        if self.dims.experts_tp > 1:
+        if self.experts_split_by_tp:
             parts.append(self.mesh["tp"])
         if len(parts) == 2:  # as FSDP2 builds its HSDP mesh
             return DeviceMesh._concatenate(parts)

@@ -2,8 +2,8 @@
 per device and MFU before spending GPU-hours on it; with comma lists (`-m` optional), a grid ranked
 best first, written as Markdown, CSV and HTML and recorded in MLflow as prediction runs.
 
-python -m titan_exp plan model=llama3_8b hardware=h100 launcher.nproc_per_node=8
-python -m titan_exp plan -m model=llama3_70b hardware=h100 launcher.nproc_per_node=8 launcher.nodes=32 \\
+python -m titan_exp plan model=MODEL hardware=h100 launcher.nproc_per_node=8
+python -m titan_exp plan -m model=MODEL hardware=h100 launcher.nproc_per_node=8 launcher.nodes=32 \\
     parallelism=fsdp_tp parallelism.tensor_parallel_degree=2,4,8 activation_checkpoint.mode=none,full
 
 Configs are checked as a training run's are (the world spelled out; nothing is placed). On the `cpu`

@@ -3,9 +3,10 @@ pre-flight check does not):
 
 - the `cpu` device profile: matmul peak at a rank's thread count, memory bandwidth, gloo's
   per-call cost and bandwidth between two rank processes; cached under outputs/cache;
-- a rank's compute at its real shapes: one transformer layer of the model (with the run's
-  activation checkpointing and float8 conversion) forward and backward on the rank's tokens, the
-  output head and loss, and the optimizer step, timed here (on CPU ranks this *is* the device).
+- a rank's compute at its real shapes: one transformer layer of the model, built as training
+  builds it (train/model_parts.py: float8 conversion, TP's code path, activation checkpointing),
+  forward and backward on the rank's tokens, the output head and loss, and the training step's
+  optimizer update, timed here (on CPU ranks this *is* the device).
 """
 
 import contextlib
@@ -20,25 +21,23 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor.parallel import loss_parallel
 
 from launchers.devices import available_memory
-from titan_exp.config.job import ResolvedJob
+from titan_exp.config.job import ResolvedJob, changed_config
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.memory import RankMemory, pipeline_chunks_in_flight
 from titan_exp.estimate.step_time import ComputeTimes
 from titan_exp.estimate.workload import DTYPE_BYTES, whole_under_tensor_parallel
 from titan_exp.metrics.peak_flops import cached, cpu_name, cpu_peak_flops
-from titan_exp.models.llama3.model import Transformer
-from titan_exp.models.llama3.parallelize import apply_tensor_parallel
-from titan_exp.optim.optimizer import build_optimizer
-from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
+from titan_exp.optim.optimizer import Optimizers
 from titan_exp.parallel.dims import ParallelDims
+from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.parallel.stages import StagePlan
-from titan_exp.quantize.float8 import convert_linears
 from titan_exp.train.loss import cross_entropy_loss
+from titan_exp.train.model_parts import build_model_parts, materialize
 from titan_exp.units import GIB
 
 _GLOO_SIZES = (1024, 2 * 1024**2, 8 * 1024**2, 32 * 1024**2)
@@ -178,30 +177,57 @@ def _one_rank_world():
         dist.destroy_process_group()
 
 
+_ONE_RANK = ParallelDims(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1)
+
+
+class _OneRankTensorParallel(ParallelMesh):
+    """This process as a tp rank whose only peer is itself: the layout's TP code path (DTensor's
+    dispatch; where TP splits the experts, their gather and reduce) with no communication."""
+
+    def __init__(self, experts_split: bool):
+        super().__init__(_ONE_RANK, "cpu")
+        self._tp_mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        self._experts_split = experts_split
+
+    @property
+    def tp_mesh(self) -> DeviceMesh:
+        return self._tp_mesh
+
+    @property
+    def experts_split_by_tp(self) -> bool:
+        return self._experts_split
+
+
 def _timed_parts(
     cfg: JobConfig, tokens: tuple[int, int], local_params: float, tensor_parallel: bool, experts_split: bool = False
 ) -> tuple[float, float, float]:
-    """Seconds of (one layer's forward + backward, the head's with the loss, the optimizer step); a
-    model with dense layers before its MoE ones (DeepSeek-V3) times one of each, and a layer's
-    seconds are their mean over the model's layers."""
+    """Seconds of (one layer's forward + backward, the head's with the loss, the optimizer step) of
+    a model of one or two layers built as training builds it; a model with dense layers before its
+    MoE ones (DeepSeek-V3) times one of each, and a layer's seconds are their mean over the model's
+    layers."""
     m = cfg.model
     dense = m.n_layers - m.num_moe_layers
     mixed = 0 < dense < m.n_layers  # a MoE model with dense layers first
     # Layer 0 as the model's first; where the model mixes kinds, layer 1 a MoE one.
     shares = {0: dense / m.n_layers, 1: m.num_moe_layers / m.n_layers} if mixed else {0: 1.0}
     moe = dataclasses.replace(m.moe, n_dense_layers=1) if mixed else m.moe
-    shape = dataclasses.replace(m, n_layers=len(shares), moe=moe, max_seq_len=max(m.max_seq_len, tokens[1]))
-    model = Transformer(shape)
-    convert_linears(model, cfg.quantize, torch.device("cpu"))
-    if tensor_parallel:
-        tp_mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
-        apply_tensor_parallel(model, tp_mesh, experts_split=experts_split)
-    apply_activation_checkpointing(model.layers, cfg.activation_checkpoint)
+    # Eager: compiling a block here would cost more than the plan it informs.
+    small = changed_config(
+        cfg,
+        model={"n_layers": len(shares), "moe": moe, "max_seq_len": max(m.max_seq_len, tokens[1])},
+        compile={"enable": False},
+        checkpoint={"initial_load_path": None, "initial_load_in_hf": False},
+    )
+    mesh = _OneRankTensorParallel(experts_split) if tensor_parallel else ParallelMesh(_ONE_RANK, "cpu")
+    parts = build_model_parts(small, mesh, torch.device("cpu"))
+    materialize(parts, small, torch.device("cpu"))
+    [model] = parts.parts
+    # The weights in the compute dtype, as FSDP's mixed precision gathers them.
     dtype = getattr(torch, cfg.training.mixed_precision_param)
     for param in model.parameters():
         param.data = param.data.to(dtype)
-    inputs = torch.randint(cfg.model.vocab_size, tokens)
-    hidden = torch.randn(*tokens, cfg.model.dim, dtype=dtype, requires_grad=True)
+    inputs = torch.randint(m.vocab_size, tokens)
+    hidden = torch.randn(*tokens, m.dim, dtype=dtype, requires_grad=True)
     freqs = model.freqs_cis[: tokens[1]]
 
     def head_step() -> None:
@@ -210,10 +236,16 @@ def _timed_parts(
 
     optimizer_seconds = 0.0
     if not tensor_parallel:  # the step over local shards: the same with or without DTensor
-        optimizer = build_optimizer(model.parameters(), cfg.optimizer)
-        for param in model.parameters():
-            param.grad = torch.zeros_like(param)
-        optimizer_seconds = _timed(optimizer.step) * local_params / model.num_params()
+        optimizers = Optimizers.build(parts.parts, small.optimizer, small.lr_scheduler, small.training.steps)
+        params = parts.parameters
+        grads = [torch.zeros_like(param) for param in params]
+
+        def update() -> None:
+            for param, grad in zip(params, grads):
+                param.grad = grad
+            optimizers.step()
+
+        optimizer_seconds = _timed(update) * local_params / model.num_params()
 
     def layer_step(index: int) -> None:
         model.layers[str(index)](hidden, freqs).sum().backward()

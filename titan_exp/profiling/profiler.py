@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity
 
-from titan_exp.models.moe.dispatch import ALL_TO_ALL_RANGE
+from titan_exp import metric_names as names
+from titan_exp.models.common.moe.dispatch import ALL_TO_ALL_RANGE
 from titan_exp.profiling.config import ProfilingConfig
 from titan_exp.profiling.report import MemoryAudit, write_audit_html
 
@@ -132,7 +133,7 @@ class RankProfiler:
         if not events:
             return {}
         micros = events[0].device_time_total if self._cuda else events[0].cpu_time_total
-        return {"moe/all_to_all_ms_per_step": micros / 1000 / self.cfg.profiler_active}
+        return {names.ALL_TO_ALL_MS: micros / 1000 / self.cfg.profiler_active}
 
     def _write_audit(self, audit: "TimelineTracker", step: int) -> None:
         from titan_exp.profiling.memory_audit import module_rows, total_bytes

@@ -59,7 +59,7 @@ class TrackingConfig(Section):
     uri: str = "sqlite:///outputs/mlflow.db"
     # The MLflow experiment the runs go to.
     experiment: str = "titan_exp"
-    # None: derived from the model and the layout, e.g. llama3_8b·fsdp8·tp2·float8.
+    # None: derived from the model and the layout, e.g. <model>_8b·fsdp8·tp2·float8.
     run_name: Optional[str] = None
     # Make this job's run a child of that run. A Hydra multirun sets it to the sweep's parent run;
     # set it yourself to group jobs started separately (e.g. one sbatch per point).

@@ -14,9 +14,9 @@ COMM_MODE=local_tensor: every TP rank's numbers in this one process (torch's Loc
 """
 
 import contextlib
-import dataclasses
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -29,18 +29,16 @@ from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from titan_exp import metric_names as names
 from titan_exp.config.job import ResolvedJob
-from titan_exp.config.schema import JobConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.metrics.format import format_summary
-from titan_exp.models.llama3.model import Transformer
-from titan_exp.optim.grad_clip import clip_grad_norm_
-from titan_exp.optim.lr_schedule import build_lr_scheduler
-from titan_exp.optim.optimizer import build_optimizer
-from titan_exp.parallel.context import AllGatherContextParallel
+from titan_exp.models.registry import build_model
+from titan_exp.optim.optimizer import Optimizers
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.train.loss import cross_entropy_loss
 from titan_exp.train.model_parts import ModelParts, build_model_parts
+from titan_exp.train.step import ForwardBackward, TrainStep
 from titan_exp.units import GIB
 
 CPU = torch.device("cpu")
@@ -64,22 +62,87 @@ def _fake_world(world_size: int):
         _clear_sharding_prop_cache()
 
 
+class RandomTokens:
+    """Tokens drawn uniformly from the model's vocabulary: a dry run needs shapes, not text."""
+
+    def __init__(self, vocab_size: int, seq_len: int, seed: int):
+        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+
+    def samples(self, ids: np.ndarray) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed + int(ids[0]))
+        return torch.randint(self.vocab_size, (len(ids), self.seq_len + 1), generator=generator)
+
+
+def _for_loop_optimizer(job: ResolvedJob) -> ResolvedJob:
+    """The job with AdamW as a for-loop: foreach over-reports optimizer state under fake tensors."""
+    return job.replaced(optimizer={"implementation": "for-loop"})
+
+
+class StagesOnce:
+    """Under pipelining, what a dry run's step runs for forward and backward in place of the
+    schedule (torch's schedules vote with their peers before the first step, which the fake group
+    cannot answer): rank 0's stages one after another, each once on one microbatch, fed hidden
+    states where an earlier stage would have sent them. The memory model multiplies the activations
+    by the microbatches a schedule keeps in flight (estimate/memory.py)."""
+
+    def __init__(self, job: ResolvedJob, model: ModelParts, source: RandomTokens):
+        self.job, self.model, self.source = job, model, source
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, float]:
+        cfg, dims = self.job.config, self.job.dims
+        batch = cfg.parallelism.pipeline_parallel_microbatch_size
+        tokens = self.source.samples(np.arange(batch))[:, :-1]
+        last_stage, loss = self.model.stage_plan.num_stages - 1, torch.zeros(())
+        for stage, part in zip(self.model.stage_ids, self.model.parts):
+            # Hidden states arrive sequence-sharded under tensor (sequence) parallelism.
+            x = (
+                tokens
+                if stage == 0
+                else torch.randn(batch, tokens.shape[1] // dims.tp, cfg.model.dim, requires_grad=True)
+            )
+            out = part(x)
+            if stage == last_stage:
+                with loss_parallel() if dims.tp > 1 else contextlib.nullcontext():
+                    loss = cross_entropy_loss(out, tokens)
+                    loss.backward()
+            else:
+                out.backward(torch.ones_like(out))
+        return loss.detach(), 0.0
+
+
+def dry_run_step(job: ResolvedJob, mesh: ParallelMesh, model: ModelParts) -> TrainStep:
+    """The training step (train/step.py) of rank 0's parts on random tokens, for fake tensors.
+    Context parallelism gathers K and V (torch's ring attention cannot run on the fake group)."""
+    job = job.replaced(parallelism={"context_parallel_impl": "allgather"})
+    cfg, dims = job.config, job.dims
+    t = cfg.training
+    source = RandomTokens(cfg.model.vocab_size, t.seq_len, cfg.debug.seed)
+    if dims.pp > 1:
+        forward_backward = StagesOnce(job, model, source)
+    else:
+        plan = BatchPlan(t.local_batch_size, t.seq_len, dims.dp, mesh.dp_rank, job.accumulation)
+        forward_backward = ForwardBackward(job, model.parts, None, mesh, BatchLoader(source, plan), CPU)
+    optimizers = Optimizers.build(model.parts, cfg.optimizer, cfg.lr_scheduler, t.steps)
+    return TrainStep(job, model, mesh, forward_backward, optimizers)
+
+
 def fake_backend_dry_run(job: ResolvedJob) -> dict[str, float]:
     start = time.perf_counter()
+    job = _for_loop_optimizer(job)
     cfg, dims, world_size = job.config, job.dims, job.dims.world_size
     with _fake_world(world_size):
         mesh = ParallelMesh(dims, "cpu")  # outside the fake mode: DeviceMesh needs real tensors
         model = build_model_parts(cfg, mesh, CPU)
-        params = model.parameters
-        local_params = sum(_local_numel(p) for p in params)
+        local_params = sum(_local_numel(p) for p in model.parameters)
         with FakeTensorMode(allow_non_fake_inputs=True):
             for part in model.parts:
                 part.to_empty(device="cpu")
-            # foreach=True over-reports optimizer state under fake tensors; for-loop AdamW is exact.
-            optimizer = torch.optim.AdamW(params, lr=cfg.optimizer.lr, foreach=False)
-            peak = _tracked_forward_backward(cfg, mesh, model, optimizer)
-            optimizer.step()  # validates the update's shapes; its state is counted below
-            optimizer.zero_grad()
+            step = dry_run_step(job, mesh, model)
+            tracker = _memory_tracker(model, step.optimizers)
+            with tracker:
+                loss, _ = step.forward_backward(1)
+            step.update(1, loss)  # validates the update's shapes; its state is counted below
+    peak = _peak_by_category(tracker)
     # AdamW keeps two fp32 moments per parameter. Counted from the shards rather than tracked: the
     # tracker over-reports optimizer state under fake tensors.
     optimizer_bytes = 2 * 4 * local_params
@@ -97,38 +160,20 @@ def fake_backend_dry_run(job: ResolvedJob) -> dict[str, float]:
     }
 
 
-def _tracked_forward_backward(cfg: JobConfig, mesh: ParallelMesh, model: ModelParts, optimizer) -> dict[str, int]:
-    """Peak bytes by category (params, grads, activations, …) over one forward and backward. Under
-    context parallelism rank 0 holds its slice of the sequence and gathers K and V in every attention
-    layer (the all-gather attention: torch's ring attention cannot run on the fake process group)."""
-    t, dims = cfg.training, mesh.dims
-    batch = t.local_batch_size if dims.pp == 1 else cfg.parallelism.pipeline_parallel_microbatch_size
+def _memory_tracker(model: ModelParts, optimizers: Optimizers) -> MemTracker:
+    """torch's tracker of rank 0's memory by category (params, grads, activations, ...)."""
     parts = model.parts
     if len(parts) == 1 and isinstance(parts[0], FSDPModule):
-        tracker = FSDPMemTracker(parts[0], optimizer)
-    else:
-        tracker = MemTracker()
-        tracker.track_external(*parts, optimizer)
-    tokens = torch.randint(cfg.model.vocab_size, (batch, t.seq_len))
-    if dims.cp > 1:
-        tokens = AllGatherContextParallel(parts, mesh["cp"], t.seq_len).shard(tokens)
-    last_stage = model.stage_plan.num_stages - 1
-    with tracker:
-        for stage, part in zip(model.stage_ids, parts):
-            if stage == 0:
-                x = tokens
-            else:
-                # Hidden states arrive sequence-sharded under tensor (sequence) parallelism.
-                x = torch.randn(batch, tokens.shape[1] // dims.tp, cfg.model.dim, requires_grad=True)
-            out = part(x)
-            if stage == last_stage:
-                with loss_parallel() if dims.tp > 1 else contextlib.nullcontext():
-                    cross_entropy_loss(out, tokens).backward()
-            else:
-                out.backward(torch.ones_like(out))
-    snapshot = tracker.get_tracker_snapshot("peak")
+        return FSDPMemTracker(parts[0], optimizers.optimizers[0])
+    tracker = MemTracker()
+    tracker.track_external(*parts, *optimizers.optimizers)
+    return tracker
+
+
+def _peak_by_category(tracker: MemTracker) -> dict[str, int]:
+    """The tracked peak bytes by category, summed over devices."""
     device_peak: dict[str, int] = {}
-    for per_device in snapshot.values():
+    for per_device in tracker.get_tracker_snapshot("peak").values():
         for category, value in per_device.items():
             name = getattr(category, "value", str(category)).replace(" ", "_")
             device_peak[name] = device_peak.get(name, 0) + value
@@ -137,40 +182,36 @@ def _tracked_forward_backward(cfg: JobConfig, mesh: ParallelMesh, model: ModelPa
 
 def local_tensor_run(job: ResolvedJob) -> list[list[float]]:
     """COMM_MODE=local_tensor, for the layouts it supports (tensor parallelism; config/check.py
-    refuses the rest): trains training.steps steps and returns, per step, each rank's loss (they
-    must agree: the loss is replicated)."""
+    refuses the rest): trains training.steps steps of the training step (train/step.py) and returns,
+    per step, each rank's loss (they must agree: the loss is replicated)."""
+    job = _for_loop_optimizer(job)
     cfg, dims, world_size = job.config, job.dims, job.dims.world_size
     t = cfg.training
     # Weights drawn in full outside the mode (seeded init is data-dependent, which LocalTensorMode
     # cannot trace), then sliced per rank inside it, exactly as init_weights does on real ranks.
-    full = Transformer(cfg.model)
+    full = build_model(cfg.model)
     full.init_weights(cfg.debug.seed)
     loader = BatchLoader(
         build_source(cfg.data, t.seq_len, cfg.debug.seed), BatchPlan(t.local_batch_size, t.seq_len, 1, 0, 1)
     )
     losses = []
     with _fake_world(world_size), LocalTensorMode(world_size):
-        [model] = build_model_parts(cfg, ParallelMesh(dims, "cpu"), CPU).parts
-        model.to_empty(device="cpu")
-        model.freqs_cis = full.freqs_cis.clone()
+        mesh = ParallelMesh(dims, "cpu")
+        model = build_model_parts(cfg, mesh, CPU)
+        [part] = model.parts
+        part.to_empty(device="cpu")
+        part.freqs_cis = full.freqs_cis.clone()
         with torch.no_grad():
-            for param, reference in zip(model.parameters(), full.parameters()):
+            for param, reference in zip(part.parameters(), full.parameters()):
                 param.copy_(
                     distribute_tensor(reference.detach(), param.device_mesh, param.placements, src_data_rank=None)
                 )
-        optimizer = build_optimizer(model.parameters(), dataclasses.replace(cfg.optimizer, implementation="for-loop"))
-        scheduler = build_lr_scheduler(optimizer, t.steps, cfg.lr_scheduler)
-        for step in range(1, t.steps + 1):
-            inputs, labels = loader.get(step - 1, 0)
-            with loss_parallel() if dims.tp > 1 else contextlib.nullcontext():
-                loss = cross_entropy_loss(model(inputs), labels)
-                loss.backward()
-            clip_grad_norm_(list(model.parameters()), t.max_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            values = _per_rank(loss.detach(), world_size)
-            print(f"step {step:5d}  loss per rank " + "  ".join(f"{v:.6f}" for v in values), flush=True)
+        forward_backward = ForwardBackward(job, model.parts, None, mesh, loader, CPU)
+        optimizers = Optimizers.build(model.parts, cfg.optimizer, cfg.lr_scheduler, t.steps)
+        step = TrainStep(job, model, mesh, forward_backward, optimizers)
+        for index in range(1, t.steps + 1):
+            values = _per_rank(step(index).loss, world_size)
+            print(f"step {index:5d}  loss per rank " + "  ".join(f"{v:.6f}" for v in values), flush=True)
             losses.append(values)
     return losses
 
@@ -185,7 +226,7 @@ def run(job: ResolvedJob) -> dict[str, object]:
     losses = local_tensor_run(job)
     if any(max(step) - min(step) > 1e-6 * abs(step[0]) for step in losses):
         raise RuntimeError("ranks disagree on the loss under local_tensor: the layout is not replicating it")
-    return {"loss/global_avg": losses[-1][0]}
+    return {names.LOSS: losses[-1][0]}
 
 
 def _per_rank(loss: torch.Tensor, world_size: int) -> list[float]:

@@ -1,14 +1,18 @@
-"""Rank 0's part of training: the job's facts, throughput and MFU, the console and the MLflow run."""
+"""Rank 0's part of training: the job's facts, throughput and MFU, the console and the MLflow run.
+The other ranks hold a Follower, which says and records nothing, so the trainer never asks which
+rank it is."""
 
 import json
 import os
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from titan_exp.config.check import unread_keys
-from titan_exp.config.sections import VALIDATION_LOSS
+from titan_exp import metric_names as names
+from titan_exp.config.job import ResolvedJob
 from titan_exp.metrics import startup
+from titan_exp.metrics.expert_load import EXPERT_LOAD_ARTIFACT, plot_expert_load
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.metrics.format import format_line, format_summary
 from titan_exp.metrics.throughput import ThroughputMeter
@@ -19,12 +23,59 @@ from titan_exp.train.step import StepOutcome
 # The run's artifact that gives the host at each position of the mesh (ParallelMesh.host_grid).
 MESH_HOSTS_ARTIFACT = "mesh_hosts.json"
 
-if TYPE_CHECKING:  # the trainer builds the leader
-    from titan_exp.train.trainer import Trainer
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the trainer tells the leader once the run is built."""
+
+    job: ResolvedJob
+    # Of the whole model (for FLOPs per token).
+    num_params: int
+    num_embedding_params: int
+    device: torch.device
+    # Each rank's host by global rank (None on one process), the host at each mesh position, and
+    # whether each mesh dim spans hosts (parallel/mesh.py).
+    hosts: list[str] | None
+    host_grid: dict | None
+    dims_across_hosts: dict[str, bool]
 
 
-class Leader:
-    """Rank 0's part: the job's facts, throughput and MFU, the console, the MLflow run."""
+class Follower:
+    """A rank other than 0: takes part in every collective, says and records nothing."""
+
+    is_writer = False
+    last: dict[str, object] = {}
+
+    def say(self, text: str) -> None:
+        pass
+
+    def start(self, facts: RunFacts) -> None:
+        pass
+
+    def count(self, step: int, outcome: StepOutcome, audit_metrics: dict[str, float]) -> None:
+        pass
+
+    def log(self, step: int, outcome: StepOutcome, loss_avg: float, loss_max: float) -> None:
+        pass
+
+    def log_validation(self, step: int, loss: float, seconds: float) -> None:
+        pass
+
+    def report_startup(self, step: int) -> None:
+        pass
+
+    def log_expert_load(self, load: dict[int, list[float]], steps: tuple[int, int], job_dir: Path) -> None:
+        pass
+
+    def log_artifacts(self, folder: Path, artifact_dir: str) -> None:
+        pass
+
+
+class Leader(Follower):
+    """Rank 0: the job's facts, throughput and MFU, the console, the MLflow run (`tracker`, None
+    when tracking is off)."""
+
+    is_writer = True
 
     def __init__(self, tracker: BackgroundTracker | None, peak_flops: float):
         self.tracker, self.peak_flops = tracker, peak_flops
@@ -32,42 +83,44 @@ class Leader:
         self.last: dict[str, object] = {}
         self.tokens_per_step = 0
 
-    def start(self, trainer: "Trainer") -> None:
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    def start(self, facts: RunFacts) -> None:
         """The job's facts, printed and tracked; the meter started."""
-        job, model = trainer.job, trainer.model
+        job = facts.job
         t, dims = job.config.training, job.dims
-        per_token = flops_per_token(job.config.model, model.num_params, model.num_embedding_params, t.seq_len)
-        facts = {
-            "derived/num_params": model.num_params,
+        per_token = flops_per_token(job.config.model, facts.num_params, facts.num_embedding_params, t.seq_len)
+        logged = {
+            "derived/num_params": facts.num_params,
             "derived/flops_per_token": per_token,
             "derived/mesh": dims.describe(),
             "derived/world_size": dims.world_size,
             "derived/peak_flops_per_device": self.peak_flops,
             "derived/global_batch_tokens": t.global_batch_size * t.seq_len,
             "derived/gradient_accumulation_steps": job.accumulation,
-            "derived/device": trainer.device.type,
-            **_placement_facts(trainer.device),
+            "derived/device": facts.device.type,
+            **_placement_facts(facts.device),
         }
-        print(format_summary(facts), flush=True)
-        hosts, grid = trainer.mesh.hosts or [], trainer.mesh.host_grid()
+        print(format_summary(logged), flush=True)
+        hosts = facts.hosts or []
         if len(set(hosts)) > 1:
-            print(f"hosts: {_ranks_by_host(hosts)}; {_spans(trainer.mesh.dims_across_hosts())}", flush=True)
+            print(f"hosts: {_ranks_by_host(hosts)}; {_spans(facts.dims_across_hosts)}", flush=True)
         if self.tracker:
-            unread = ",".join(key for key, _ in unread_keys(job.config, dims))
-            self.tracker.log_params(facts | {UNREAD_KEYS_PARAM: unread})
+            self.tracker.log_params(logged | {UNREAD_KEYS_PARAM: ",".join(job.unread_keys)})
             if hosts:
                 self.tracker.set_tag("hosts", ",".join(dict.fromkeys(hosts)))
-            if grid:  # an artifact: a large job's grid outgrows a param
-                self.tracker.log_text(json.dumps(grid), MESH_HOSTS_ARTIFACT)
+            if facts.host_grid:  # an artifact: a large job's grid outgrows a param
+                self.tracker.log_text(json.dumps(facts.host_grid), MESH_HOSTS_ARTIFACT)
         # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
         mfu_peak = None if job.config.quantize.low_precision else self.peak_flops
-        self.meter = ThroughputMeter(per_token, mfu_peak, dims.non_data_parallel_size, trainer.device)
+        self.meter = ThroughputMeter(per_token, mfu_peak, dims.non_data_parallel_size, facts.device)
         self.tokens_per_step = t.local_batch_size * t.seq_len * job.accumulation
 
-    def count(self, trainer: "Trainer", step: int, outcome: StepOutcome) -> None:
+    def count(self, step: int, outcome: StepOutcome, audit_metrics: dict[str, float]) -> None:
         """The step's tokens and data time into the meter; a memory audit's figures into the run."""
-        if self.tracker and trainer.profiler.audit_metrics:
-            self.tracker.log_metrics(step, trainer.profiler.take_audit_metrics())
+        if self.tracker and audit_metrics:
+            self.tracker.log_metrics(step, audit_metrics)
         self.meter.add_step(self.tokens_per_step, outcome.data_seconds)
 
     def report_startup(self, step: int) -> None:
@@ -81,10 +134,10 @@ class Leader:
 
     def log(self, step: int, outcome: StepOutcome, loss_avg: float, loss_max: float) -> None:
         self.last = {
-            "loss/global_avg": loss_avg,
-            "loss/global_max": loss_max,
-            "grad_norm": outcome.grad_norm.item(),
-            "lr": outcome.lr,
+            names.LOSS: loss_avg,
+            names.LOSS_MAX: loss_max,
+            names.GRAD_NORM: outcome.grad_norm.item(),
+            names.LR: outcome.lr,
             **self.meter.collect(),
             **outcome.expert_load,
         }
@@ -94,10 +147,20 @@ class Leader:
 
     def log_validation(self, step: int, loss: float, seconds: float) -> None:
         self.meter.leave_out(seconds)
-        self.last[VALIDATION_LOSS] = loss
+        self.last[names.VALIDATION_LOSS] = loss
         if self.tracker:
-            self.tracker.log_metrics(step, {VALIDATION_LOSS: loss})
+            self.tracker.log_metrics(step, {names.VALIDATION_LOSS: loss})
         print(f"step {step:5d}  validation loss {loss:7.4f}", flush=True)
+
+    def log_expert_load(self, load: dict[int, list[float]], steps: tuple[int, int], job_dir: Path) -> None:
+        """The run's expert load (metrics/expert_load.py), plotted beside the job and into the run."""
+        plot_expert_load(load, steps, job_dir / EXPERT_LOAD_ARTIFACT)
+        if self.tracker:
+            self.tracker.log_artifact(job_dir / EXPERT_LOAD_ARTIFACT, "")
+
+    def log_artifacts(self, folder: Path, artifact_dir: str) -> None:
+        if self.tracker and folder.is_dir():
+            self.tracker.log_artifacts(folder, artifact_dir)
 
 
 def _placement_facts(device: torch.device) -> dict[str, str]:

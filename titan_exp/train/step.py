@@ -1,4 +1,7 @@
-"""One training step's forward and backward on a rank, and the step's loss as every rank sees it."""
+"""One training step on a rank, the same for training, the dry run (train/dry_run.py) and the
+planner's measurement (plan/measure.py): forward and backward over the step's microbatches, then
+the update (partial-sum gradients summed, the global norm clipped, the optimizers and schedules
+stepped, float8's scales and the experts' balance kept up); and the step's loss as every rank sees it."""
 
 import contextlib
 import time
@@ -7,18 +10,23 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from titan_exp.config.job import ResolvedJob
 from titan_exp.data.loader import BatchLoader
-from titan_exp.models.llama3.model import Transformer
-from titan_exp.models.moe.layer import MoE
+from titan_exp.models.common.moe.balance import ExpertBalance
+from titan_exp.models.common.moe.layer import MoE, uncounted
+from titan_exp.optim.grad_clip import clip_grad_norm_, reduce_partial_gradients
+from titan_exp.optim.optimizer import Optimizers
 from titan_exp.parallel.context import build_context_parallel
 from titan_exp.parallel.mesh import ParallelMesh
+from titan_exp.quantize.float8 import after_optimizer_step
 from titan_exp.train.loss import compiled_loss, cross_entropy_loss
+from titan_exp.train.model_parts import ModelParts
 
-if TYPE_CHECKING:  # imported by the trainer only for pp > 1 (parallel/pipeline.py)
+if TYPE_CHECKING:  # imported for pp > 1 only (build_pipeline)
     from titan_exp.parallel.pipeline import Pipeline
 
 
@@ -32,6 +40,15 @@ class StepOutcome:
     expert_load: dict[str, float] = field(default_factory=dict)
 
 
+def build_pipeline(job: ResolvedJob, model: ModelParts, mesh: ParallelMesh, device: torch.device) -> "Pipeline":
+    """The schedule over this rank's stages, local_batch_size / microbatch_size microbatches a step."""
+    from titan_exp.parallel.pipeline import Pipeline  # ~0.5 s of import: only pipelined jobs pay it
+
+    return Pipeline(
+        model, job.config.parallelism, mesh.pp_group, device, job.pipeline_microbatches, cross_entropy_loss, uncounted
+    )
+
+
 class ForwardBackward:
     """Forward and backward over the microbatches of one step (gradients accumulate in the
     parameters); returns (this rank's loss, seconds spent fetching batches). Under pipelining the
@@ -40,7 +57,7 @@ class ForwardBackward:
     def __init__(
         self,
         job: ResolvedJob,
-        parts: list[Transformer],
+        parts: list[torch.nn.Module],
         pipeline: "Pipeline | None",
         mesh: ParallelMesh,
         loader: BatchLoader,
@@ -112,6 +129,50 @@ class ForwardBackward:
                     loss.backward()
             step_loss += loss.detach().full_tensor() if isinstance(loss, DTensor) else loss.detach()
         return step_loss, data_seconds
+
+
+class NonFiniteTraining(RuntimeError):
+    """The loss or the gradients stopped being finite numbers; the weights are left as they were."""
+
+
+class TrainStep:
+    """One optimizer step: `forward_backward`, then `update` (a dry run tracks the memory of the
+    first alone)."""
+
+    def __init__(
+        self,
+        job: ResolvedJob,
+        model: ModelParts,
+        mesh: ParallelMesh,
+        forward_backward: ForwardBackward,
+        optimizers: Optimizers,
+        expert_balance: ExpertBalance | None = None,
+    ):
+        self.job, self.model, self.mesh = job, model, mesh
+        self.forward_backward, self.optimizers, self.expert_balance = forward_backward, optimizers, expert_balance
+        self.parameters = model.parameters
+
+    def __call__(self, step: int) -> StepOutcome:
+        loss, data_seconds = self.forward_backward(step)
+        return self.update(step, loss, data_seconds)
+
+    def update(self, step: int, loss: torch.Tensor, data_seconds: float = 0.0) -> StepOutcome:
+        """Clip, check, update; the step's outcome."""
+        reduce_partial_gradients(self.parameters)
+        grad_norm = clip_grad_norm_(self.parameters, self.job.config.training.max_norm, self.mesh.pp_group)
+        # The global norm: every rank stops at the same step. A dry run's fake tensors hold no value.
+        if not is_fake(grad_norm) and not torch.isfinite(grad_norm):
+            raise NonFiniteTraining(
+                f"step {step}: the gradient norm is {grad_norm.item()} (this rank's loss {loss.item():.4g}); "
+                "stopped before the optimizer update. Lower optimizer.lr, check the model's config, "
+                "or resume from the last checkpoint"
+            )
+        lr = self.optimizers.lr
+        self.optimizers.step()
+        for part in self.model.parts:
+            after_optimizer_step(part, self.job.config.quantize)
+        expert_load = self.expert_balance.after_step() if self.expert_balance else {}
+        return StepOutcome(loss, grad_norm, lr, data_seconds, expert_load)
 
 
 def global_loss(loss: torch.Tensor, mesh: ParallelMesh) -> tuple[float, float]:

@@ -7,13 +7,16 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
-from titan_exp.models.config import ModelConfig
-from titan_exp.models.rotary import apply_rotary_emb, causal_attention
+from titan_exp.models.common.rotary import apply_rotary_emb, causal_attention
+from titan_exp.models.deepseek_v3.config import DeepSeekV3Config
+from titan_exp.parallel.tensor_parallel import TensorParallel, replicated_on_local_tensors
 
 
 class LatentAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: DeepSeekV3Config):
         super().__init__()
         mla = cfg.mla
         self.mla = mla
@@ -30,7 +33,7 @@ class LatentAttention(nn.Module):
         self.kv_norm = nn.RMSNorm(mla.kv_lora_rank, eps=cfg.norm_eps)
         self.wkv_b = nn.Linear(mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False)
         self.wo = nn.Linear(heads * mla.v_head_dim, cfg.dim, bias=False)
-        # Under tensor parallel (parallelize.py): the tp ranks, each holding some of the heads. The
+        # Under tensor parallel (tensor_parallel_plan): the tp ranks, each holding some of the heads. The
         # latent projections stay whole on every rank; the rotary key they share gets its gradient
         # summed over the ranks' heads (the latents get theirs through wkv_b's and wq_b's inputs).
         self.tp_group: dist.ProcessGroup | None = None
@@ -55,6 +58,26 @@ class LatentAttention(nn.Module):
         q = torch.cat([q_nope, q_rope], dim=-1) * self.q_scale
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
         return self.wo(self.attend(q, k, v).reshape(batch, seq, -1))
+
+    def tensor_parallel_plan(self, tp: TensorParallel) -> dict:
+        """torchtitan's split: the heads' up-projections (wq or wq_b, wkv_b) column-wise and wo
+        row-wise, as a Llama block's; the down-projections to the latents and their norms whole on
+        every rank, on the gathered sequence (their gradients arrive summed over the ranks' heads,
+        through the column-wise inputs and the rotary key's sum)."""
+        self.tp_group = tp.mesh.get_group()
+        whole = [self.wkv_a, self.kv_norm]
+        if self.mla.q_lora_rank:
+            whole += [self.wq_a, self.q_norm]
+        for module in whole:
+            replicated_on_local_tensors(module, tp.mesh, Replicate())
+        return {
+            "": PrepareModuleInput(
+                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None), use_local_output=True
+            ),
+            "wq_b" if self.mla.q_lora_rank else "wq": ColwiseParallel(),
+            "wkv_b": ColwiseParallel(),
+            "wo": RowwiseParallel(output_layouts=Shard(1)),
+        }
 
 
 class _SumGradients(torch.autograd.Function):

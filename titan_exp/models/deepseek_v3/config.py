@@ -1,15 +1,17 @@
-"""The `model.mla` section: DeepSeek-V3's multi-head latent attention (models/deepseek_v3/attention.py).
-A rank of 0 for the compressed keys and values means the model's attention is grouped-query."""
+"""DeepSeek-V3's `model` section: the shared one with multi-head latent attention (`model.mla`,
+models/deepseek_v3/attention.py), and the figures the planner reads of it. Its other choices (YaRN,
+MoE layers after dense ones, shared experts, grouped sigmoid routing) are the shared section's keys."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from titan_exp.models.config import ModelConfig, output_copies
 from titan_exp.rules import Section, check_at_least, check_positive
 
 
 @dataclass
 class MLAConfig(Section):
-    # Keys and values go through a compressed latent of this width; 0: no latent attention.
-    kv_lora_rank: int = 0
+    # Keys and values go through a compressed latent of this width.
+    kv_lora_rank: int = 512
     # Queries go through a latent of this width too; 0: projected directly (the 16B model).
     q_lora_rank: int = 0
     # Each head's query/key width without and with the rotary embedding, and its value width.
@@ -20,26 +22,61 @@ class MLAConfig(Section):
     mscale: float = 1.0
 
     @property
-    def enabled(self) -> bool:
-        return self.kv_lora_rank > 0
-
-    @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
     def check(self, key: str) -> None:
         super().check(key)
-        if not self.enabled:
-            return
-        for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mscale"):
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mscale"):
             check_positive(f"{key}.{name}", getattr(self, name))
         check_at_least(f"{key}.q_lora_rank", self.q_lora_rank, 0)
 
-    def attention_parameters(self, dim: int, n_heads: int) -> int:
-        """One layer's: the query path, the key-value latent and its norm, the output projection."""
-        query = dim * n_heads * self.qk_head_dim
-        if self.q_lora_rank:
-            query = dim * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * n_heads * self.qk_head_dim
-        latent = dim * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
-        up = self.kv_lora_rank * n_heads * (self.qk_nope_head_dim + self.v_head_dim)
-        return query + latent + up + n_heads * self.v_head_dim * dim
+
+@dataclass
+class DeepSeekV3Config(ModelConfig):
+    mla: MLAConfig = field(default_factory=MLAConfig)
+
+    def check(self, key: str) -> None:
+        self.mla.check(f"{key}.mla")
+        super().check(key)
+
+    @property
+    def rope_dim(self) -> int:
+        return self.mla.qk_rope_head_dim
+
+    @property
+    def rope_dim_set_by(self) -> tuple[str, object]:
+        return "mla.qk_rope_head_dim", self.mla.qk_rope_head_dim
+
+    @property
+    def attention_flops_dim(self) -> float:
+        """The query-key width and the value width differ: their mean."""
+        return (self.mla.qk_head_dim + self.mla.v_head_dim) / 2
+
+    def attention_parameters(self) -> int:
+        """The query path, the key-value latent and its norm, the heads' up-projection, the output."""
+        mla, dim, heads = self.mla, self.dim, self.n_heads
+        query = dim * heads * mla.qk_head_dim
+        if mla.q_lora_rank:
+            query = dim * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * heads * mla.qk_head_dim
+        latent = dim * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
+        up = mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        return query + latent + up + heads * mla.v_head_dim * dim
+
+    def attention_kept_per_token(self, norm_kept: int, cpu: bool, seq_len: int) -> tuple[float, float]:
+        """The latents (normed, read by wq_b and wkv_b: whole, as TP does not split their
+        projections), then per head q and k as attention takes them, the values inside wkv_b's
+        output and the output. On a CPU, where q·k and v differ in width, SDPA takes its math path
+        (the flash kernel wants one head width): it keeps its own q, k and v, every head's
+        attention probabilities (a row of seq_len per token), and wo reads a copy of its output."""
+        mla, heads = self.mla, self.n_heads
+        latents = (norm_kept + 1) * (mla.kv_lora_rank + mla.q_lora_rank)
+        if cpu and mla.qk_head_dim != mla.v_head_dim:
+            return latents, heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim + seq_len)
+        keys_values = heads * (2 * mla.qk_head_dim + mla.qk_nope_head_dim + mla.v_head_dim)
+        return latents, keys_values + output_copies(cpu) * heads * mla.v_head_dim
+
+    def whole_under_tensor_parallel_parameters(self) -> int:
+        """The down-projections to the latents (wq_a, wkv_a), which TP leaves whole."""
+        mla = self.mla
+        return self.dim * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim)

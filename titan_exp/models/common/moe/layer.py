@@ -12,13 +12,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Partial, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
-from titan_exp.models.moe.config import MoEConfig
-from titan_exp.models.moe.dispatch import run_on_expert_ranks
-from titan_exp.models.moe.grouped_mm import grouped_mm_applies, grouped_swiglu
-from titan_exp.models.moe.tensor_parallel import ExpertTensorParallel
-from titan_exp.models.swiglu import SwiGLU
+from titan_exp.models.common.moe.config import MoEConfig
+from titan_exp.models.common.moe.dispatch import run_on_expert_ranks
+from titan_exp.models.common.moe.grouped_mm import grouped_mm_applies, grouped_swiglu
+from titan_exp.models.common.moe.tensor_parallel import ExpertTensorParallel
+from titan_exp.models.common.swiglu import SwiGLU
+from titan_exp.parallel.tensor_parallel import TensorParallel, replicated_on_local_tensors
 
 # Whether a forward's routed rows count toward the experts' load (moe/balance.py).
 _COUNTING = contextvars.ContextVar("moe_counting", default=True)
@@ -75,7 +77,7 @@ class Router(nn.Module):
 class GroupedExperts(nn.Module):
     """Every expert's SwiGLU, stacked: w1 and w3 (experts, hidden, dim), w2 (experts, dim, hidden).
 
-    Under expert parallelism (parallelize.py) the weights are DTensors sharded by expert over the
+    Under expert parallelism (parallel/expert_parallel.py) the weights are DTensors sharded by expert over the
     EP ranks, `ep_group` is set, and each rank runs its own experts over the rows sent to them."""
 
     def __init__(self, dim: int, cfg: MoEConfig):
@@ -167,6 +169,32 @@ class MoE(nn.Module):
         if self.cfg.aux_loss_coeff is not None and self._counting(scores):
             out = _AddAuxiliaryLoss.apply(out, self._aux_loss(scores, counts), self.aux_loss_scale)
         return out.view_as(x)
+
+    def tensor_parallel_plan(self, tp: TensorParallel) -> dict:
+        """This layer under TP. Each tp rank routes its own slice of the sequence (no all-gather),
+        so the router is replicated and sees different tokens on each rank (its gradients are summed
+        over the ranks). Where expert parallelism spreads the experts over the tp ranks, each rank
+        runs its slice's tokens through them, and the shared experts are replicated as the router;
+        where TP splits the experts (moe/tensor_parallel.py), the slices are gathered first and the
+        shared experts split as a dense FFN, their outputs partial sums until the layer's
+        reduce-scatter."""
+        self.token_slices = tp.mesh.size()
+        replicated_on_local_tensors(self.router.gate, tp.mesh, Shard(0))  # (tokens, dim)
+        plan = {
+            "": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)
+        }
+        if not tp.experts_split:
+            if self.shared is not None:
+                replicated_on_local_tensors(self.shared, tp.mesh, Shard(0))
+            return plan
+        self.expert_tp = ExpertTensorParallel(tp.mesh)
+        if self.shared is not None:  # input: the gathered tokens, a replicated DTensor
+            plan |= {
+                "shared.w1": ColwiseParallel(),
+                "shared.w2": RowwiseParallel(output_layouts=Partial(), use_local_output=False),
+                "shared.w3": ColwiseParallel(),
+            }
+        return plan
 
     @staticmethod
     def _counting(routing: torch.Tensor) -> bool:

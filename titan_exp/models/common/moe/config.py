@@ -1,14 +1,10 @@
-"""The `model.moe` section: mixture-of-experts feed-forward layers (models/moe/layer.py). Zero
+"""The `model.moe` section: mixture-of-experts feed-forward layers (models/common/moe/layer.py). Zero
 experts is a dense model; the keys follow torchtitan's MoE args."""
 
 from dataclasses import dataclass
 from typing import Optional
 
 from titan_exp.rules import ConfigError, Section, check_positive, one_of
-
-# The metric of a step's worst MoE layer: its busiest expert's routed tokens over the mean
-# expert's (1.0: balanced; moe/balance.py logs it, the console and the comparisons read it).
-LOAD_IMBALANCE_KEY = "moe/load_imbalance"
 
 
 @dataclass

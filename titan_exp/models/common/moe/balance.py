@@ -7,9 +7,9 @@ model.moe.load_balance_coeff is set, and Qwen3's auxiliary loss where model.moe.
 import torch
 import torch.distributed as dist
 
+from titan_exp import metric_names as names
+from titan_exp.models.common.moe.layer import MoE
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.moe.config import LOAD_IMBALANCE_KEY
-from titan_exp.models.moe.layer import MoE
 
 
 class ExpertBalance:
@@ -51,12 +51,12 @@ class ExpertBalance:
         imbalance = {
             layer: ratios[layer] for layer in range(self.cfg.n_layers) if self.cfg.is_moe_layer(layer) and routed[layer]
         }
-        metrics = {f"{LOAD_IMBALANCE_KEY}/layer_{layer}": value for layer, value in imbalance.items()}
+        metrics = {f"{names.LOAD_IMBALANCE}/layer_{layer}": value for layer, value in imbalance.items()}
         if imbalance:
-            metrics[LOAD_IMBALANCE_KEY] = max(imbalance.values())
+            metrics[names.LOAD_IMBALANCE] = max(imbalance.values())
         if moe.aux_loss_coeff is not None and imbalance:
             # Each layer's mean over its forwards (a microbatch's, on its data-parallel ranks).
-            metrics["moe/aux_loss"] = (aux_loss / forwards.clamp(min=1)).sum().item()
+            metrics[names.AUX_LOSS] = (aux_loss / forwards.clamp(min=1)).sum().item()
         return metrics
 
     def load_by_layer(self) -> dict[int, list[float]]:

@@ -1,0 +1,126 @@
+"""Models in Hugging Face's format (a folder of config.json and safetensors), torch-free: the
+launching process reads a folder's shape and checks its tensors before any rank starts. What a
+family names differently (config keys, parameter names, the rows HF orders its own way) is its
+`HFFormat`, in its folder; the weights move through checkpoint/hf.py."""
+
+import json
+import math
+import re
+import struct
+from pathlib import Path
+
+from titan_exp.models.config import ModelConfig
+from titan_exp.rules import ConfigError
+
+CONFIG_FILE = "config.json"
+
+_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+class HFFormat:
+    """One family's models as Hugging Face writes them. A family's folder subclasses it and fills
+    in the names; the methods here are what every format shares."""
+
+    # config.json's model_type values the family reads (models/registry.py picks the family by them).
+    model_types: tuple[str, ...] = ()
+    # Our parameter names (a layer's without its `layers.N.` prefix) and HF's, within a layer and outside.
+    layer_keys: dict[str, str] = {}
+    top_keys: dict[str, str] = {}
+    # Our fields compared with a checkpoint's config.json before it is loaded, in the order a
+    # refusal names them; the keys a refusal names for them where they differ from the field.
+    compared: tuple[str, ...] = ()
+    compared_keys: dict[str, str] = {}
+
+    def fields_from_hf(self, hf: dict, refuse) -> dict[str, object]:
+        """Our model fields of a HF config.json; `refuse(why)` makes the error of one this model cannot be."""
+        raise NotImplementedError
+
+    def hf_config(self, cfg: ModelConfig, dtype: str) -> dict:
+        """The config.json `transformers` opens our model with."""
+        raise NotImplementedError
+
+    def refusal(self, cfg: ModelConfig) -> str | None:
+        """Why `cfg` cannot be read or written in this format (None: it can)."""
+        return None
+
+    def permuted_heads(self, name: str, cfg: ModelConfig) -> int | None:
+        """The heads whose rows HF orders differently in our parameter `name` (rotate-half rotary
+        embeddings: each head's even channels, then its odd ones); None: the same rows."""
+        return None
+
+    def expected_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """HF's name and shape of every tensor a checkpoint of `cfg` holds."""
+        raise NotImplementedError
+
+    def hf_key(self, name: str) -> str:
+        """HF's name of our parameter `name` (e.g. layers.3.attention.wq.weight)."""
+        if name in self.top_keys:
+            return self.top_keys[name]
+        match = _LAYER.match(name)
+        if not match or match.group(2) not in self.layer_keys:
+            raise KeyError(f"{name} has no Hugging Face counterpart")
+        return f"model.layers.{match.group(1)}.{self.layer_keys[match.group(2)]}"
+
+    @staticmethod
+    def is_tied_output(name: str, cfg: ModelConfig) -> bool:
+        """The output projection of a tied model: the embedding itself, which HF stores once."""
+        return cfg.tie_word_embeddings and name == "output.weight"
+
+
+def read_hf_config(folder: str, key: str) -> dict:
+    """The config.json of a HF checkpoint folder; `key`: the config key that named the folder."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(key, folder, f"no {CONFIG_FILE} there; point it at a Hugging Face model folder")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(key, folder, f"its {CONFIG_FILE} cannot be read ({err})") from None
+
+
+def refusing(key: str, folder: str):
+    """What a format calls to refuse a folder's config.json, naming `key`, the config key that gave `folder`."""
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(key, folder, f"its {CONFIG_FILE} has {why}")
+
+    return refuse
+
+
+def safetensors_shapes(folder: str) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape in the folder's *.safetensors files, from their JSON headers alone (the
+    format: an 8-byte little-endian length, then the header)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with open(path, "rb") as file:
+            (length,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(length))
+        shapes.update({name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"})
+    return shapes
+
+
+def check_hf_checkpoint(cfg: ModelConfig, theirs: ModelConfig, hf: HFFormat, folder: str, key: str) -> None:
+    """A HF checkpoint that `cfg`'s model can load: its config.json (read as `theirs`) describes the
+    same model (else the differing field is named, with the fix) and its safetensors hold every
+    tensor in its shape."""
+    for name in hf.compared:
+        ours_value, their_value = getattr(cfg, name), getattr(theirs, name)
+        if ours_value != their_value and not _close(ours_value, their_value):
+            raise ConfigError(
+                f"model.{hf.compared_keys.get(name, name)}",
+                ours_value,
+                f"the checkpoint in {folder} has {their_value}; add model=hf model.hf_path={folder} "
+                "to take the model's shape from it",
+            )
+    found = safetensors_shapes(folder)
+    if not found:
+        raise ConfigError(key, folder, "holds no *.safetensors files; point it at a Hugging Face model folder")
+    for name, shape in hf.expected_shapes(cfg).items():
+        if name not in found:
+            raise ConfigError(key, folder, f"has no tensor {name}, which the model needs")
+        if found[name] != shape:
+            raise ConfigError(key, folder, f"holds {name} of shape {list(found[name])}, the model's is {list(shape)}")
+
+
+def _close(a: object, b: object) -> bool:
+    return isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-6)

@@ -1,0 +1,49 @@
+"""The parallelization of one model part (the whole model, or a pipeline stage) that still lives on
+the meta device, in torchtitan's order: the experts placed on their mesh, then TP turns the weights
+into DTensors on the tp mesh, activation checkpointing wraps the blocks, compile compiles the
+wrapped blocks, and FSDP shards them over the data-parallel mesh last (or DDP replicates them)."""
+
+from torch import nn
+
+from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
+from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
+from titan_exp.parallel.data_parallel import apply_ddp, apply_fsdp, mixed_precision
+from titan_exp.parallel.expert_parallel import place_experts
+from titan_exp.parallel.mesh import ParallelMesh
+from titan_exp.parallel.tensor_parallel import apply_tensor_parallel, enable_async_tensor_parallel
+from titan_exp.quantize.config import QuantizeConfig
+
+
+def parallelize(
+    model: nn.Module,
+    mesh: ParallelMesh,
+    parallelism: ParallelismConfig,
+    ac: ActivationCheckpointConfig,
+    compile_cfg: CompileConfig,
+    quantize: QuantizeConfig,
+    precision: tuple[str, str],
+) -> nn.Module:
+    """`precision`: the (parameter, gradient reduction) dtypes FSDP and DDP run in."""
+    dims, tp_mesh = mesh.dims, mesh.tp_mesh
+    if model.cfg.moe.enabled:
+        place_experts(model, mesh, aux_loss=model.cfg.moe.aux_loss_coeff is not None)
+    if tp_mesh is not None:
+        # float8 tensorwise Linears take float8-aware TP styles, which cast before the collectives and
+        # so move float8 over the wire: nccl can, gloo cannot ("Invalid scalar type"). On CPU the plain
+        # styles gather in high precision and cast after, the same recipe with more traffic.
+        float8_tp = quantize.name == "float8" and quantize.recipe == "tensorwise" and tp_mesh.device_type == "cuda"
+        apply_tensor_parallel(model, tp_mesh, float8_tp, experts_split=mesh.experts_split_by_tp)
+        if parallelism.enable_async_tensor_parallel:
+            enable_async_tensor_parallel(tp_mesh)
+    apply_activation_checkpointing(model.layers, ac)
+    if compile_cfg.compiles("model"):
+        # Per block: the blocks are identical, so one compiled graph is reused for all of them.
+        for block in model.layers.values():
+            block.compile(backend=compile_cfg.backend, fullgraph=True)
+    if dims.fsdp_enabled:
+        apply_fsdp(
+            model, mesh, mixed_precision(*precision), parallelism.fsdp_reshard_after_forward, pipelined=dims.pp > 1
+        )
+    elif dims.ddp_enabled:
+        apply_ddp(model, mesh, mixed_precision(*precision))
+    return model

@@ -24,6 +24,11 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def threads_per_rank(cores: int, ranks: int) -> int:
+    """An equal share of `cores` for each of `ranks` CPU ranks (at least one thread)."""
+    return max(1, cores // ranks)
+
+
 def visible_gpu_ids() -> list[str]:
     """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (for handing subsets on)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -73,6 +73,12 @@ def export_slurm_environment() -> None:
         os.environ.setdefault(key, value)
 
 
+def export_external_environment(started_by: str) -> None:
+    """A rank srun started gets torch.distributed's variables from srun's; torchrun sets them itself."""
+    if started_by == "srun":
+        export_slurm_environment()
+
+
 def export(env: RankEnv, master_addr: str, master_port: int) -> None:
     """Set this process's torch.distributed variables."""
     os.environ.update(_as_variables(env), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))

@@ -1,18 +1,12 @@
-"""Rank processes on this machine through submitit's local executor: one task per rank.
-
-The launching process streams rank 0's output, watches every rank, and on the first failure
-(an exception, or a rank killed by a signal) stops the others, so a dead rank never leaves the rest
-hanging in a collective and no process outlives the launch.
-"""
+"""launcher=local: rank processes on this machine through submitit's local executor, one task per
+rank (or, under torchrun or srun, this process as one rank of theirs), supervised until they end
+(launchers/local_supervisor.py)."""
 
 import _thread
 import contextlib
-import ctypes
 import faulthandler
 import os
-import select
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -23,24 +17,15 @@ from typing import Any
 import submitit
 
 from launchers import signals
+from launchers.base import ConfigError, JobSpec, Launcher, MemoryBudget, PlacedJob, Placement, PlacementRequest
+from launchers.devices import available_memory, cpu_cores, gpu_memory, threads_per_rank, visible_gpus
 from launchers.env import RankEnv, export, free_port
-from launchers.heartbeat import heartbeat_file, silence, silent_for, start_beating
-from launchers.tasks import LogFollower, RankFailure, oom_kills, read_result, run_recording_failures, why_gone
+from launchers.heartbeat import heartbeat_file, start_beating
+from launchers.local_supervisor import Supervisor, pid_file_name, process_alive
+from launchers.tasks import run_recording_failures
 
-# How long the supervisor sleeps at most between two looks at the ranks: rank 0's output and the
-# end of the controller or of a rank wake it at once (_Wakeups), so on CPU ranks that fill every
-# core it does not take their cores on a timer (a 0.1 s poll cost ~2-3% tokens/s, 3 pairs).
-POLL_SECONDS = 0.5
-# After SIGINT, how long ranks get to finish what they were writing (rank 0 flushes its MLflow
-# queue) before SIGKILL.
-INTERRUPT_GRACE_SECONDS = 30.0
 # How often each rank checks that the launching process is still there.
 LAUNCHER_WATCH_SECONDS = 1.0
-
-
-def _pid_file_name(job_id: str, rank: int) -> str:
-    # Named after the job like submitit's own files, so a reused folder holds no stale pids.
-    return f"{job_id}_{rank}.pid"
 
 
 def _rank_entry(
@@ -51,7 +36,7 @@ def _rank_entry(
     job = submitit.JobEnvironment()
     export(RankEnv(job.global_rank, job.local_rank, job.num_tasks, nproc), "127.0.0.1", master_port)
     # Written whole or not at all: the supervisor polls these files (an empty one read once: int('')).
-    pid_file = Path(pid_dir, _pid_file_name(job.job_id, job.global_rank))
+    pid_file = Path(pid_dir, pid_file_name(job.job_id, job.global_rank))
     partial = pid_file.with_suffix(".partial")
     partial.write_text(str(os.getpid()))
     partial.replace(pid_file)
@@ -104,229 +89,120 @@ def _environment(**values: str):
                 os.environ[key] = old
 
 
-@dataclass(frozen=True)
-class Limits:
-    """How long the ranks may run (submitit kills them past it), and how long one may stay silent
-    (launchers/heartbeat.py) before the job is stopped, naming it."""
-
-    timeout_min: int
-    heartbeat_timeout_s: float
+# Ranks on a machine without GPUs when neither the launcher nor the degrees say how many.
+DEFAULT_CPU_RANKS = 2
+_GIB = 1024**3
 
 
-def launch_local(
-    fn: Callable[[Any], Any],
-    arg: Any,
-    nproc: int,
-    folder: Path,
-    *,
-    use_gpus: bool,
-    limits: Limits,
-    threads_per_rank: int,
-) -> Any:
-    """Run fn(arg) in `nproc` rank processes on this machine, each with the torch.distributed
-    environment of its rank, `threads_per_rank` intra-op threads (OMP_NUM_THREADS) and, with
-    `use_gpus`, one GPU; their logs, pid files, heartbeats and results go under `folder`. Returns
-    rank 0's result or raises RankFailure: a rank failed, or stopped beating (`limits`)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    executor = submitit.LocalExecutor(folder=folder)
-    executor.update_parameters(
-        tasks_per_node=nproc,
-        nodes=1,
-        gpus_per_node=nproc if use_gpus else 0,
-        timeout_min=limits.timeout_min,
-        stderr_to_stdout=True,
-    )
-    # submitit's controller process inherits an ignored SIGINT: on a terminal's Ctrl-C it would
-    # otherwise SIGKILL the ranks 1 s later, cutting short what rank 0 records; the supervisor
-    # below stops them instead, with a grace period.
-    with _environment(OMP_NUM_THREADS=str(threads_per_rank)), signals.ignored(signal.SIGINT):
-        job = executor.submit(_rank_entry, fn, arg, free_port(), nproc, str(folder), os.getpid())
-    return _Supervisor(job, nproc, folder, limits.heartbeat_timeout_s).run()
+@dataclass
+class LocalOptions:
+    """launcher=local reads no keys beyond those every launcher reads."""
 
 
-class _Supervisor:
-    def __init__(self, job: submitit.local.local.LocalJob, nproc: int, folder: Path, heartbeat_timeout_s: float):
-        self.job, self.nproc, self.folder = job, nproc, folder
-        self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.oom_kills_before = oom_kills()
-        self.logs = [job.task(rank).paths.stdout for rank in range(nproc)]
-        self.rank0_output = LogFollower(self.logs[0], lambda line: print(line, flush=True))
-        self.wakeups = _Wakeups(self.logs[0])
+class LocalLauncher(Launcher):
+    name = "local"
+    options = LocalOptions
+    folder_name = "ranks"
+    on_this_machine = True
 
-    def run(self) -> Any:
-        with signals.handled(signals.raise_interrupted, signal.SIGTERM):
-            try:
-                while True:
-                    self.rank0_output.poll()
-                    failure = self._first_failure()
-                    if failure:
-                        raise failure
-                    if self.job.done():
-                        break
-                    controller = {self.job._process.pid} if self.job._process else set()
-                    self.wakeups.sleep(POLL_SECONDS, self._listening_pids() | controller)
-                self.rank0_output.poll()
-                failure = self._first_failure(final=True)
-                if failure:
-                    raise failure
-                return read_result(0, self.job.task(0).paths.result_pickle, self.logs[0])[1]
-            finally:
-                self.wakeups.close()
-                self._stop_all()
+    def placement(self, request: PlacementRequest) -> Placement:
+        """Ranks per node: launcher.nproc_per_node, or for -1 the degrees' product when none is -1,
+        else one per visible GPU, else DEFAULT_CPU_RANKS; under torchrun or srun, their counts."""
+        if request.started_by is None and request.nodes != 1:
+            raise ConfigError(
+                "launcher.nodes", request.nodes, "launcher=local runs on this machine only; set launcher.nodes=1"
+            )
+        gpus = visible_gpus() if request.device != "cpu" else 0
+        if request.started_by:
+            env = RankEnv.from_environ()
+            nproc, nodes = env.local_world_size, env.world_size // env.local_world_size
+        else:
+            nproc, nodes = _ranks_per_node(request, gpus), 1
+        if request.device == "cuda" and gpus == 0:
+            raise ConfigError(
+                "launcher.device", "cuda", "no GPU is visible on this machine; use launcher.device=cpu or auto"
+            )
+        spawned_here = request.started_by is None
+        if spawned_here and request.device != "cpu" and gpus and nproc > gpus:
+            raise ConfigError(
+                "launcher.nproc_per_node", nproc, f"only {gpus} GPU(s) visible; lower it or use launcher.device=cpu"
+            )
+        device = "cuda" if gpus and request.device != "cpu" else "cpu"
+        threads = request.cpu_threads_per_rank
+        if threads == -1:
+            # torchrun and srun set OMP_NUM_THREADS for their ranks; this launcher shares the cores out.
+            inherited = os.environ.get("OMP_NUM_THREADS") if request.started_by else None
+            threads = int(inherited) if inherited else threads_per_rank(cpu_cores(), nproc)
+        return Placement(request.started_by or self.name, device, nproc, nodes, threads)
 
-    def _first_failure(self, final: bool = False) -> RankFailure | None:
-        """The root cause among failed ranks, or None.
+    def check_room(self, placement: Placement, oversubscribe: bool) -> None:
+        """A core per CPU rank this launcher starts, unless oversubscribing is asked for: more ranks
+        than cores time-share them, and every speed figure of the run is then meaningless."""
+        cores = cpu_cores()
+        if placement.started_by == self.name and placement.device == "cpu" and placement.nproc_per_node > cores:
+            if not oversubscribe:
+                raise ConfigError(
+                    "launcher.nproc_per_node",
+                    placement.nproc_per_node,
+                    f"more CPU ranks than the {cores} core(s) this process may use; lower it, or add "
+                    "launcher.oversubscribe=true to time-share the cores (fine for parity checks, not for speed)",
+                )
 
-        A rank gone without a result (killed by a signal: OOM killer, kill -9) comes first, since the
-        others then fail in their next collective; otherwise the earliest exception.
-        """
-        killed, raised = [], []
-        for rank in range(self.nproc):
-            result = self.job.task(rank).paths.result_pickle
-            try:
-                if read_result(rank, result, self.logs[rank])[0]:
-                    continue
-            except RankFailure as failure:
-                raised.append((result.stat().st_mtime, failure))
-                continue
-            pid_file = self.folder / _pid_file_name(self.job.job_id, rank)
-            if (pid_file.exists() and not process_alive(int(pid_file.read_text()))) or final:
-                reason = f"exited without a result: {why_gone(self.logs[rank], self.oom_kills_before)}"
-                killed.append(RankFailure(rank, reason, self.logs[rank]))
-        if killed:
-            return killed[0]
-        if raised:
-            return min(raised, key=lambda pair: pair[0])[1]
-        return self._silent_rank()
+    def memory_budget(self, placement: Placement) -> MemoryBudget | None:
+        """One GPU's memory, or the memory this machine has available, which its CPU ranks share.
+        Ranks that torchrun or srun started share the node with siblings already allocating: not known."""
+        if placement.started_by != self.name:
+            return None
+        if placement.device == "cuda":
+            memory = gpu_memory()
+            return MemoryBudget(memory, shared=False, what="one GPU's memory") if memory else None
+        available = available_memory()
+        if available is None:
+            return None
+        return MemoryBudget(available, shared=True, what=f"{available / _GIB:.1f} GiB available on this machine")
 
-    def _silent_rank(self) -> RankFailure | None:
-        """A live rank whose heartbeat stopped for longer than the limit: killed at once (a stopped
-        process takes no SIGINT, and its peers wait for it in a collective until theirs time out)."""
-        for rank in range(self.nproc):
-            silent = silent_for(heartbeat_file(self.folder, self.job.job_id, rank))
-            pid_file = self.folder / _pid_file_name(self.job.job_id, rank)
-            if silent is None or silent <= self.heartbeat_timeout_s or not pid_file.exists():
-                continue
-            pid = int(pid_file.read_text())
-            if not process_alive(pid):  # done (its result is read) or dead (found as killed)
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            return RankFailure(rank, silence(silent, self.heartbeat_timeout_s, "killed"), self.logs[rank])
-        return None
-
-    def _stop_all(self) -> None:
-        """Stop every rank (SIGINT, then SIGKILL after a grace period); the controller then exits.
-
-        Ranks are signalled directly: submitit's own cancel interrupts the controller, which then
-        prints a traceback, and submitit's tasks ignore SIGTERM. Another Ctrl-C during the grace
-        period ends it: SIGKILL at once.
-        """
-        try:
-            self._signal_ranks(signal.SIGINT, INTERRUPT_GRACE_SECONDS)
-        except KeyboardInterrupt:
-            pass
-        with signals.ignored(signal.SIGINT, signal.SIGTERM):
-            self._signal_ranks(signal.SIGKILL, 5.0)
-            controller = self.job._process
-            if controller is not None:
-                try:
-                    controller.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    controller.kill()
-                    controller.wait()
-
-    def _signal_ranks(self, sig: signal.Signals, grace: float) -> None:
-        """Send `sig` to every live rank and wait up to `grace` seconds for them to exit. A rank
-        still starting ignores SIGINT until _rank_entry listens (and then writes its pid file): it
-        gets the signal again once its pid file appears."""
-        listening = self._listening_pids()
-        pids = self._rank_pids()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
-            for pid in self._listening_pids() - listening:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-                listening.add(pid)
-            time.sleep(0.05)
-
-    def _listening_pids(self) -> set[int]:
-        """Ranks that wrote their pid file, which they do once they handle SIGINT."""
-        return {int(p.read_text()) for p in self.folder.glob(_pid_file_name(self.job.job_id, "*"))}
-
-    def _rank_pids(self) -> list[int]:
-        """Live rank processes: those that wrote a pid file and any other child of the controller."""
-        pids = self._listening_pids()
-        controller = self.job._process
-        if controller is not None:
-            pids |= _children(controller.pid)
-        return [pid for pid in pids if process_alive(pid)]
+    def place(self, target: Callable[[Any], Any], arg: Any, spec: JobSpec, folder: Path, echo: Callable[[str], None]):
+        """fn(arg) in the spec's rank processes on this machine, each with the torch.distributed
+        environment of its rank, its threads (OMP_NUM_THREADS) and, on cuda, one GPU; their logs, pid
+        files, heartbeats and results under `folder`."""
+        placement = spec.placement
+        folder.mkdir(parents=True, exist_ok=True)
+        executor = submitit.LocalExecutor(folder=folder)
+        executor.update_parameters(
+            tasks_per_node=placement.nproc_per_node,
+            nodes=1,
+            gpus_per_node=placement.nproc_per_node if placement.device == "cuda" else 0,
+            timeout_min=spec.timeout_min,
+            stderr_to_stdout=True,
+        )
+        # submitit's controller process inherits an ignored SIGINT: on a terminal's Ctrl-C it would
+        # otherwise SIGKILL the ranks 1 s later, cutting short what rank 0 records; the supervisor
+        # stops them instead, with a grace period.
+        with _environment(OMP_NUM_THREADS=str(placement.threads_per_rank)), signals.ignored(signal.SIGINT):
+            job = executor.submit(
+                _rank_entry, target, arg, free_port(), placement.nproc_per_node, str(folder), os.getpid()
+            )
+        return LocalJob(job, placement.nproc_per_node, folder, spec.heartbeat_timeout_s, echo)
 
 
-def _children(parent: int) -> set[int]:
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == parent:
-            found.add(int(stat.parent.name))
-    return found
+def _ranks_per_node(request: PlacementRequest, gpus: int) -> int:
+    if request.nproc_per_node != -1:
+        return request.nproc_per_node
+    if request.degrees_product is not None:
+        return request.degrees_product
+    return gpus or DEFAULT_CPU_RANKS
 
 
-def process_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie (/proc; no psutil needed)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):  # gone, or going while being read
-        return False
-    return state not in ("Z", "X")
+class LocalJob(PlacedJob):
+    """The rank processes of a local job, supervised until they end."""
 
+    def __init__(self, job, nproc: int, folder: Path, heartbeat_timeout_s: float, echo: Callable[[str], None]):
+        self.supervisor = Supervisor(job, nproc, folder, heartbeat_timeout_s, echo)
 
-class _Wakeups:
-    """What ends the supervisor's sleep early: a process of the job exiting (a pidfd becomes
-    readable) or rank 0's log growing (inotify). Each exit wakes it once."""
+    def follow(self) -> Any:
+        """Rank 0's result, or RankFailure: a rank failed, or stopped beating. Every rank is stopped
+        when it returns (or when a Ctrl-C reaches it)."""
+        return self.supervisor.run()
 
-    def __init__(self, log: Path):
-        self._log = log
-        self._pidfds: dict[int, int | None] = {}  # None: exited (or gone before it was watched)
-        self._inotify = _inotify_init()  # None where there is none: then the timeout alone
-        self._watching_log = False
-
-    def sleep(self, timeout: float, pids: set[int]) -> None:
-        for pid in pids - self._pidfds.keys():
-            try:
-                self._pidfds[pid] = os.pidfd_open(pid)
-            except ProcessLookupError:
-                self._pidfds[pid] = None
-        if self._inotify is not None and not self._watching_log and self._log.exists():
-            self._watching_log = _LIBC.inotify_add_watch(self._inotify, os.fsencode(self._log), _IN_MODIFY) >= 0
-        watched = {fd: pid for pid, fd in self._pidfds.items() if fd is not None}
-        log = [self._inotify] if self._watching_log else []
-        ready, _, _ = select.select([*watched, *log], [], [], timeout)
-        for fd in ready:
-            if fd in watched:
-                os.close(fd)
-                self._pidfds[watched[fd]] = None
-            else:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(fd, 4096):  # the events: only that the log grew matters
-                        pass
-
-    def close(self) -> None:
-        for fd in [*self._pidfds.values(), self._inotify]:
-            if fd is not None:
-                os.close(fd)
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_IN_MODIFY = 0x2  # <sys/inotify.h>
-
-
-def _inotify_init() -> int | None:
-    fd = getattr(_LIBC, "inotify_init1", lambda flags: -1)(os.O_NONBLOCK | os.O_CLOEXEC)
-    return fd if fd >= 0 else None
+    def cancel(self) -> None:
+        self.supervisor.stop_all()

@@ -1,8 +1,8 @@
-"""Rank processes as one Slurm job, submitted through submitit's Slurm executor: `tasks_per_node`
+"""launcher=slurm: rank processes as one Slurm job, submitted through submitit's Slurm executor: `tasks_per_node`
 tasks on each of `nodes` nodes, one task per rank, started by the srun of the batch script that
 submitit writes. The submitting process can print that script instead (no Slurm needed), or submit
 the job and follow it: rank 0's output streamed, the job's state read from slurmctld (`scontrol`,
-which needs no accounting database), its result returned or its end raised.
+which needs no accounting database), its result returned or its end raised (launchers/slurm_job.py).
 
 Inside the job each task takes its torch.distributed environment from Slurm (launchers/env.py: the
 first node's address, the port the batch script found free there, derived from the job id) and
@@ -12,8 +12,8 @@ preemption) asks the ranks to stop at their next step (launchers/signals.py); `l
 then puts the job back in the queue.
 """
 
+import dataclasses
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -25,26 +25,24 @@ from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 import submitit
-from submitit.core.utils import JobPaths
 from submitit.slurm.slurm import _make_sbatch_string
 
 from launchers import signals
-from launchers.env import export_slurm_environment
-from launchers.heartbeat import beating_host, heartbeat_file, silence, silent_for, start_beating
-from launchers.tasks import LogFollower, RankFailure, log_tail, read_result, run_recording_failures
-
-# How often rank 0's log is read while the job runs, and how often slurmctld is asked for its state.
-POLL_SECONDS = 0.2
-STATE_POLL_SECONDS = 1.0
-# After a Ctrl-C, how long the submitting process waits for the cancelled job to end (Slurm gives
-# its tasks KillWait, 30 s by default, between SIGTERM and SIGKILL).
-CANCEL_GRACE_SECONDS = 90.0
-# Job states after which Slurm runs nothing more of the job (REQUEUED, PENDING etc. are not final).
-FINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+from launchers.base import (
+    ConfigError,
+    JobSpec,
+    Launcher,
+    MemoryBudget,
+    Placement,
+    PlacementRequest,
+    Requeue,
+    check_one_line,
 )
-# Final states that mean the job was stopped from outside rather than failing by itself.
-STOPPED_STATES = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE"})
+from launchers.env import export_slurm_environment
+from launchers.heartbeat import heartbeat_file, start_beating
+from launchers.signals import StopRequested
+from launchers.slurm_job import SlurmJob
+from launchers.tasks import run_recording_failures
 
 # A requeued task's exit status (submitit's own requeue exits so too), and how long a rank other than
 # 0 waits for the requeue to end it.
@@ -54,9 +52,9 @@ _REQUEUE_WAIT_SECONDS = 60.0
 
 @dataclass
 class SlurmOptions:
-    """What a Slurm job asks for beyond its size, in sbatch's words, and how titan_exp follows it:
-    the `launcher` config section's keys that launcher=slurm alone reads (declared here once; the
-    section extends this class). None and empty leave Slurm's default."""
+    """What a Slurm job asks for beyond its size, in sbatch's words, and how it is followed: the
+    keys of the `launcher` section that launcher=slurm alone reads. None and empty leave Slurm's
+    default."""
 
     # -1: one GPU per rank with device=cuda, none with device=cpu (filled in when the job is resolved).
     gpus_per_node: int = -1
@@ -86,6 +84,31 @@ class SlurmOptions:
     wait: bool = True
     # Sweep points submitted at once (queued or running), at most.
     array_parallelism: int = 256
+
+    def check_options(self) -> None:
+        """These keys against each other and the job's time limit (launcher.timeout_min: checked as
+        part of the launcher section); raises ConfigError."""
+        timeout_min = self.timeout_min
+        if not 0 <= self.signal_delay_s < 60 * timeout_min:
+            raise ConfigError(
+                "launcher.signal_delay_s",
+                self.signal_delay_s,
+                f"must lie in [0, launcher.timeout_min × 60 = {60 * timeout_min}) seconds: "
+                "the warning comes that long before the time limit",
+            )
+        for name in ("max_num_timeout", "max_num_node_failures"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"launcher.{name}", getattr(self, name), "must be >= 0")
+        if self.array_parallelism <= 0:
+            raise ConfigError("launcher.array_parallelism", self.array_parallelism, "must be > 0")
+        if self.gpus_per_node < -1:
+            raise ConfigError("launcher.gpus_per_node", self.gpus_per_node, "must be >= 0 or -1 (one per rank)")
+        for name in ("cpus_per_task", "mem_gb"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"launcher.{name}", value, "must be > 0")
+        for name in ("partition", "account", "qos", "constraint", "srun_args", "additional_parameters"):
+            check_one_line(f"launcher.{name}", getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -153,63 +176,6 @@ def batch_script(spec: SlurmJobSpec, folder: Path) -> str:
     return _make_sbatch_string(command=command, folder=folder, **spec.sbatch_parameters())
 
 
-@dataclass(frozen=True)
-class JobStatus:
-    state: str
-    reason: str
-    exit_code: str
-    restarts: int
-
-    @property
-    def final(self) -> bool:
-        return self.state in FINAL_STATES
-
-
-class SlurmJobEnded(RuntimeError):
-    """The job ended without a result from its ranks: cancelled, timed out, killed, node failure."""
-
-    def __init__(self, job_id: str, status: JobStatus, log_path: Path):
-        self.job_id, self.status, self.log_path = job_id, status, log_path
-        # KILLED rather than FAILED in the job's MLflow run (tracking/run.py: outcome).
-        self.interrupted = status.state in STOPPED_STATES
-        detail = f"reason {status.reason}, exit code {status.exit_code}"
-        super().__init__(f"Slurm job {job_id} {status.state} ({detail}); {log_tail(log_path)} (log: {log_path})")
-
-
-class SlurmJob:
-    """A submitted job: its files in `folder`, its state in slurmctld."""
-
-    def __init__(self, job_id: str, folder: Path, ntasks: int):
-        self.job_id, self.folder, self.ntasks = job_id, folder, ntasks
-
-    def paths(self, task: int) -> JobPaths:
-        return JobPaths(self.folder, job_id=self.job_id, task_id=task)
-
-    def log(self, task: int) -> Path:
-        return self.paths(task).stdout
-
-    def status(self) -> JobStatus | None:
-        """The job's state, or None once slurmctld has forgotten it (MinJobAge after its end)."""
-        out = subprocess.run(["scontrol", "show", "job", "-o", self.job_id], capture_output=True, text=True)
-        if out.returncode != 0:
-            if "Invalid job id" in out.stderr:
-                return None
-            raise RuntimeError(f"scontrol show job {self.job_id} failed: {out.stderr.strip()}")
-        fields = dict(re.findall(r"(\w+)=(\S*)", out.stdout))
-        return JobStatus(
-            fields["JobState"], fields.get("Reason", ""), fields.get("ExitCode", ""), int(fields.get("Restarts", 0))
-        )
-
-    def requeue(self) -> None:
-        """Back to the queue: Slurm ends this run of the job and starts it again once it can."""
-        subprocess.run(["scontrol", "requeue", self.job_id], check=True, capture_output=True)
-
-    def cancel(self, signal_name: str | None = None) -> None:
-        """scancel the job, or with `signal_name` only signal its tasks (e.g. USR2)."""
-        flags = [f"--signal={signal_name}"] if signal_name else []
-        subprocess.run(["scancel", *flags, self.job_id], check=True)
-
-
 def refusal(spec: SlurmJobSpec, folder: Path) -> str | None:
     """Why Slurm would refuse this job (an unknown partition, more memory than a node has, an
     option sbatch does not know), asked with `sbatch --test-only`, which submits nothing; None if
@@ -226,98 +192,12 @@ def refusal(spec: SlurmJobSpec, folder: Path) -> str | None:
     return "; ".join(said) or f"sbatch --test-only exited with {asked.returncode}"
 
 
-def submit(fn: Callable[[Any], Any], arg: Any, spec: SlurmJobSpec, folder: Path) -> SlurmJob:
+def submit(fn: Callable[[Any], Any], arg: Any, spec: SlurmJobSpec, folder: Path) -> str:
     """Submit fn(arg) as one task per rank; the job's files go under `folder` (on a file system
-    every node sees)."""
+    every node sees). Its job id."""
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0, python=task_command())  # requeueing is ours
     executor.update_parameters(**spec.sbatch_parameters())
-    job = executor.submit(_task_entry, fn, arg, spec.threads_per_task)
-    return SlurmJob(job.job_id, folder.absolute(), spec.nodes * spec.tasks_per_node)
-
-
-def wait(job: SlurmJob, echo: Callable[[str], None], heartbeat_timeout_s: float, requeues_when_silent: int = 0) -> Any:
-    """Follow the job to its end, handing rank 0's output lines to `echo`; return rank 0's result,
-    or raise RankFailure (a rank raised, or stopped beating for `heartbeat_timeout_s`) or
-    SlurmJobEnded. A silent rank (hung, or its node down) gets the job requeued, to resume from its
-    checkpoint once Slurm has the nodes, `requeues_when_silent` times at most; then cancelled. A
-    Ctrl-C cancels the job and waits (CANCEL_GRACE_SECONDS at most) for it to end before raising
-    KeyboardInterrupt; a second one stops waiting at once."""
-    output = LogFollower(job.log(0), echo)
-    heartbeats = _Heartbeats(job, heartbeat_timeout_s, requeues_when_silent, echo)
-    try:
-        status = _follow(job, output, deadline=None, heartbeats=heartbeats)
-    except KeyboardInterrupt:
-        job.cancel()
-        _follow(job, output, deadline=time.monotonic() + CANCEL_GRACE_SECONDS)
-        raise
-    output.poll()
-    return _outcome(job, status, echo)
-
-
-def _follow(
-    job: SlurmJob, output: LogFollower, deadline: float | None, heartbeats: "_Heartbeats | None" = None
-) -> JobStatus | None:
-    """Poll until the job is over (or the deadline passes); its last status (None: forgotten)."""
-    next_state_poll = 0.0
-    while True:
-        output.poll()
-        if time.monotonic() >= next_state_poll:
-            status = job.status()
-            if status is None or status.final or (deadline is not None and time.monotonic() > deadline):
-                return status
-            if heartbeats is not None and status.state == "RUNNING":
-                heartbeats.check(status.restarts)
-            next_state_poll = time.monotonic() + STATE_POLL_SECONDS
-        time.sleep(POLL_SECONDS)
-
-
-class _Heartbeats:
-    """The tasks' heartbeats, watched from the submitting process: a task of the job's current run
-    that has not beaten for `limit_s` (a task still starting has no beat yet) gets the job
-    requeued while `requeues` last, then cancelled."""
-
-    def __init__(self, job: SlurmJob, limit_s: float, requeues: int, echo: Callable[[str], None]):
-        self.job, self.limit_s, self.requeues, self.echo = job, limit_s, requeues, echo
-        self._requeued: set[int] = set()  # runs of the job (Slurm's restart count) already requeued
-
-    def check(self, restarts: int) -> None:
-        """Raise RankFailure (the job cancelled) for a silent task of run `restarts`, unless it is requeued."""
-        if restarts in self._requeued:  # on its way back to the queue: its tasks are being killed
-            return
-        for task in range(self.job.ntasks):
-            beats = heartbeat_file(self.job.folder, f"{self.job.job_id}_r{restarts}", task)
-            silent = silent_for(beats)
-            if silent is None or silent <= self.limit_s:
-                continue
-            if len(self._requeued) < self.requeues:
-                self._requeued.add(restarts)
-                self.job.requeue()
-                then = f"job {self.job.job_id} requeued to resume from its checkpoint (launcher.max_num_node_failures)"
-                self.echo(f"titan_exp: rank {task} {silence(silent, self.limit_s, then, beating_host(beats))}")
-                return
-            self.job.cancel()
-            reason = silence(silent, self.limit_s, f"job {self.job.job_id} cancelled", beating_host(beats))
-            raise RankFailure(task, reason, self.job.log(task))
-
-
-def _outcome(job: SlurmJob, status: JobStatus | None, echo: Callable[[str], None]) -> Any:
-    """Rank 0's result once every rank left one; otherwise the root cause: the earliest rank that
-    raised, else Slurm's word on the job."""
-    finished, raised = [], []
-    for task in range(job.ntasks):
-        pickle = job.paths(task).result_pickle
-        try:
-            finished.append(read_result(task, pickle, job.log(task)))
-        except RankFailure as failure:
-            raised.append((pickle.stat().st_mtime, failure))
-    if raised:
-        raise min(raised, key=lambda pair: pair[0])[1]
-    status = status or JobStatus("UNKNOWN", "forgotten by slurmctld", "", 0)
-    if all(done for done, _ in finished):
-        if status.state != "COMPLETED":  # e.g. a rank aborting in its teardown, after its result
-            echo(f"titan_exp: every rank finished, yet Slurm says {status.state} (exit code {status.exit_code})")
-        return finished[0][1]
-    raise SlurmJobEnded(job.job_id, status, job.log(0))
+    return executor.submit(_task_entry, fn, arg, spec.threads_per_task).job_id
 
 
 def _task_entry(fn: Callable[[Any], Any], arg: Any, threads: int) -> Any:
@@ -348,3 +228,130 @@ def leave_for_requeue(is_rank0: bool) -> NoReturn:
     else:
         time.sleep(_REQUEUE_WAIT_SECONDS)
     sys.exit(_REQUEUED_EXIT)
+
+
+class SlurmLauncher(Launcher):
+    name = "slurm"
+    options = SlurmOptions
+    folder_name = "slurm"
+    on_this_machine = False
+    warns_before_stopping = True
+
+    def placement(self, request: PlacementRequest) -> Placement:
+        """A Slurm job's nodes are not this machine: counts come from the config alone. Ranks per
+        node: launcher.nproc_per_node, else one per GPU of launcher.gpus_per_node, else the degrees'
+        product over the nodes; device auto is cuda unless launcher.gpus_per_node=0."""
+        o = self.section
+        if request.started_by:
+            raise ConfigError(
+                "launcher",
+                "slurm",
+                f"submits a Slurm job of its own, but this process is already one rank of a {request.started_by} "
+                "job; drop launcher=slurm there (or submit from outside the job step)",
+            )
+        if request.nodes <= 0:
+            raise ConfigError("launcher.nodes", request.nodes, "must be > 0")
+        if request.nproc_per_node == -1 and o.gpus_per_node <= 0:
+            if request.degrees_product is None:
+                raise ConfigError(
+                    "launcher.nproc_per_node",
+                    -1,
+                    "launcher=slurm cannot count a node's devices from here; set launcher.nproc_per_node "
+                    "(or launcher.gpus_per_node, or every parallel degree)",
+                )
+            if request.degrees_product % request.nodes:
+                raise ConfigError(
+                    "launcher.nodes",
+                    request.nodes,
+                    f"does not divide the degrees' product {request.degrees_product}; set launcher.nproc_per_node",
+                )
+        if request.device == "cpu" and o.gpus_per_node > 0:
+            raise ConfigError(
+                "launcher.gpus_per_node", o.gpus_per_node, "launcher.device=cpu takes no GPUs; set it to 0"
+            )
+        gpus, nproc = o.gpus_per_node, request.nproc_per_node
+        if request.device != "cpu" and gpus > 0 and nproc > gpus:
+            raise ConfigError(
+                "launcher.nproc_per_node", nproc, f"exceeds launcher.gpus_per_node={gpus}: each rank needs its own GPU"
+            )
+        device = request.device if request.device != "auto" else ("cpu" if gpus == 0 else "cuda")
+        if nproc == -1:
+            nproc = gpus if gpus > 0 else request.degrees_product // request.nodes
+        threads = request.cpu_threads_per_rank
+        if threads == -1:
+            threads = o.cpus_per_task or 1
+        return Placement(self.name, device, nproc, request.nodes, threads)
+
+    def resolved_options(self, placement: Placement) -> dict[str, object]:
+        """gpus_per_node filled in: one per rank on cuda, none on cpu."""
+        gpus = self.section.gpus_per_node
+        return {
+            "gpus_per_node": gpus if gpus != -1 else (placement.nproc_per_node if placement.device == "cuda" else 0)
+        }
+
+    def memory_budget(self, placement: Placement) -> MemoryBudget | None:
+        """launcher.mem_gb per node, for a CPU job that sets it (a GPU job's ranks hold their GPUs)."""
+        mem_gb = self.section.mem_gb
+        if placement.device != "cpu" or mem_gb is None:
+            return None
+        return MemoryBudget(int(mem_gb * 1024**3), shared=True, what=f"launcher.mem_gb={mem_gb:g} per node")
+
+    def points_in_flight(self) -> int:
+        return self.section.array_parallelism
+
+    def job_spec(self, spec: JobSpec) -> SlurmJobSpec:
+        """What a job asks Slurm for."""
+        placement, o = spec.placement, self.section
+        options = SlurmOptions(**{f.name: getattr(o, f.name) for f in dataclasses.fields(SlurmOptions)})
+        options = dataclasses.replace(options, **self.resolved_options(placement))
+        return SlurmJobSpec(
+            job_name="titan_exp:" + spec.name.replace("·", "-"),
+            nodes=placement.nodes,
+            tasks_per_node=placement.nproc_per_node,
+            timeout_min=spec.timeout_min,
+            options=options,
+            threads_per_task=placement.threads_per_rank,
+        )
+
+    def described_only(self, spec: JobSpec, folder: Path) -> str | None:
+        """launcher.submit=false: the batch script that would be submitted."""
+        return None if self.section.submit else batch_script(self.job_spec(spec), folder)
+
+    def refusal(self, spec: JobSpec, folder: Path) -> str | None:
+        refused = refusal(self.job_spec(spec), folder)
+        return f"Slurm would refuse this job: {refused}" if refused else None
+
+    def place(self, target: Callable[[Any], Any], arg: Any, spec: JobSpec, folder: Path, echo: Callable[[str], None]):
+        """Submit the job; None unless it is to be followed (launcher.wait=false: its log paths are
+        printed and it runs on)."""
+        job_id = submit(target, arg, self.job_spec(spec), folder)
+        # A rank lost (its node failed) requeues the job where it can resume from a checkpoint.
+        requeues = self.section.max_num_node_failures if spec.resumable else 0
+        ranks = spec.placement.world_size
+        job = SlurmJob(job_id, folder.absolute(), ranks, echo, spec.heartbeat_timeout_s, requeues)
+        echo(f"Slurm job {job_id} submitted: {ranks} ranks, logs {job.folder / f'{job_id}_<rank>_log.out'}")
+        return job if self.section.wait else None
+
+    def restarted(self) -> bool:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
+
+    def after_stop(self, stop: StopRequested, elapsed_s: float, can_resume: bool, job_dir: Path, is_rank0: bool) -> str:
+        """Requeued if the job can resume (a checkpoint, and requeues for timeouts left). A stop
+        counts as a time limit once the job has run as long as submitit says a timeout takes (the
+        lesser of 80% of the limit and the limit less 10 minutes); earlier, as a preemption."""
+        limit_s = 60 * self.section.timeout_min
+        kind = "TIMEOUT" if elapsed_s >= min(0.8 * limit_s, limit_s - 600) else "PREEMPTED"
+        what = f"{kind}: Slurm sent {stop.signal_name} and the ranks stopped after step {stop.step}"
+        if not can_resume:
+            return f"{what}; checkpoint.enable=false, so there is nothing to resume from"
+        if kind == "TIMEOUT":
+            counter = job_dir / "slurm_timeouts"
+            used = int(counter.read_text()) if counter.exists() else 0
+            if used >= self.section.max_num_timeout:
+                return f"{what}; requeued for its time limit {used} times already (launcher.max_num_timeout)"
+            if is_rank0:
+                counter.write_text(str(used + 1))
+        raise Requeue(f"{what}; requeued to resume from its checkpoint")
+
+    def leave_for_requeue(self, is_rank0: bool) -> NoReturn:
+        leave_for_requeue(is_rank0)

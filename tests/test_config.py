@@ -109,6 +109,25 @@ def test_a_corpus_that_is_not_text_is_refused_before_training(tmp_path: Path, co
     assert err.value.key == "data.corpus_path"
 
 
+@pytest.mark.parametrize(
+    "override,hint",
+    [
+        ("launcher.partition=gpu", "is read by launcher=slurm only"),
+        ("model.mla.kv_lora_rank=64", "is read by model=deepseek_v3_16b|deepseek_v3_671b|deepseek_v3_debug only"),
+        ("training.stepz=3", "did you mean training.steps?"),
+    ],
+)
+def test_a_key_the_option_lacks_names_where_it_is_read(override: str, hint: str):
+    """Another option's key (an engine's, a model family's) or a typo: the one line says where it is read."""
+    from hydra.errors import HydraException
+
+    from titan_exp.job.outcome import composition_error
+
+    with pytest.raises(HydraException) as err:
+        compose_config([override])
+    assert hint in composition_error(err.value)
+
+
 @pytest.mark.parametrize("key", ["launcher.partition", "launcher.additional_parameters", "tracking.run_name"])
 def test_a_line_break_in_a_value_for_the_batch_script_is_refused(key: str):
     """A newline in a value from a YAML file would add #SBATCH and shell lines to the rendered script."""

@@ -10,14 +10,20 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from launchers.local import Limits, launch_local, process_alive
+from launchers.base import JobSpec, Placement
+from launchers.local import LocalLauncher, LocalOptions, process_alive
 from launchers.tasks import RankFailure
 
 from conftest import REPO, SMALL_MODEL, mlflow_client, mlflow_runs, run_cli, start_as_in_a_terminal, stopped_for_good
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-LIMITS = Limits(timeout_min=5, heartbeat_timeout_s=60)
+def launch_local(fn, arg, nproc: int, folder: Path, heartbeat_timeout_s: float = 60.0):
+    """fn(arg) in `nproc` CPU ranks placed by launcher=local (one thread each), followed to the end."""
+    placement = Placement("local", "cpu", nproc, 1, 1)
+    spec = JobSpec("test", placement, timeout_min=5, heartbeat_timeout_s=heartbeat_timeout_s, resumable=False)
+    placed = LocalLauncher(LocalOptions()).place(fn, arg, spec, folder, lambda line: print(line, flush=True))
+    return placed.follow()
 
 
 def _rank_pids(folder: Path) -> list[int]:
@@ -50,7 +56,7 @@ def echo_rank(_: None) -> str:
 
 
 def test_ranks_get_the_torch_distributed_environment(tmp_path, capsys):
-    result = launch_local(echo_rank, None, 3, tmp_path, use_gpus=False, limits=LIMITS, threads_per_rank=1)
+    result = launch_local(echo_rank, None, 3, tmp_path)
     assert result == "0"  # rank 0's return value
     out = capsys.readouterr().out
     assert "hello from rank 0 of 3" in out
@@ -61,7 +67,7 @@ def test_ranks_get_the_torch_distributed_environment(tmp_path, capsys):
 def test_exception_in_one_rank_stops_all_and_names_the_rank(tmp_path):
     start = time.monotonic()
     with pytest.raises(RankFailure) as err:
-        launch_local(fail_on_rank_1, 120.0, 3, tmp_path, use_gpus=False, limits=LIMITS, threads_per_rank=1)
+        launch_local(fail_on_rank_1, 120.0, 3, tmp_path)
     assert err.value.rank == 1
     assert "ValueError: rank one gives up" in str(err.value)
     assert time.monotonic() - start < 60
@@ -87,7 +93,7 @@ def crash_on_rank_1(seconds: float) -> int:
 
 def test_a_crashed_rank_is_named_by_its_crash(tmp_path):
     with pytest.raises(RankFailure) as err:
-        launch_local(crash_on_rank_1, 120.0, 2, tmp_path, use_gpus=False, limits=LIMITS, threads_per_rank=1)
+        launch_local(crash_on_rank_1, 120.0, 2, tmp_path)
     assert err.value.rank == 1
     assert err.value.reason.startswith("exited without a result: crashed: Segmentation fault"), err.value.reason
 
@@ -95,15 +101,7 @@ def test_a_crashed_rank_is_named_by_its_crash(tmp_path):
 def test_a_stopped_rank_is_named_by_its_heartbeat_and_nothing_is_left(tmp_path):
     start = time.monotonic()
     with pytest.raises(RankFailure) as err:
-        launch_local(
-            stop_on_rank_1,
-            300.0,
-            3,
-            tmp_path,
-            use_gpus=False,
-            limits=Limits(5, heartbeat_timeout_s=8),
-            threads_per_rank=1,
-        )
+        launch_local(stop_on_rank_1, 300.0, 3, tmp_path, heartbeat_timeout_s=8)
     assert err.value.rank == 1
     assert "no heartbeat for" in err.value.reason
     assert time.monotonic() - start < 60  # not the 300 s the others wait, nor a collective's timeout

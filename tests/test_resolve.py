@@ -6,8 +6,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from launchers.devices import cpu_cores
+from launchers.slurm import SlurmOptions
 from titan_exp.config.resolve import resolve
-from titan_exp.config.sections import slurm_defaults
 
 from conftest import compose_config
 
@@ -18,7 +18,7 @@ def resolved(overrides: list[str]):
 
 
 # Keys a local job's ranks never read: a sweep's (max_parallel) and launcher=slurm's.
-NOT_READ_BY_LOCAL_RANKS = {"max_parallel", *slurm_defaults()}
+NOT_READ_BY_LOCAL_RANKS = {"max_parallel", *(f.name for f in dataclasses.fields(SlurmOptions))}
 
 
 def _left_open(section) -> list[str]:

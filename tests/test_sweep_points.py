@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 
-from titan_exp.config.job import Placement, ResolvedJob
+from launchers.base import Placement
+from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
+from titan_exp.config.sections import LAUNCHER_SECTIONS
 from titan_exp.job.sweep_points import StatusBoard, SweepPoint, _Room, label_points
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.tracking.store import with_retries
@@ -19,11 +21,10 @@ from conftest import SMALL_MODEL, mlflow_runs, start_as_in_a_terminal, stopped_f
 
 
 def point(
-    number: int, overrides: list[str], nproc: int = 1, launcher: str = "local", device: str = "cpu"
+    number: int, overrides: list[str], nproc: int = 1, launcher: str = "local", device: str = "cpu", **options
 ) -> SweepPoint:
-    cfg = JobConfig()
-    cfg.launcher.name, cfg.launcher.nproc_per_node, cfg.launcher.device = launcher, nproc, device
-    job = ResolvedJob(cfg, ParallelDims(1, 1, nproc, 1, 1), Placement(None, device, nproc, 1, 1))
+    cfg = JobConfig(launcher=LAUNCHER_SECTIONS[launcher](nproc_per_node=nproc, device=device, **options))
+    job = ResolvedJob(cfg, ParallelDims(1, 1, nproc, 1, 1), Placement(launcher, device, nproc, 1, 1))
     return SweepPoint(number, overrides, job_dir=None, job=job)
 
 
@@ -34,20 +35,20 @@ def test_points_are_named_by_what_varies():
 
 
 def test_cores_are_shared_out_disjointly_and_slurm_points_need_none():
-    room = _Room(gpus=["0", "1", "2", "3"], cores=[0, 1, 2, 3], cores_per_point=2, max_parallel=-1, max_on_slurm=1)
+    room = _Room(gpus=["0", "1", "2", "3"], cores=[0, 1, 2, 3], cores_per_point=2, max_parallel=-1)
     cpu_a, cpu_b, cpu_c = point(0, [], 2), point(1, [], 2), point(2, [], 2)
     assert room.take(cpu_a) and room.take(cpu_b) and not room.take(cpu_c)
     assert set(cpu_a.cores).isdisjoint(cpu_b.cores) and len(cpu_a.cores) == 2
     gpu = point(3, [], 3, device="cuda")
     assert room.take(gpu) and gpu.gpus == ("0", "1", "2") and not room.take(point(4, [], 2, device="cuda"))
-    on_slurm = [point(5, [], 8, launcher="slurm"), point(6, [], 8, launcher="slurm")]
-    assert room.take(on_slurm[0]) and not room.take(on_slurm[1])  # array_parallelism=1
+    on_slurm = [point(5, [], 8, launcher="slurm", array_parallelism=1) for _ in range(2)]
+    assert room.take(on_slurm[0]) and not room.take(on_slurm[1])  # its engine's limit on points in flight
     room.give_back(cpu_a)
     assert room.take(cpu_c) and cpu_c.cores == cpu_a.cores
 
 
 def test_max_parallel_caps_points_running_here():
-    room = _Room(gpus=[], cores=[0, 1, 2, 3], cores_per_point=1, max_parallel=2, max_on_slurm=8)
+    room = _Room(gpus=[], cores=[0, 1, 2, 3], cores_per_point=1, max_parallel=2)
     assert room.take(point(0, [])) and room.take(point(1, [])) and not room.take(point(2, []))
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from omegaconf import OmegaConf
 
+from launchers.registry import LAUNCHERS
 from titan_exp.config.compose import compose_job_config
 from titan_exp.config.schema import JobConfig
 from titan_exp.config.tree import default_options, group_options
@@ -46,7 +47,7 @@ MOST_USED = (
 def page(subcommands: dict[str, str]) -> str:
     """The whole page; `subcommands`: each subcommand's one-line summary."""
     sections = [
-        "titan_exp: compose a training run from config groups, place it on local ranks or Slurm, train it "
+        f"titan_exp: compose a training run from config groups, place it ({'/'.join(LAUNCHERS)}), train it "
         "with PyTorch-native parallelism and compare layouts in MLflow.",
         _usage(subcommands),
         "Config groups (GROUP=OPTION; * the default):\n" + "\n".join(_groups()),

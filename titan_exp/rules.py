@@ -4,17 +4,15 @@ fix: one line on the command line, exit 2), keys whose choices are declared once
 
 Each section dataclass derives from `Section` and keeps its own rules in `check(key)`, next to its
 fields; rules across sections are in config/check.py. Torch-free, and imported by every section:
-it imports nothing of the project."""
+it imports nothing of the project but the placement layer's error."""
 
 import dataclasses
 import math
 from typing import Any
 
-
-class ConfigError(ValueError):
-    def __init__(self, key: str, value: object, fix: str):
-        self.key, self.value, self.fix = key, value, fix
-        super().__init__(f"{key}={value}: {fix}")
+# The placement layer's words for a wrong option, shared: an engine's own rules raise the same error.
+from launchers.base import ConfigError as ConfigError
+from launchers.base import check_one_line as check_one_line
 
 
 def one_of(*choices: Any, default: Any = None) -> Any:
@@ -60,19 +58,6 @@ def check_at_least(key: str, value: int | float, low: int | float) -> None:
 def check_in_range(key: str, value: float, low: float, high: float) -> None:
     if not low <= value <= high:  # also refuses nan
         raise ConfigError(key, value, f"must lie in [{low:g}, {high:g}]")
-
-
-def check_one_line(key: str, value: object) -> None:
-    """Text that lands in a line of a script or a file name (a Slurm option, a run name): no line
-    breaks or other control characters, which would start a line of their own. Lists and mappings
-    are checked item by item."""
-    if isinstance(value, dict):
-        texts = [*value.keys(), *value.values()]
-    else:
-        texts = value if isinstance(value, list) else [value]
-    for text in texts:
-        if isinstance(text, str) and any(ord(c) < 32 or ord(c) == 127 for c in text):
-            raise ConfigError(key, repr(text), "must not hold a line break or other control character")
 
 
 def check_folder_name(key: str, name: str) -> None:

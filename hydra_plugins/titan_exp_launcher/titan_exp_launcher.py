@@ -68,7 +68,7 @@ class TitanExpLauncher(Launcher):
         for found in pruned.values():
             record_pruned(found, parent)
         if to_run := [point for point in points if point.state == "queued"]:
-            run_points(to_run, parent, launcher.max_parallel, launcher.array_parallelism)
+            run_points(to_run, parent, launcher.max_parallel)
         return [self._report(point, config, optimising) for point, config in zip(points, configs)]
 
     def _point_config(self, overrides: Sequence[str], number: int) -> DictConfig:

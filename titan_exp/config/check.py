@@ -3,9 +3,8 @@ are beside its dataclass (`check`); the checks that touch the disk, the network 
 estimate are the pre-flight's (job/preflight.py). Every rule raises ConfigError naming the key, the
 offending value and the fix, so the command line prints one line and exits 2."""
 
-from titan_exp.config.job import Placement
+from launchers.base import Placement
 from titan_exp.config.schema import JobConfig
-from titan_exp.config.sections import LauncherConfig
 from titan_exp.config.unread import ignored_keys
 from titan_exp.models.registry import FAMILIES, family_of
 from titan_exp.parallel.dims import ParallelDims
@@ -241,74 +240,4 @@ def check_local_tensor_layout(cfg: JobConfig, dims: ParallelDims) -> None:
             "runs tensor parallelism only: torch 2.13's LocalTensorMode fails inside FSDP2 (resize_() on an invalid "
             "storage) and is not wired for DDP/pipelining/CP/EP here; "
             f"use parallelism=tp, or COMM_MODE=fake_backend for {cfg.parallelism.name}",
-        )
-
-
-def check_started_by(launcher: LauncherConfig, started_by: str | None) -> None:
-    """The launcher against how this process was started (`started_by`: torchrun or srun when it
-    is one rank of their job, None when titan_exp places the ranks)."""
-    if launcher.name == "slurm" and started_by:
-        raise ConfigError(
-            "launcher",
-            "slurm",
-            f"submits a Slurm job of its own, but this process is already one rank of a {started_by} job; "
-            "drop launcher=slurm there (or submit from outside the job step)",
-        )
-    if launcher.name == "local" and started_by is None and launcher.nodes != 1:
-        raise ConfigError(
-            "launcher.nodes", launcher.nodes, "launcher=local runs on this machine only; set launcher.nodes=1"
-        )
-
-
-def check_slurm_ranks(launcher: LauncherConfig, degrees_product: int | None) -> None:
-    """launcher=slurm with nproc_per_node=-1 needs GPUs per node, or degrees that say how many ranks;
-    and a cuda job one GPU per rank on each node."""
-    if launcher.nproc_per_node == -1 and launcher.gpus_per_node <= 0:
-        if degrees_product is None:
-            raise ConfigError(
-                "launcher.nproc_per_node",
-                -1,
-                "launcher=slurm cannot count a node's devices from here; set launcher.nproc_per_node "
-                "(or launcher.gpus_per_node, or every parallel degree)",
-            )
-        if degrees_product % launcher.nodes:
-            raise ConfigError(
-                "launcher.nodes",
-                launcher.nodes,
-                f"does not divide the degrees' product {degrees_product}; set launcher.nproc_per_node",
-            )
-    if launcher.device == "cpu" and launcher.gpus_per_node > 0:
-        raise ConfigError(
-            "launcher.gpus_per_node", launcher.gpus_per_node, "launcher.device=cpu takes no GPUs; set it to 0"
-        )
-    gpus, nproc = launcher.gpus_per_node, launcher.nproc_per_node
-    if launcher.device != "cpu" and gpus > 0 and nproc > gpus:
-        raise ConfigError(
-            "launcher.nproc_per_node", nproc, f"exceeds launcher.gpus_per_node={gpus}: each rank needs its own GPU"
-        )
-
-
-def check_gpus(launcher: LauncherConfig, nproc_per_node: int, visible_gpus: int, spawned_here: bool) -> None:
-    """launcher.device=cuda needs a GPU, and our launcher one GPU per rank."""
-    if launcher.device == "cuda" and visible_gpus == 0:
-        raise ConfigError(
-            "launcher.device", "cuda", "no GPU is visible on this machine; use launcher.device=cpu or auto"
-        )
-    if spawned_here and launcher.device != "cpu" and visible_gpus and nproc_per_node > visible_gpus:
-        raise ConfigError(
-            "launcher.nproc_per_node",
-            nproc_per_node,
-            f"only {visible_gpus} GPU(s) visible; lower it or use launcher.device=cpu",
-        )
-
-
-def check_cpu_ranks(launcher: LauncherConfig, nproc_per_node: int, cores: int) -> None:
-    """CPU ranks that our launcher starts here get a core each, unless oversubscribing is asked for:
-    more ranks than cores time-share them, and every speed figure of the run is then meaningless."""
-    if nproc_per_node > cores and not launcher.oversubscribe:
-        raise ConfigError(
-            "launcher.nproc_per_node",
-            nproc_per_node,
-            f"more CPU ranks than the {cores} core(s) this process may use; lower it, "
-            "or add launcher.oversubscribe=true to time-share the cores (fine for parity checks, not for speed)",
         )

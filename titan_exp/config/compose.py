@@ -100,16 +100,21 @@ def options_reading(key: str) -> list[str]:
 
 
 def unknown_key_fix(key: str) -> str:
-    """What to say of a key the schema lacks: the closest known key (a typo in the name or the
-    section, or the right name in the wrong section), or where the keys are listed."""
+    """What to say of a key the schema lacks (see key_hint)."""
+    hint = key_hint(key)
+    return hint if options_reading(key) else f"is not a key of the config; {hint}"
+
+
+def key_hint(key: str) -> str:
+    """Where a key the config lacks is found: the options of its group that read it, else the
+    closest known key (a typo in the name or the section, or the right name in the wrong section),
+    else where the keys are listed."""
     if readers := options_reading(key):
-        group = key.partition(".")[0]
-        return f"is read by {group}={'|'.join(readers)} only; choose one of them"
+        return f"is read by {key.partition('.')[0]}={'|'.join(readers)} only; choose one of them"
     keys = schema_keys()
     section, _, leaf = key.rpartition(".")
     names_in_section = [known.rpartition(".")[2] for known in keys if known.rpartition(".")[0] == section]
     close = [f"{section}.{name}" for name in difflib.get_close_matches(leaf, names_in_section, n=1, cutoff=0.7)]
     close = close or [known for known in keys if known.rpartition(".")[2] == leaf][:1]
     close = close or difflib.get_close_matches(key, keys, n=1, cutoff=0.85)
-    hint = f"did you mean {close[0]}?" if close else "titan_exp --help lists the most used keys, --cfg job all"
-    return f"is not a key of the config; {hint}"
+    return f"did you mean {close[0]}?" if close else "titan_exp --help lists the most used keys, --cfg job all"

@@ -9,32 +9,12 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from launchers.base import Launcher, Placement
+from launchers.devices import threads_per_rank
 from titan_exp.config.schema import JobConfig
 from titan_exp.config.unread import unread_keys
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.tracking.config import Store
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where the ranks run, worked out once (and written into the config's launcher section)."""
-
-    # torchrun | srun when this process is one rank of a job they started; None when titan_exp
-    # places the ranks (or, in a dry run, places nothing).
-    started_by: str | None
-    device: str  # cpu | cuda
-    nproc_per_node: int
-    nodes: int
-    threads_per_rank: int
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc_per_node * self.nodes
-
-
-def threads_per_rank(cores: int, ranks: int) -> int:
-    """An equal share of `cores` for each of `ranks` CPU ranks (at least one thread)."""
-    return max(1, cores // ranks)
 
 
 @dataclass(frozen=True)
@@ -54,9 +34,9 @@ class ResolvedJob:
         return self.config.debug.comm_mode != "real"
 
     @property
-    def on_slurm(self) -> bool:
-        """A Slurm job that titan_exp submits."""
-        return self.config.launcher.name == "slurm"
+    def launcher(self) -> Launcher:
+        """The engine that places the ranks (launchers/registry.py)."""
+        return self.config.launcher.engine()
 
     @property
     def unread_keys(self) -> list[str]:

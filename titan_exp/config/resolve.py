@@ -1,29 +1,27 @@
 """From a composed config to the resolved job (config/job.py), once, in the launching process:
 every rule checked (each section's own, then those across sections: config/check.py), and
-nothing left to infer. Worked out here: the comm mode (COMM_MODE), the placement (rank counts from
-the degrees, the GPUs, or torchrun/srun's environment; the device, no `auto`; CPU threads per
-rank), the degrees (the one -1), the context-parallel attention, the global batch, absolute paths
-(ranks may start in another directory) and the tracking store. What touches the disk, the network
-or the memory estimate is the pre-flight's (job/preflight.py)."""
+nothing left to infer. Worked out here: the comm mode (COMM_MODE), the placement (the engine's,
+launchers/: rank counts, the device with no `auto`, CPU threads per rank), the degrees (the one
+-1), the context-parallel attention, the global batch, absolute paths (ranks may start in another
+directory) and the tracking store. What touches the disk, the network or the memory estimate is
+the pre-flight's (job/preflight.py)."""
 
 import copy
 import math
 import os
 from pathlib import Path
 
-from launchers.devices import cpu_cores, visible_gpus
-from launchers.env import RankEnv, external_launcher
+from launchers.base import Placement, PlacementRequest
+from launchers.devices import cpu_cores, threads_per_rank
+from launchers.env import external_launcher
 from titan_exp.config import check
 from titan_exp.config.aliases import apply_aliases
-from titan_exp.config.job import Placement, ResolvedJob, threads_per_rank
+from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.models.registry import config_from_hf
 from titan_exp.parallel.config import resolved_context_parallel_impl
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.rules import ConfigError
-
-# Ranks on a machine without GPUs when neither the launcher nor the degrees say how many.
-DEFAULT_CPU_RANKS = 2
 
 
 def resolve(cfg: JobConfig, place: bool = True) -> ResolvedJob:
@@ -38,8 +36,8 @@ def resolve(cfg: JobConfig, place: bool = True) -> ResolvedJob:
     dims = ParallelDims.resolve(cfg.parallelism, placement.world_size)
     _fill_in(cfg, placement, dims)
     check.check_job(cfg, dims, placement, placed=place)
-    if place and cfg.debug.comm_mode == "real" and _spawns_cpu_ranks_here(cfg, placement):
-        check.check_cpu_ranks(cfg.launcher, placement.nproc_per_node, cpu_cores())
+    if place and cfg.debug.comm_mode == "real":
+        cfg.launcher.engine().check_room(placement, cfg.launcher.oversubscribe)
     cfg.freeze()
     return ResolvedJob(cfg, dims, placement)
 
@@ -59,16 +57,24 @@ def _model_from_hf(cfg: JobConfig) -> None:
     cfg.model.flavor = folder.name
 
 
-def _spawns_cpu_ranks_here(cfg: JobConfig, placement: Placement) -> bool:
-    return cfg.launcher.name == "local" and placement.device == "cpu" and placement.started_by is None
-
-
 def _place(cfg: JobConfig) -> Placement:
-    started_by = external_launcher()
-    check.check_started_by(cfg.launcher, started_by)
-    if cfg.launcher.name == "slurm":
-        return _place_on_slurm(cfg)
-    return _place_here(cfg, started_by)
+    """The engine's placement (launchers/), its own keys' -1 and auto filled in."""
+    launcher = cfg.launcher
+    degrees = cfg.parallelism.degrees().values()
+    request = PlacementRequest(
+        nproc_per_node=launcher.nproc_per_node,
+        nodes=launcher.nodes,
+        device=launcher.device,
+        cpu_threads_per_rank=launcher.cpu_threads_per_rank,
+        oversubscribe=launcher.oversubscribe,
+        degrees_product=None if -1 in degrees else math.prod(degrees),
+        started_by=external_launcher(),
+    )
+    engine = launcher.engine()
+    placement = engine.placement(request)
+    for key, value in engine.resolved_options(placement).items():
+        setattr(launcher, key, value)
+    return placement
 
 
 def _place_nowhere(cfg: JobConfig) -> Placement:
@@ -83,60 +89,6 @@ def _place_nowhere(cfg: JobConfig) -> Placement:
     threads = launcher.cpu_threads_per_rank
     threads = threads if threads > 0 else threads_per_rank(cpu_cores(), launcher.nproc_per_node)
     return Placement(None, "cpu", launcher.nproc_per_node, launcher.nodes, threads)
-
-
-def _place_here(cfg: JobConfig, started_by: str | None) -> Placement:
-    """On this machine: our launcher's ranks, or this process as one rank of torchrun's or srun's."""
-    launcher = cfg.launcher
-    gpus = visible_gpus() if launcher.device != "cpu" else 0
-    if started_by:
-        env = RankEnv.from_environ()
-        nproc, nodes = env.local_world_size, env.world_size // env.local_world_size
-    else:
-        nproc, nodes = _ranks_per_node(cfg, gpus), launcher.nodes
-    check.check_gpus(launcher, nproc, gpus, spawned_here=started_by is None)
-    device = "cuda" if gpus and launcher.device != "cpu" else "cpu"
-    threads = launcher.cpu_threads_per_rank
-    if threads == -1:
-        # torchrun and srun set OMP_NUM_THREADS for their ranks; our launcher shares the cores out.
-        inherited = os.environ.get("OMP_NUM_THREADS") if started_by else None
-        threads = int(inherited) if inherited else threads_per_rank(cpu_cores(), nproc)
-    return Placement(started_by, device, nproc, nodes, threads)
-
-
-def _place_on_slurm(cfg: JobConfig) -> Placement:
-    """A Slurm job's nodes are not this machine: counts come from the config alone. Ranks per node:
-    launcher.nproc_per_node, else one per GPU of launcher.gpus_per_node, else the degrees' product
-    over the nodes; device auto is cuda unless launcher.gpus_per_node=0. The resolved GPUs per node
-    are written into the launcher section."""
-    launcher = cfg.launcher
-    degrees = cfg.parallelism.degrees().values()
-    degrees_product = None if -1 in degrees else math.prod(degrees)
-    check.check_slurm_ranks(launcher, degrees_product)
-    device = launcher.device
-    if device == "auto":
-        device = "cpu" if launcher.gpus_per_node == 0 else "cuda"
-    nproc = launcher.nproc_per_node
-    if nproc == -1:
-        gpus = launcher.gpus_per_node
-        nproc = gpus if gpus > 0 else degrees_product // launcher.nodes
-    if launcher.gpus_per_node == -1:
-        launcher.gpus_per_node = nproc if device == "cuda" else 0
-    threads = launcher.cpu_threads_per_rank
-    if threads == -1:
-        threads = launcher.cpus_per_task or 1
-    return Placement(None, device, nproc, launcher.nodes, threads)
-
-
-def _ranks_per_node(cfg: JobConfig, gpus: int) -> int:
-    """launcher.nproc_per_node, or for -1: the degrees' product when none is -1, else one rank per
-    visible GPU, else DEFAULT_CPU_RANKS."""
-    if cfg.launcher.nproc_per_node != -1:
-        return cfg.launcher.nproc_per_node
-    degrees = cfg.parallelism.degrees().values()
-    if -1 not in degrees:
-        return math.prod(degrees)
-    return gpus or DEFAULT_CPU_RANKS
 
 
 def _fill_in(cfg: JobConfig, placement: Placement, dims: ParallelDims) -> None:

@@ -11,6 +11,7 @@ from hydra.core.config_store import ConfigStore
 
 from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.config.sections import (
+    LAUNCHER_SECTIONS,
     DebugConfig,
     LauncherConfig,
     MetricsConfig,
@@ -69,9 +70,12 @@ class JobConfig(Section):
 
 def option_schemas() -> dict[str, dict[str, type[Section]]]:
     """The groups whose options build on a section of their own (a subclass of the group's
-    section: a model family's, models/registry.py): each option names its schema first in its
-    defaults list, `- /<group>_schema/<name>@_here_`."""
-    return {"model": {name: family.config for name, family in FAMILIES.items()}}
+    section: a model family's, models/registry.py; an engine's, launchers/registry.py): each
+    option names its schema first in its defaults list, `- /<group>_schema/<name>@_here_`."""
+    return {
+        "model": {name: family.config for name, family in FAMILIES.items()},
+        "launcher": LAUNCHER_SECTIONS,
+    }
 
 
 def register_schema() -> None:

@@ -8,8 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from launchers.base import Launcher
 from launchers.heartbeat import BEAT_SECONDS
-from launchers.slurm import SlurmOptions
+from launchers.registry import LAUNCHERS
 from titan_exp.rules import (
     ConfigError,
     Section,
@@ -17,7 +18,6 @@ from titan_exp.rules import (
     check_choice,
     check_count_or_auto,
     check_in_range,
-    check_one_line,
     check_positive,
     choices,
     one_of,
@@ -107,41 +107,35 @@ class DebugConfig(Section):
 
 
 @dataclass
-class _PlacementKeys(Section):
-    """The launcher's keys every launcher reads (LauncherConfig's first keys)."""
+class LauncherConfig(Section):
+    """Where the rank processes run: the keys every engine reads (`name` picks the engine: launchers/
+    registry.py); each engine's option (conf/launcher/<name>.yaml) adds its own keys, declared
+    beside the engine (its `options`). The resolved job holds the real counts (config/resolve.py):
+    no -1 and no `auto` is left for the ranks to work out."""
 
-    name: str = one_of("local", "slurm")
-    # -1: the product of the parallel degrees when none of them is -1; otherwise every visible GPU,
-    # or 2 CPU ranks on a machine without one (slurm: launcher.gpus_per_node).
+    name: str = one_of(*LAUNCHERS)
+    # -1: the product of the parallel degrees when none of them is -1; otherwise as the engine
+    # counts a node's devices (launcher=local: every visible GPU, or 2 CPU ranks without one).
     nproc_per_node: int = -1
-    # Hosts of the job (launcher=slurm, or torchrun/srun's world).
+    # Hosts of the job (an engine that places several, or torchrun/srun's world).
     nodes: int = 1
-    # Where the ranks compute; auto: cuda where there are GPUs (slurm: unless launcher.gpus_per_node=0).
+    # Where the ranks compute; auto: cuda where there are GPUs.
     device: str = one_of("auto", "cpu", "cuda")
-    # Wall-clock limit of the job (slurm: its --time); the ranks are killed past it.
+    # Wall-clock limit of the job; the ranks are stopped past it.
     timeout_min: int = 24 * 60
     # A rank whose heartbeat (a thread of its own, every 2 s) stops this long is named and the job
     # stopped FAILED (a stopped or hung rank; its peers would wait in a collective until
-    # comm.train_timeout_seconds). Watched by the launching process (launcher=slurm: while it waits).
+    # comm.train_timeout_seconds). Watched by the launching process while it follows the job.
     heartbeat_timeout_s: float = 60.0
-    # Per-rank intra-op threads on CPU; -1: the host's cores shared evenly among the local ranks
-    # (slurm: launcher.cpus_per_task, or 1).
+    # Per-rank intra-op threads on CPU; -1: the engine's share of a node's cores.
     cpu_threads_per_rank: int = -1
     # Sweep points running side by side (-m): -1 as many as fit.
     max_parallel: int = -1
     # A sweep of more points is refused before it starts (-1: no limit).
     max_sweep_points: int = 64
-    # launcher=local on CPU: allow more ranks than this process has cores (they then time-share them;
-    # fine for parity checks, meaningless for speed).
+    # CPU ranks on this machine: allow more ranks than this process has cores (they then time-share
+    # them; fine for parity checks, meaningless for speed).
     oversubscribe: bool = False
-
-
-@dataclass
-class LauncherConfig(SlurmOptions, _PlacementKeys):
-    """Where the rank processes run: this machine (`local`, or inside torchrun/srun) or a Slurm job
-    that titan_exp submits (`slurm`; Slurm's own words for its keys, declared in SlurmOptions). The
-    resolved job holds the real counts (config/resolve.py): no -1 and no `auto` is left for the
-    ranks to work out."""
 
     def check(self, key: str) -> None:
         super().check(key)
@@ -151,43 +145,27 @@ class LauncherConfig(SlurmOptions, _PlacementKeys):
         check_count_or_auto(f"{key}.max_parallel", self.max_parallel, "as many as fit")
         check_count_or_auto(f"{key}.max_sweep_points", self.max_sweep_points, "no limit")
         check_count_or_auto(f"{key}.cpu_threads_per_rank", self.cpu_threads_per_rank, "the cores shared evenly")
-        if self.name == "slurm":
-            self._check_slurm(key)
-            return
-        for name, default in slurm_defaults().items():
-            if getattr(self, name) != default:
-                raise ConfigError(
-                    f"{key}.{name}", getattr(self, name), "is read by launcher=slurm only; add launcher=slurm"
-                )
+        if check_options := getattr(self, "check_options", None):  # the engine's own keys
+            check_options()
 
-    def _check_slurm(self, key: str) -> None:
-        check_positive(f"{key}.nodes", self.nodes)
-        if not 0 <= self.signal_delay_s < 60 * self.timeout_min:
-            raise ConfigError(
-                f"{key}.signal_delay_s",
-                self.signal_delay_s,
-                f"must lie in [0, launcher.timeout_min × 60 = {60 * self.timeout_min}) seconds: "
-                "the warning comes that long before the time limit",
-            )
-        check_at_least(f"{key}.max_num_timeout", self.max_num_timeout, 0)
-        check_at_least(f"{key}.max_num_node_failures", self.max_num_node_failures, 0)
-        check_positive(f"{key}.array_parallelism", self.array_parallelism)
-        if self.gpus_per_node < -1:
-            raise ConfigError(f"{key}.gpus_per_node", self.gpus_per_node, "must be >= 0 or -1 (one per rank)")
-        for name in ("cpus_per_task", "mem_gb"):
-            if getattr(self, name) is not None:
-                check_positive(f"{key}.{name}", getattr(self, name))
-        for name in ("partition", "account", "qos", "constraint", "srun_args", "additional_parameters"):
-            check_one_line(f"{key}.{name}", getattr(self, name))
-
-    def slurm_options(self) -> SlurmOptions:
-        return SlurmOptions(**{name: getattr(self, name) for name in slurm_defaults()})
+    def engine(self) -> Launcher:
+        """The engine this section names, holding it."""
+        return LAUNCHERS[self.name](self)
 
 
-def slurm_defaults() -> dict[str, object]:
-    """The keys only launcher=slurm reads, with their defaults."""
-    defaults = SlurmOptions()
-    return {f.name: getattr(defaults, f.name) for f in dataclasses.fields(SlurmOptions)}
+def _engine_section(engine: type[Launcher]) -> type[LauncherConfig]:
+    """An engine's section: the keys every engine reads (its name the default), then its own options."""
+    name = f"{engine.name.title()}LauncherConfig"
+    own_name = ("name", str, one_of(*LAUNCHERS, default=engine.name))
+    return dataclasses.make_dataclass(
+        name, [own_name], bases=(LauncherConfig, engine.options), namespace={"__module__": __name__}
+    )
+
+
+# The launcher group's option schemas (config/schema.py), by engine; module attributes by their
+# names, so that a resolved job (pickled for its ranks and sweep points) finds its class again.
+LAUNCHER_SECTIONS = {name: _engine_section(engine) for name, engine in LAUNCHERS.items()}
+globals().update({section.__name__: section for section in LAUNCHER_SECTIONS.values()})
 
 
 @dataclass

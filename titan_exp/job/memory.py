@@ -146,7 +146,7 @@ def _more_ranks(cfg: JobConfig, w: Workload) -> Iterator[_Change]:
     factor = 2
     while factor <= _MAX_RANK_FACTOR:
         changed = dataclasses.replace(w, parallelism=_scaled(p, data_parallel_shard_degree=factor))
-        if launcher.name == "slurm" or launcher.nodes > 1 or w.device == "cuda":
+        if not launcher.engine().on_this_machine or launcher.nodes > 1 or w.device == "cuda":
             yield f"launcher.nodes={launcher.nodes * factor}", changed, None
         else:
             ranks = launcher.nproc_per_node * factor

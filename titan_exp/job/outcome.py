@@ -1,13 +1,14 @@
 """How a job's end reaches the command line: one line on stderr and the exit status (0 done, 1 the
 run failed, 2 the config was refused and nothing started, 128 + N stopped by signal N)."""
 
-import re
 import shutil
 import signal
 import sys
 from pathlib import Path
 
-from titan_exp.config.compose import unknown_key_fix
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+from titan_exp.config.compose import key_hint
 from titan_exp.config.job import ResolvedJob
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import masked
@@ -57,30 +58,35 @@ def forget_folder(folder: Path, written: list[str]) -> None:
 
 def composition_error(err: Exception) -> str:
     """Hydra's report of a config it could not compose, in one line: its first line, the reason
-    OmegaConf gives (a value of the wrong type, an unknown key) and a group's options (listed one a line)."""
+    OmegaConf gives (a value of the wrong type, an unknown key: then where that key is read, from
+    the key OmegaConf names) and a group's options (listed one a line)."""
     said = []
     for part in (err, err.__cause__):  # OmegaConf's reason is the cause: "Key 'foo' not in 'TrainingConfig'"
         lines = [line.strip() for line in str(part or "").splitlines() if line.strip()]
         said += [line.rstrip(".") for line in lines[:1] if not line.startswith(("full_key", "object_type"))]
+    if isinstance(err.__cause__, ConfigAttributeError | ConfigKeyError) and err.__cause__.full_key:
+        said.append(key_hint(err.__cause__.full_key))
     options = getattr(err, "options", None)
-    if unknown := re.search(r"Could not override '([\w.]+)'.*(not in|is not)", " ".join(map(str, said))):
-        said.append(unknown_key_fix(unknown.group(1)).split("; ", 1)[1])
     return ": ".join(said) + (f" (options: {', '.join(options)})" if options else "")
 
 
-def exit_status(err: BaseException) -> int:
-    """Say how `err` ended the job, in one line; the status to exit with. Re-raises what is not a
-    job's end (SystemExit and the like)."""
+def verdict(err: BaseException) -> tuple[int, str]:
+    """How `err` ended the job: the status to exit with and one line that says why. Re-raises what
+    is not a job's end (SystemExit and the like)."""
     notes = getattr(err, "__notes__", [])
     if isinstance(err, ConfigError):
-        say(f"config error: {err}")
-        return EXIT_BAD_CONFIG
+        return EXIT_BAD_CONFIG, f"config error: {err}"
     if isinstance(err, KeyboardInterrupt):
         # The status a shell gives a process that such a signal stopped.
         signum = getattr(err, "signum", signal.SIGINT)
-        say("; ".join([f"stopped by {signal.Signals(signum).name}", *notes]))
-        return 128 + signum
+        return 128 + signum, "; ".join([f"stopped by {signal.Signals(signum).name}", *notes])
     if isinstance(err, Exception):
-        say("; ".join([f"run failed: {type(err).__name__}: {err}", *notes]))
-        return EXIT_RUN_FAILED
+        return EXIT_RUN_FAILED, "; ".join([f"run failed: {type(err).__name__}: {err}", *notes])
     raise err
+
+
+def exit_status(err: BaseException) -> int:
+    """Say how `err` ended the job, in one line; the status to exit with."""
+    status, line = verdict(err)
+    say(line)
+    return status

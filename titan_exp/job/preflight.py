@@ -12,7 +12,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from launchers.devices import available_memory, gpu_memory
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, folder_bytes, latest_step, step_dir
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
@@ -26,7 +25,6 @@ from titan_exp.models.registry import config_from_hf, family_of
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import Store
 from titan_exp.tracking.store import is_store_busy, server_answers
-from titan_exp.units import GIB
 
 # How long a tracking server has to answer its health endpoint before the job is refused.
 SERVER_ANSWER_S = 3.0
@@ -260,25 +258,12 @@ def _parent_run_exists(store: Store, run_id: str) -> None:
 
 
 def _memory_fits(job: ResolvedJob) -> None:
-    """One rank's estimated peak within what each rank can have, where that is known from here: a
-    GPU's memory, the available memory shared by our launcher's CPU ranks, a Slurm CPU job's
-    launcher.mem_gb per node (job/memory.py). Ranks that torchrun or srun started share the node
-    with siblings already allocating: not checked there."""
-    placement, cfg = job.placement, job.config
-    if job.on_slurm:
-        if placement.device != "cpu" or cfg.launcher.mem_gb is None:
-            return
-        budget = Budget.of(cfg, cfg.launcher.mem_gb * GIB, True, f"launcher.mem_gb={cfg.launcher.mem_gb:g} per node")
-    elif placement.started_by:
+    """One rank's estimated peak within what each rank can have, where its engine knows that before
+    the ranks start (launchers/: a GPU's memory, the available memory our local CPU ranks share, a
+    Slurm CPU job's launcher.mem_gb per node; job/memory.py)."""
+    placement = job.placement
+    if placement.started_by != job.config.launcher.name:  # torchrun or srun: siblings already allocating
         return
-    elif placement.device == "cuda":
-        memory = gpu_memory()
-        if memory is None:
-            return
-        budget = Budget.of(cfg, memory, False, "one GPU's memory")
-    else:
-        available = available_memory()
-        if available is None:
-            return
-        budget = Budget.of(cfg, available, True, f"{available / GIB:.1f} GiB available on this machine")
-    check_memory_fit(job, budget, placement.device)
+    budget = job.launcher.memory_budget(placement)
+    if budget is not None:
+        check_memory_fit(job, Budget.of(job.config, budget.bytes, budget.shared, budget.what), placement.device)

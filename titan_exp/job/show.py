@@ -22,7 +22,7 @@ def summary(job: ResolvedJob) -> str:
     cfg, dims, place = job.config, job.dims, job.placement
     t, m = cfg.training, cfg.model
     microbatch = f"{t.local_batch_size} × dp {dims.dp} × {job.accumulation} microbatch(es)"
-    where = place.started_by or ("slurm" if job.on_slurm else "local")
+    where = place.started_by
     threads = f", {place.threads_per_rank} thread(s) per rank" if place.device == "cpu" else ""
     rows = [
         ("run name", job.run_name()),

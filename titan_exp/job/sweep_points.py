@@ -4,17 +4,17 @@ dir>/console.log), started as soon as the machine has room for it, in order.
 
 Room: on this machine, GPUs (a point takes one per rank, as CUDA_VISIBLE_DEVICES) or CPU cores (a
 point takes an equal share of them, by affinity: as many points at a time as leave each rank a core,
-or launcher.max_parallel if fewer, or more when every point has launcher.oversubscribe=true). A point that submits a
-Slurm job needs no room here: at most `launcher.array_parallelism` of them are in flight. The
-console shows one line per point (queued, running at step N, done, failed and why), redrawn in
-place on a terminal and printed as it changes elsewhere.
+or launcher.max_parallel if fewer, or more when every point has launcher.oversubscribe=true). A point
+whose engine places its ranks elsewhere (a Slurm job) needs no room here: as many of them are in
+flight as its engine allows (Launcher.points_in_flight). The console shows one line per point
+(queued, running at step N, done, failed and why), redrawn in place on a terminal and printed as
+it changes elsewhere; a point's state comes from the events its processes write (job/events.py).
 """
 
 import contextlib
 import ctypes
 import os
 import pickle
-import re
 import signal
 import subprocess
 import sys
@@ -28,6 +28,7 @@ from launchers.devices import visible_gpu_ids
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
+from titan_exp.job import events
 from titan_exp.job.preflight import preflight
 from titan_exp.progress import Progress
 from titan_exp.rules import ConfigError
@@ -35,10 +36,8 @@ from titan_exp.rules import ConfigError
 # In a point's folder: its resolved job, as the sweep hands it to the point's process (job/point.py).
 JOB_FILE = "job.pkl"
 POLL_SECONDS = 0.5
-# After a Ctrl-C, how long running points get to stop their own ranks (or cancel their Slurm jobs).
+# After a Ctrl-C, how long running points get to stop their own ranks (or cancel their engines' jobs).
 STOP_GRACE_SECONDS = 60.0
-_STEP_LINE = re.compile(r"^step\s+(\d+)\s+loss\s+(\S+)", re.M)
-_SLURM_JOB = re.compile(r"^Slurm job (\d+) submitted", re.M)
 
 
 @dataclass
@@ -58,18 +57,23 @@ class SweepPoint:
     label: str = ""
     # Its CPU ranks' threads are the cores it is given, shared out (launcher.cpu_threads_per_rank=-1).
     threads_follow_cores: bool = False
+    # What it has reported so far (job/events.py): where it was placed, its last logged step, why it failed.
+    where: str = ""
+    progress: str = "starting"
+    failure: str = ""
 
     @property
     def console(self) -> Path:
         return self.job_dir / "console.log"
 
     @property
-    def on_slurm(self) -> bool:
-        return self.job is not None and self.job.on_slurm
+    def placed_here(self) -> bool:
+        """Its ranks run on this machine (its engine's), taking room here."""
+        return self.job is not None and self.job.launcher.on_this_machine
 
     @property
     def ranks_here(self) -> int:
-        return 0 if self.job is None or self.on_slurm else self.job.placement.nproc_per_node
+        return self.job.placement.nproc_per_node if self.placed_here else 0
 
 
 def prepare_point(number: int, overrides: list[str], job_dir: Path, cfg: JobConfig) -> SweepPoint:
@@ -118,28 +122,29 @@ class _Room:
     cores: list[int]
     cores_per_point: int
     max_parallel: int
-    max_on_slurm: int
     running: list[SweepPoint] = field(default_factory=list)
 
     @classmethod
-    def of_this_machine(cls, points: list[SweepPoint], max_parallel: int, max_on_slurm: int) -> "_Room":
+    def of_this_machine(cls, points: list[SweepPoint], max_parallel: int) -> "_Room":
         cores = sorted(os.sched_getaffinity(0))
-        on_cpu = [p for p in points if p.job and p.job.placement.device == "cpu" and p.ranks_here]
+        on_cpu = [p for p in points if p.placed_here and p.job.placement.device == "cpu"]
         fit = max(1, len(cores) // max((p.ranks_here for p in on_cpu), default=1))  # a core per rank
         # max_parallel caps the points side by side; beyond what fits only if every point oversubscribes.
         oversubscribing = bool(on_cpu) and all(p.job.config.launcher.oversubscribe for p in on_cpu)
         side_by_side = fit if max_parallel <= 0 else max_parallel if oversubscribing else min(max_parallel, fit)
-        return cls(visible_gpu_ids(), cores, max(1, len(cores) // side_by_side), max_parallel, max_on_slurm)
+        return cls(visible_gpu_ids(), cores, max(1, len(cores) // side_by_side), max_parallel)
 
     def take(self, point: SweepPoint) -> bool:
         """Give `point` what it needs if it is free now."""
-        if point.on_slurm:
-            if sum(p.on_slurm for p in self.running) >= self.max_on_slurm:
-                return False
-        else:
-            if self.max_parallel > 0 and sum(not p.on_slurm for p in self.running) >= self.max_parallel:
+        if point.placed_here:
+            if self.max_parallel > 0 and sum(p.placed_here for p in self.running) >= self.max_parallel:
                 return False
             if not self._allocate(point):
+                return False
+        else:
+            engine = point.job.launcher
+            alike = sum(p.job.config.launcher.name == engine.name for p in self.running)
+            if alike >= engine.points_in_flight():
                 return False
         self.running.append(point)
         return True
@@ -162,19 +167,22 @@ class _Room:
         self.cores = sorted(self.cores + list(point.cores))
 
 
-def run_points(points: list[SweepPoint], parent_run_id: str | None, max_parallel: int, max_on_slurm: int) -> None:
+def run_points(points: list[SweepPoint], parent_run_id: str | None, max_parallel: int) -> None:
     """Run every point to its end (state done or failed), its MLflow run a child of `parent_run_id`.
-    Ctrl-C stops the running points (each stops its own ranks or cancels its Slurm job) and raises."""
+    Ctrl-C stops the running points (each stops its own ranks or cancels its engine's job) and raises."""
     label_points(points)
-    room = _Room.of_this_machine(points, max_parallel, max_on_slurm)
+    room = _Room.of_this_machine(points, max_parallel)
     waiting = deque(points)
     board = StatusBoard(sys.stdout, len(points))
+    readers: dict[int, events.EventReader] = {}
     try:
         while waiting or room.running:
             while waiting and room.take(waiting[0]):
-                _start(waiting.popleft(), parent_run_id)
+                point = waiting.popleft()
+                _start(point, parent_run_id)
+                readers[point.number] = events.EventReader(point.job_dir)
             for point in list(room.running):
-                if _poll(point):
+                if _poll(point, readers[point.number]):
                     room.give_back(point)
             board.show(points)
             time.sleep(POLL_SECONDS)
@@ -215,29 +223,26 @@ def _confine(cores: tuple[int, ...]) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _poll(point: SweepPoint) -> bool:
-    """Update the point from its console; True once its process has ended."""
-    console = point.console.read_text(errors="replace") if point.console.exists() else ""
-    steps = _STEP_LINE.findall(console)
-    job = _SLURM_JOB.search(console)
-    where = f"Slurm job {job.group(1)}, " if job else ""
-    progress = f"step {steps[-1][0]}, loss {steps[-1][1]}" if steps else "starting"
+def _poll(point: SweepPoint, reader: events.EventReader) -> bool:
+    """Update the point from its events; True once its process has ended (asked first, so that
+    every event it wrote is read below)."""
     code = point.process.poll()
+    for event in reader.new():
+        if event["event"] == events.PLACED:
+            point.where = f"{event['where']}, "
+        elif event["event"] == events.STEP:
+            point.progress = f"step {event['step']}, loss {event['loss']:.4f}"
+        elif event["event"] == events.END and not event["ok"]:
+            point.failure = event["reason"]
     if code is None:
-        point.detail = f"{where}{progress}"
+        point.detail = f"{point.where}{point.progress}"
         return False
     if code == 0:
-        point.state, point.detail = "done", f"{where}{progress}"
+        point.state, point.detail = "done", f"{point.where}{point.progress}"
     else:
-        point.state, point.detail = "failed", f"{_reason(console)} (log: {point.console})"
+        reason = point.failure or f"its process exited with {code} without saying why"
+        point.state, point.detail = "failed", f"{reason} (log: {point.console})"
     return True
-
-
-def _reason(console: str) -> str:
-    """The point's own one-line verdict (titan_exp: ...), else its last line."""
-    lines = [line.strip() for line in console.splitlines() if line.strip()]
-    verdicts = [line.removeprefix("titan_exp: ") for line in lines if line.startswith("titan_exp: ")]
-    return verdicts[-1] if verdicts else (lines[-1] if lines else "exited without a word")
 
 
 def _stop(running: list[SweepPoint]) -> None:

@@ -10,8 +10,9 @@ import math
 from dataclasses import dataclass
 
 from launchers.devices import available_memory
+from launchers.local import DEFAULT_CPU_RANKS
 from titan_exp.config.job import ResolvedJob
-from titan_exp.config.resolve import DEFAULT_CPU_RANKS, resolve
+from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.gpu_compute import gpu_compute

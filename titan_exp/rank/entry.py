@@ -1,7 +1,7 @@
-"""What every rank process runs first, whoever started it (our launcher, a Slurm job we submitted,
-torchrun, srun): take its place in the job from the environment, start rank 0's MLflow writer, then
-import torch and train. When Slurm stops the job (time limit, preemption), it is requeued to resume
-from its checkpoint in the same MLflow run, or its run ends KILLED.
+"""What every rank process runs first, whoever started it (an engine of launchers/, torchrun, srun):
+take its place in the job from the environment, start rank 0's MLflow writer, then import torch and
+train. When the engine asks the job to stop (a time limit, a preemption), it is requeued to resume
+from its checkpoint in the same MLflow run where the engine can, or its run ends KILLED.
 
 Torch-free at import: rank 0 sets up its writer before torch is loaded; the writer's process starts
 there too, or after the first step where the ranks take every core (see tracking/writer.py)."""
@@ -12,31 +12,32 @@ import os
 import time
 from pathlib import Path
 
+from launchers.base import Launcher, Requeue
 from launchers.devices import cpu_cores
-from launchers.env import RankEnv, export_slurm_environment
+from launchers.env import RankEnv, export_external_environment
+from launchers.registry import LAUNCHERS
 from launchers.signals import StopRequested
-from launchers.slurm import leave_for_requeue
 from titan_exp.checkpoint.layout import latest_step, run_id_beside
 from titan_exp.config.job import ResolvedJob
 from titan_exp.job.context import RunContext
-from titan_exp.job.result import RankResult, StoppedBySlurm
+from titan_exp.job.result import JobStopped, RankResult
 from titan_exp.metrics import startup
 from titan_exp.rank.tracked_run import LeaveRunOpen, tracked_run
 
 
 def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
-    """A rank's body: its last logged metrics (rank 0's are the job's), or why Slurm stopped the
-    job for good (see _after_stop)."""
+    """A rank's body: its last logged metrics (rank 0's are the job's), or why its engine stopped
+    the job for good (see _after_stop)."""
     job, ctx = args
     started = time.monotonic()
-    if ctx.started_by == "srun":
-        export_slurm_environment()  # torch.distributed reads RANK, MASTER_ADDR, ... from here on
+    export_external_environment(ctx.started_by)  # torch.distributed reads RANK, MASTER_ADDR, ... from here on
     env = RankEnv.from_environ()
+    engine = _engine(job, ctx)
     startup.adopt(ctx.startup)
     startup.mark("rank_imports")
     tracking = env.rank == 0 and job.store is not None
     try:
-        defer, resumed = _ranks_take_every_core(job, env), _run_to_resume(job, ctx)
+        defer, resumed = _ranks_take_every_core(job, env), _run_to_resume(job, ctx, engine)
         with tracked_run(job, ctx, resumed, defer) if tracking else contextlib.nullcontext() as tracker:
             startup.mark("writer_start")
             if job.placement.device == "cuda" and not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & set(
@@ -51,14 +52,14 @@ def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
             try:
                 metrics = Trainer.run(job, env, tracker, Path(ctx.job_dir))
             except StopRequested as stop:
-                raise _after_stop(job, ctx, stop, time.monotonic() - started, env.rank == 0) from None
+                raise _after_stop(job, ctx, engine, stop, time.monotonic() - started, env.rank == 0) from None
         incomplete = ctx.left_in_journal(tracker.incomplete) if tracker is not None and tracker.incomplete else None
         return RankResult(metrics, tracking_incomplete=incomplete)
     except Requeued as requeued:
         if env.rank == 0:
             print(f"titan_exp: {requeued}", flush=True)
-        leave_for_requeue(env.rank == 0)  # last: the requeue ends this run of the job
-    except StoppedBySlurm as stopped:  # rank 0's run ended KILLED with the reason
+        engine.leave_for_requeue(env.rank == 0)  # last: the requeue ends this run of the job
+    except JobStopped as stopped:  # rank 0's run ended KILLED with the reason
         return RankResult(stopped=str(stopped))
     finally:
         # The process ends next: its interpreter's teardown then leaves torch's objects to the exit
@@ -73,37 +74,33 @@ def _ranks_take_every_core(job: ResolvedJob, env: RankEnv) -> bool:
     return placement.device == "cpu" and env.local_world_size * placement.threads_per_rank >= cpu_cores()
 
 
+def _engine(job: ResolvedJob, ctx: RunContext) -> Launcher:
+    """The engine that started this rank; under torchrun or srun, the job's own (it only says what a
+    stop means, and torchrun's and srun's ranks are never asked to stop between steps)."""
+    engine = LAUNCHERS.get(ctx.started_by)
+    return engine(job.config.launcher) if engine else job.launcher
+
+
 class Requeued(LeaveRunOpen):
-    """The job goes back in Slurm's queue and resumes from its checkpoint, in the same MLflow run."""
+    """The job goes back in its engine's queue and resumes from its checkpoint, in the same MLflow run."""
 
 
-def _after_stop(job: ResolvedJob, ctx: RunContext, stop: StopRequested, elapsed_s: float, is_rank0: bool) -> Exception:
-    """Requeued if the job can resume (a checkpoint, and requeues for timeouts left), else StoppedBySlurm.
-    A stop counts as a time limit once the job has run as long as submitit says a timeout takes
-    (the lesser of 80% of the limit and the limit less 10 minutes); earlier, as a preemption."""
-    launcher = job.config.launcher
-    limit_s = 60 * launcher.timeout_min
-    kind = "TIMEOUT" if elapsed_s >= min(0.8 * limit_s, limit_s - 600) else "PREEMPTED"
-    what = f"{kind}: Slurm sent {stop.signal_name} and the ranks stopped after step {stop.step}"
-    if not job.config.checkpoint.enable:
-        return StoppedBySlurm(f"{what}; checkpoint.enable=false, so there is nothing to resume from")
-    if kind == "TIMEOUT":
-        counter = Path(ctx.job_dir) / "slurm_timeouts"
-        used = int(counter.read_text()) if counter.exists() else 0
-        if used >= launcher.max_num_timeout:
-            return StoppedBySlurm(
-                f"{what}; requeued for its time limit {used} times already (launcher.max_num_timeout)"
-            )
-        if is_rank0:
-            counter.write_text(str(used + 1))
-    return Requeued(f"{what}; requeued to resume from its checkpoint")
+def _after_stop(
+    job: ResolvedJob, ctx: RunContext, engine: Launcher, stop: StopRequested, elapsed_s: float, is_rank0: bool
+) -> Exception:
+    """Requeued if the engine puts the job back to resume (launchers/: a checkpoint, requeues left),
+    else JobStopped with the engine's reason."""
+    can_resume = job.config.checkpoint.enable
+    try:
+        return JobStopped(engine.after_stop(stop, elapsed_s, can_resume, Path(ctx.job_dir), is_rank0))
+    except Requeue as requeue:
+        return Requeued(str(requeue))
 
 
-def _run_to_resume(job: ResolvedJob, ctx: RunContext) -> str | None:
-    """The MLflow run a job goes on writing: a requeued Slurm job's first run's, a job that resumes
-    from a checkpoint the run that saved it (if the store has it; otherwise a new run)."""
-    restarted = int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
-    if ctx.started_by == "slurm" and restarted and ctx.run_id_file.exists():
+def _run_to_resume(job: ResolvedJob, ctx: RunContext, engine: Launcher) -> str | None:
+    """The MLflow run a job goes on writing: a requeued job's first run's, a job that resumes from a
+    checkpoint the run that saved it (if the store has it; otherwise a new run)."""
+    if engine.restarted() and ctx.run_id_file.exists():
         return ctx.run_id_file.read_text().strip()
     folder = job.config.checkpoint.folder
     if job.config.checkpoint.enable and latest_step(folder) is not None and run_id_beside(folder).exists():

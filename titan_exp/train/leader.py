@@ -11,6 +11,7 @@ import torch
 
 from titan_exp import metric_names as names
 from titan_exp.config.job import ResolvedJob
+from titan_exp.job import events
 from titan_exp.metrics import startup
 from titan_exp.metrics.expert_load import EXPERT_LOAD_ARTIFACT, plot_expert_load
 from titan_exp.metrics.flops import flops_per_token
@@ -77,8 +78,9 @@ class Leader(Follower):
 
     is_writer = True
 
-    def __init__(self, tracker: BackgroundTracker | None, peak_flops: float):
-        self.tracker, self.peak_flops = tracker, peak_flops
+    def __init__(self, tracker: BackgroundTracker | None, peak_flops: float, job_dir: Path | None = None):
+        """`job_dir`: where the job's events go (job/events.py); None: nowhere."""
+        self.tracker, self.peak_flops, self.job_dir = tracker, peak_flops, job_dir
         self.meter: ThroughputMeter | None = None
         self.last: dict[str, object] = {}
         self.tokens_per_step = 0
@@ -143,6 +145,8 @@ class Leader(Follower):
         }
         if self.tracker:  # queued before printed: a step on the console is a step in the run
             self.tracker.log_metrics(step, self.last)
+        if self.job_dir is not None:
+            events.emit(self.job_dir, events.STEP, step=step, loss=loss_avg)
         print(format_line(step, self.last), flush=True)
 
     def log_validation(self, step: int, loss: float, seconds: float) -> None:

@@ -75,16 +75,17 @@ class Trainer:
             cfg.profiling, job_dir, env.rank, device, model.parts,
             optimizers.optimizers, self.resumed_step + 1,
         )  # fmt: skip
-        # Slurm warns a job ahead of its time limit (or preemption) with a signal: see _stop_agreed.
-        self.watch_stop = job.on_slurm
+        # An engine may warn a job ahead of its time limit (or a preemption) with a signal: _stop_agreed.
+        self.watch_stop = job.launcher.warns_before_stopping
 
     @classmethod
     def run(
-        cls, job: ResolvedJob, env: RankEnv, tracker: BackgroundTracker | None = None, job_dir: Path = Path(".")
+        cls, job: ResolvedJob, env: RankEnv, tracker: BackgroundTracker | None = None, job_dir: Path | None = None
     ) -> dict[str, object]:
         """The rank's whole life: returns rank 0's last logged metrics (empty elsewhere).
-        `tracker`: rank 0's MLflow writer, started by the caller (rank/entry.py); `job_dir`: where
-        profiling writes."""
+        `tracker`: rank 0's MLflow writer, started by the caller (rank/entry.py); `job_dir`: the
+        job's folder, where rank 0 reports its steps (job/events.py) and profiling writes (None: no
+        events, profiling into the working directory)."""
         device = select_device(job.placement.device, env.local_rank)
         set_determinism(job.config.debug.seed, job.config.debug.deterministic)
         leader = Follower()
@@ -92,11 +93,11 @@ class Trainer:
             # On CPU, measured while nothing else runs: the other ranks wait in the rendezvous and
             # rank 0's MLflow writer is paused.
             with tracker.paused() if tracker else contextlib.nullcontext():
-                leader = Leader(tracker, _peak_flops(job, device))
+                leader = Leader(tracker, _peak_flops(job, device), job_dir)
         startup.mark("peak_flops")
         with _process_group(env, device, job.config.comm.init_timeout_seconds):
             startup.mark("process_group")
-            return cls._build_and_train(job, env, device, job_dir, leader)
+            return cls._build_and_train(job, env, device, job_dir or Path("."), leader)
 
     @classmethod
     def _build_and_train(

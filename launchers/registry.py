@@ -1,0 +1,14 @@
+"""The engines that place rank processes, one line each: an engine is one module of launchers/
+(its Launcher and its options) and its option YAML in titan_exp/conf/launcher/."""
+
+from launchers.base import Launcher
+from launchers.local import LocalLauncher
+from launchers.slurm import SlurmLauncher
+
+LAUNCHERS: dict[str, type[Launcher]] = {
+    engine.name: engine
+    for engine in (
+        LocalLauncher,
+        SlurmLauncher,
+    )
+}

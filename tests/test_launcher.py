@@ -18,6 +18,7 @@ from conftest import REPO, SMALL_MODEL, mlflow_client, mlflow_runs, run_cli, sta
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+
 def launch_local(fn, arg, nproc: int, folder: Path, heartbeat_timeout_s: float = 60.0):
     """fn(arg) in `nproc` CPU ranks placed by launcher=local (one thread each), followed to the end."""
     placement = Placement("local", "cpu", nproc, 1, 1)

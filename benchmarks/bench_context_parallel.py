@@ -18,6 +18,7 @@ from pathlib import Path
 from bench_vs_plain import env_with, stream
 from mlflow import MlflowClient
 
+from titan_exp import metric_names as names
 from titan_exp.estimate.memory import gathered_kv, rank_memory
 from titan_exp.estimate.workload import Workload
 from titan_exp.models.config import ModelConfig
@@ -51,7 +52,7 @@ def measured(workdir: Path, cp: int) -> dict[str, float]:
     [run] = client.search_runs(client.get_experiment_by_name("titan_exp").experiment_id, max_results=1)
     metrics = run.data.metrics
     found = {name: metrics.get(f"memory/audit_{name}_gib", 0.0) for name in AUDITED}
-    found["cpu_rss_peak"] = metrics.get("memory/cpu_rss_peak_gib", 0.0)
+    found["cpu_rss_peak"] = metrics.get(names.CPU_RSS_PEAK_GIB, 0.0)
     return found
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from bench_vs_plain import REPO, env_with, stream
 
+from titan_exp import metric_names as names
 from titan_exp.config.schema import register_schema
 from titan_exp.estimate.memory import rank_memory
 from titan_exp.job.memory import workload
@@ -104,7 +105,7 @@ def measured(workdir: Path, overrides: list[str], steps: int) -> dict[str, float
     return {
         "step_s": statistics.median(seconds[2 : steps - 1]),
         "peak_gib": metrics["memory/audit_memtracker_peak_gib"],
-        "tps_per_device": metrics["throughput/tps_per_device_mean"],
+        "tps_per_device": metrics[names.TPS_MEAN],
     }
 
 

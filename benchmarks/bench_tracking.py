@@ -40,16 +40,18 @@ def run(workdir: Path, steps: int, tracking: bool) -> tuple[float, float]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from titan_exp import CONF_DIR
+    from titan_exp import metric_names as names
     from titan_exp.config.resolve import resolve
     from titan_exp.job.launch import run_job
 
     store = [f"tracking.uri=sqlite:///{workdir}/mlflow.db"] if tracking else ["tracking=none"]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         composed = compose(config_name="config", overrides=[*JOB, f"training.steps={steps}", *store])
     job = resolve(OmegaConf.to_object(composed))
     start = time.perf_counter()
     last = run_job(job, workdir / f"job-{time.time_ns()}")
-    return last["throughput/tps_per_device_mean"], time.perf_counter() - start
+    return last[names.TPS_MEAN], time.perf_counter() - start
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from bench_vs_plain import REPO
 
+from titan_exp import metric_names as names
 from titan_exp.compare.report import to_markdown
 from titan_exp.config.schema import register_schema
 from titan_exp.estimate.hardware_profiles import profile_for_device
@@ -83,10 +84,10 @@ ORDERS = [
 ]
 # The runs' figures: the last logged value of each metric (the steady interval, steps 9-12).
 METRICS = {
-    "active_gib": "memory/max_active_gib",
-    "reserved_gib": "memory/max_reserved_gib",
-    "tps": "throughput/tps_per_device",
-    "mfu_pct": "throughput/mfu_pct",
+    "active_gib": names.MAX_ACTIVE_GIB,
+    "reserved_gib": names.MAX_RESERVED_GIB,
+    "tps": names.TPS,
+    "mfu_pct": names.MFU,
 }
 COMPARED = ("active_gib", "reserved_gib", "tps")
 COLUMNS = [

@@ -1,7 +1,8 @@
 """The baseline: a minimal, plain-PyTorch Llama 3 training loop, written independently of titan_exp.
 
 Same architecture and shapes as titan_exp's llama3_debug (RMSNorm, RoPE, GQA, SwiGLU), AdamW, random
-tokens, fp32. Runs on one process, or under torchrun with DDP over gloo. Prints one line per step:
+tokens, fp32. Runs on one process, or under torchrun with DDP over gloo (--fsdp: FSDP2's fully_shard
+per block and at the root, its default collectives). Prints one line per step:
 `step N loss X time T` with T the wall-clock seconds since the process started (time.time()).
 """
 
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--fsdp", action="store_true", help="under torchrun: FSDP2 instead of DDP")
     args = parser.parse_args()
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
@@ -75,7 +77,13 @@ def main() -> None:
     rank = torch.distributed.get_rank() if distributed else 0
     torch.manual_seed(0)
     model = Llama(vocab=2048, dim=256, layers=6, heads=16, kv_heads=4, hidden=768, max_len=2048)
-    if distributed:
+    if distributed and args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    elif distributed:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
     for step in range(1, args.steps + 1):

@@ -52,6 +52,34 @@ def _unit_graph() -> dict[str, set[str]]:
     return graph
 
 
+def test_nothing_outside_its_folder_names_a_model_family():
+    """A family is its folder under models/ (and its option YAMLs): the rest reads the registry."""
+    from titan_exp.models.registry import FAMILIES
+
+    named = [
+        f"{path.relative_to(REPO)}: {family}"
+        for path in (REPO / "titan_exp").rglob("*.py")
+        if "models" not in path.relative_to(REPO / "titan_exp").parts
+        for family in FAMILIES
+        if family in path.read_text()
+    ]
+    assert FAMILIES and named == []
+
+
+def test_no_launcher_is_named_outside_launchers():
+    """An engine is its module in launchers/ (and its option YAML): titan_exp never branches on one."""
+    from launchers.registry import LAUNCHERS
+
+    named = [
+        f"{path.relative_to(REPO)}: {engine}"
+        for path in (REPO / "titan_exp").rglob("*.py")
+        for engine in LAUNCHERS
+        for quote in "\"'"
+        if f"{quote}{engine}{quote}" in path.read_text()
+    ]
+    assert len(LAUNCHERS) >= 2 and named == []
+
+
 def test_imports_point_one_way():
     graph = _unit_graph()
     assert {

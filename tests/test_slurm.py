@@ -1,7 +1,9 @@
 """Slurm for real: a one-node cluster (Debian's slurm-wlm + munge) that this module starts and
 stops. Ranks started by srun, and jobs that titan_exp submits itself (launcher=slurm): a job
 requeued after Slurm's warning signal that resumes in the same MLflow run and trains the same loss
-curve as a local run, and jobs stopped from outside whose runs end with Slurm's word."""
+curve as a local run, and jobs stopped from outside whose runs end with Slurm's word. The default
+suite keeps one job launcher=slurm submits, follows and stops on the one-node cluster; the rest are
+marked `slurm`."""
 
 import os
 import re
@@ -18,8 +20,6 @@ from launchers.env import free_port
 
 from conftest import REPO, SMALL_MODEL, loss_curve, mlflow_client, mlflow_runs, run_cli, wait_for_output
 
-pytestmark = pytest.mark.slurm
-
 
 @pytest.fixture(scope="module")
 def slurm_env(tmp_path_factory):
@@ -34,6 +34,7 @@ def slurm_env(tmp_path_factory):
     subprocess.run(["bash", str(script), "stop", str(state)], timeout=60)
 
 
+@pytest.mark.slurm
 def test_srun_started_ranks_train_without_spawning_again(slurm_env, tmp_path, store):
     uri, db = store
     command = [
@@ -82,6 +83,7 @@ def _start(args: list[str], tmp_path, env: dict) -> subprocess.Popen:
     )  # fmt: skip
 
 
+@pytest.mark.slurm
 def test_warned_job_saves_requeues_and_resumes_in_the_same_run(slurm_env, tmp_path, store):
     uri, db = store
     steps = [
@@ -121,6 +123,7 @@ def test_warned_job_saves_requeues_and_resumes_in_the_same_run(slurm_env, tmp_pa
     ],
     ids=["scancel", "scancel_signal_kill"],
 )
+@pytest.mark.slurm
 def test_job_stopped_from_outside_never_stays_running(slurm_env, tmp_path, store, scancel):
     uri, db = store
     job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
@@ -138,6 +141,7 @@ def test_job_stopped_from_outside_never_stays_running(slurm_env, tmp_path, store
     )
 
 
+@pytest.mark.slurm
 @pytest.mark.slow
 def test_time_limit_requeues_and_resumes_until_done(slurm_env, tmp_path, store):
     """A real time limit: 3 minutes, with Slurm's warning 60 s ahead (it may come up to a minute
@@ -157,6 +161,7 @@ def test_time_limit_requeues_and_resumes_until_done(slurm_env, tmp_path, store):
     assert sorted(steps) == [1, *range(10, 701, 10)]  # every log step once, across the job's runs
 
 
+@pytest.mark.slurm
 def test_sweep_submits_a_job_per_point_and_goes_on_past_a_failing_one(slurm_env, tmp_path, store):
     uri, db = store
     seed = tmp_path / "seed"
@@ -187,6 +192,7 @@ def test_sweep_submits_a_job_per_point_and_goes_on_past_a_failing_one(slurm_env,
     assert table.count("FINISHED") == 2 and table.count("FAILED") == 1
 
 
+@pytest.mark.slurm
 def test_ctrl_c_while_waiting_cancels_the_job_and_its_run_ends_killed(slurm_env, tmp_path, store):
     uri, db = store
     job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
@@ -202,6 +208,7 @@ def test_ctrl_c_while_waiting_cancels_the_job_and_its_run_ends_killed(slurm_env,
     )
 
 
+@pytest.mark.slurm
 def test_without_waiting_the_job_runs_on_after_the_submitter_returns(slurm_env, tmp_path, store):
     uri, db = store
     result = run_cli([*JOB, *SLURM, "launcher.wait=false", "training.steps=4", uri], tmp_path, env=slurm_env)
@@ -238,6 +245,7 @@ def test_warned_job_without_checkpoints_ends_killed_with_timeout(slurm_env, tmp_
     ],
     ids=["unknown_partition", "more_memory_than_a_node", "unknown_option"],
 )
+@pytest.mark.slurm
 def test_a_job_slurm_would_refuse_is_refused_in_one_line_before_anything_is_written(
     slurm_env, tmp_path, new_store, option, said
 ):
@@ -268,6 +276,7 @@ def _task_pid(job_id: str, rank: int) -> int:
     return pid
 
 
+@pytest.mark.slurm
 def test_a_stopped_task_is_named_by_its_heartbeat_and_the_job_cancelled(slurm_env, tmp_path, store):
     uri, db = store
     job = _start([*JOB, *SLURM, "training.steps=5000", "launcher.heartbeat_timeout_s=20", uri], tmp_path, slurm_env)

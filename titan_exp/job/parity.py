@@ -18,11 +18,11 @@ from titan_exp.compare.runs import loss_curve
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
-from titan_exp.job.context import RunContext
 from titan_exp.job.launch import run_job
 from titan_exp.job.preflight import preflight
 from titan_exp.job.sweep import Sweep
 from titan_exp.job.sweep_points import SweepPoint, check_every_point, prepare_point, run_points
+from titan_exp.tracking.journal import RUN_ID_FILE
 from titan_exp.tracking.store import client
 
 
@@ -78,7 +78,7 @@ def layout_folder(layout: str) -> str:
 def _curve(point: SweepPoint, key: str) -> list[float]:
     """The point's curve of metric `key`, from its MLflow run (the point's process left the run's
     id in its folder)."""
-    run_id_file = RunContext(str(point.job_dir), "local").run_id_file
+    run_id_file = point.job_dir / RUN_ID_FILE
     if point.job.store is None or not run_id_file.exists():
         raise RuntimeError("experiment=loss_parity reads the curves from MLflow: it needs tracking=mlflow")
     return [loss for _, loss in loss_curve(client(point.job.store.uri), run_id_file.read_text().strip(), key)]

@@ -2,13 +2,10 @@
 rank (or, under torchrun or srun, this process as one rank of theirs), supervised until they end
 (launchers/local_supervisor.py)."""
 
-import _thread
 import contextlib
 import faulthandler
 import os
 import signal
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,17 +18,15 @@ from launchers.base import ConfigError, JobSpec, Launcher, MemoryBudget, PlacedJ
 from launchers.devices import available_memory, cpu_cores, gpu_memory, threads_per_rank, visible_gpus
 from launchers.env import RankEnv, export, free_port
 from launchers.heartbeat import heartbeat_file, start_beating
-from launchers.local_supervisor import Supervisor, pid_file_name, process_alive
+from launchers.local_supervisor import Supervisor, pid_file_name
+from launchers.processes import stop_when_gone
 from launchers.tasks import run_recording_failures
-
-# How often each rank checks that the launching process is still there.
-LAUNCHER_WATCH_SECONDS = 1.0
 
 
 def _rank_entry(
     fn: Callable[[Any], Any], arg: Any, master_port: int, nproc: int, pid_dir: str, launcher_pid: int
 ) -> Any:
-    _stop_when_gone(launcher_pid)  # also listens to SIGINT, which the controller ignores
+    stop_when_gone(launcher_pid)  # also listens to SIGINT, which the controller ignores
     faulthandler.enable()  # a crash (SIGSEGV, SIGABRT, ...) names itself in the rank's log
     job = submitit.JobEnvironment()
     export(RankEnv(job.global_rank, job.local_rank, job.num_tasks, nproc), "127.0.0.1", master_port)
@@ -42,36 +37,6 @@ def _rank_entry(
     partial.replace(pid_file)
     start_beating(heartbeat_file(Path(pid_dir), job.job_id, job.global_rank))
     return run_recording_failures(fn, arg)
-
-
-# The launching process a rank of ours watches (set in the rank).
-_watched_launcher: list[int] = []
-
-
-def launcher_gone() -> signals.LauncherDied | None:
-    """LauncherDied if this process is a rank of ours whose launching process is gone. Its peers
-    may stop first, so a rank can fail in a collective before its own interrupt arrives: this says
-    what that failure really was."""
-    if _watched_launcher and not process_alive(_watched_launcher[0]):
-        return signals.LauncherDied(_watched_launcher[0])
-    return None
-
-
-def _stop_when_gone(launcher_pid: int) -> None:
-    """Interrupt this rank (LauncherDied in its main thread) if the launching process dies: killed
-    outright, it cannot stop the ranks itself, and submitit's controller would let them train on."""
-    _watched_launcher[:] = [launcher_pid]
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise signals.LauncherDied(launcher_pid) if not process_alive(launcher_pid) else KeyboardInterrupt()
-
-    def watch() -> None:
-        while process_alive(launcher_pid):
-            time.sleep(LAUNCHER_WATCH_SECONDS)
-        _thread.interrupt_main(signal.SIGINT)
-
-    signal.signal(signal.SIGINT, interrupt)
-    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 @contextlib.contextmanager

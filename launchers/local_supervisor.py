@@ -18,6 +18,7 @@ import submitit
 
 from launchers import signals
 from launchers.heartbeat import heartbeat_file, silence, silent_for
+from launchers.processes import children, process_alive
 from launchers.tasks import LogFollower, RankFailure, oom_kills, read_result, why_gone
 
 # How long the supervisor sleeps at most between two looks at the ranks: rank 0's output and the
@@ -159,29 +160,8 @@ class Supervisor:
         pids = self._listening_pids()
         controller = self.job._process
         if controller is not None:
-            pids |= _children(controller.pid)
+            pids |= children(controller.pid)
         return [pid for pid in pids if process_alive(pid)]
-
-
-def _children(parent: int) -> set[int]:
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == parent:
-            found.add(int(stat.parent.name))
-    return found
-
-
-def process_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie (/proc; no psutil needed)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):  # gone, or going while being read
-        return False
-    return state not in ("Z", "X")
 
 
 class _Wakeups:

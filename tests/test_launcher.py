@@ -11,7 +11,8 @@ import cloudpickle
 import pytest
 
 from launchers.base import JobSpec, Placement
-from launchers.local import LocalLauncher, LocalOptions, process_alive
+from launchers.local import LocalLauncher, LocalOptions
+from launchers.processes import process_alive
 from launchers.tasks import RankFailure
 
 from conftest import REPO, SMALL_MODEL, mlflow_client, mlflow_runs, run_cli, start_as_in_a_terminal, stopped_for_good

@@ -47,7 +47,7 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
     layouts = {"parity.layouts": " | ".join(cfg.parity.layouts)}
     sweep = Sweep(cfg.tracking, "loss_parity", job_dir, layouts, own_parent=True)
     try:
-        run_points(points, sweep.open(), cfg.launcher.max_parallel, cfg.launcher.array_parallelism)
+        run_points(points, sweep.open(), cfg.launcher.max_parallel)
         for point in points:
             sweep.point_ended(point.state == "done")
         if failed := [p for p in points if p.state != "done"]:

@@ -133,10 +133,9 @@ class ModelConfig(Section):
 
     def attention_kept_per_token(self, norm_kept: int, cpu: bool, seq_len: int) -> tuple[float, float]:
         """(elements per token attention keeps for its backward whole on every tp rank, and split
-        over the heads): q, k and v as attention takes them (k and v repeated to every head), its
-        output, and on a GPU the contiguous copy wo reads (the CPU's flash kernel writes that
-        layout). `norm_kept`: what an RMSNorm keeps per element of its input (1 fused, 2 composed
-        of pointwise ops on a CPU); `seq_len`: the keys each query attends to."""
+        over the heads): q, k and v as attention takes them (k and v repeated to every head) and
+        its output's copies. `norm_kept`: what an RMSNorm keeps per element of its input (1 fused,
+        2 composed of pointwise ops on a CPU); `seq_len`: the keys each query attends to."""
         return 0.0, (3 + output_copies(cpu)) * self.n_heads * self.head_dim
 
     def whole_under_tensor_parallel_parameters(self) -> int:

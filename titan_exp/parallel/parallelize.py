@@ -45,5 +45,5 @@ def parallelize(
             model, mesh, mixed_precision(*precision), parallelism.fsdp_reshard_after_forward, pipelined=dims.pp > 1
         )
     elif dims.ddp_enabled:
-        apply_ddp(model, mesh, mixed_precision(*precision))
+        apply_ddp(model, mesh, mixed_precision(*precision), pipelined=dims.pp > 1)
     return model

@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from launchers import signals
-from launchers.local import launcher_gone
+from launchers.processes import launcher_gone
 from titan_exp.checkpoint.layout import run_id_beside
 from titan_exp.config.job import ResolvedJob
 from titan_exp.job.context import RunContext

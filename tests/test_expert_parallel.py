@@ -84,35 +84,47 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
-def _grads(rank: int, world: int, port: int, overrides: list[str], results: dict) -> None:
+def _grads(rank: int, world: int, port: int, layouts: dict[str, list[str]], results: dict) -> None:
+    """One world of `world` ranks runs each of `layouts` in turn (a mesh and model of its own each):
+    rank 0 puts each layout's gradients, norm and experts' placement in `results`."""
     os.environ["OMP_NUM_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        cfg = compose_job_config([*overrides, "training.mixed_precision_param=float32"])
-        mesh = ParallelMesh(ParallelDims.resolve(cfg.parallelism, world), "cpu")
-        model = build_model_parts(cfg, mesh, torch.device("cpu")).parts[0]
-        model.to_empty(device="cpu")
-        model.init_weights(seed=0)
-        rows = TOKENS.chunk(mesh.dims.dp)[mesh.dp_rank]  # this rank's sequences
-        if mesh.dims.tp > 1:
-            with loss_parallel():
-                loss = _loss(model(rows), rows)
-                loss.backward()
-        else:
-            _loss(model(rows), rows).backward()
-        reduce_partial_gradients(list(model.parameters()))  # as the trainer does, once, before the norm
-        assert not [p for p in model.parameters() if isinstance(p.grad, DTensor) and Partial() in p.grad.placements]
-        norm = clip_grad_norm_(list(model.parameters()), max_norm=0.0)
-        grads = {}
-        for name, param in model.named_parameters():
-            grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
-            grads[canonical_name(name)] = grad.clone()
-        w1 = model.layers["3"].moe.experts.w1  # how the experts' weights are split
-        if rank == 0:
-            results["grads"], results["norm"] = grads, norm.item()
-            results["w1"] = dict(zip(w1.device_mesh.mesh_dim_names, map(str, w1.placements)))
+        for name, overrides in layouts.items():
+            try:
+                found = _layout_grads(world, overrides)
+            except Exception as err:
+                err.add_note(f"in layout {name}")  # the others of this world end with it
+                raise
+            if rank == 0:
+                results[name] = found
     finally:
         dist.destroy_process_group()
+
+
+def _layout_grads(world: int, overrides: list[str]) -> dict:
+    cfg = compose_job_config([*overrides, "training.mixed_precision_param=float32"])
+    mesh = ParallelMesh(ParallelDims.resolve(cfg.parallelism, world), "cpu")
+    model = build_model_parts(cfg, mesh, torch.device("cpu")).parts[0]
+    model.to_empty(device="cpu")
+    model.init_weights(seed=0)
+    rows = TOKENS.chunk(mesh.dims.dp)[mesh.dp_rank]  # this rank's sequences
+    if mesh.dims.tp > 1:
+        with loss_parallel():
+            loss = _loss(model(rows), rows)
+            loss.backward()
+    else:
+        _loss(model(rows), rows).backward()
+    reduce_partial_gradients(list(model.parameters()))  # as the trainer does, once, before the norm
+    assert not [p for p in model.parameters() if isinstance(p.grad, DTensor) and Partial() in p.grad.placements]
+    norm = clip_grad_norm_(list(model.parameters()), max_norm=0.0)
+    grads = {}
+    for name, param in model.named_parameters():
+        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+        grads[canonical_name(name)] = grad.clone()
+    w1 = model.layers["3"].moe.experts.w1  # how the experts' weights are split
+    placements = dict(zip(w1.device_mesh.mesh_dim_names, map(str, w1.placements)))
+    return {"grads": grads, "norm": norm.item(), "w1": placements}
 
 
 def _single_device(model_overrides: tuple[str, ...]) -> tuple[dict[str, torch.Tensor], float]:
@@ -134,14 +146,39 @@ def single_device():
 SLOW = ("fsdp2·ep4", "deepseek·no_q_latent·tp2·ep2", "fsdp4·tp2·ep2·etp2")
 
 
+def _world_of(layout: str) -> tuple[int, bool]:
+    """The layouts that run in one world of rank processes: those of one world size, in the
+    default suite or beyond it."""
+    return LAYOUTS[layout][1], layout in SLOW
+
+
+@pytest.fixture(scope="module")
+def distributed():
+    """Each layout's results from the rank processes: a world's rank processes (their start-up
+    takes longer than any layout's step) run every layout of their size, made once, when the first
+    of them is asked for."""
+    found = {}
+
+    def results(layout: str) -> dict:
+        if layout not in found:
+            world = LAYOUTS[layout][1]
+            layouts = {name: [*model, *overrides] for name, (model, _, overrides) in LAYOUTS.items()}
+            together = {name: layouts[name] for name in LAYOUTS if _world_of(name) == _world_of(layout)}
+            shared = mp.Manager().dict()
+            mp.spawn(_grads, args=(world, free_port(), together, shared), nprocs=world)
+            found.update(shared)
+        return found[layout]
+
+    return results
+
+
 @pytest.mark.parametrize(
     "layout", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name in LAYOUTS]
 )
-def test_every_parameter_gets_the_single_device_gradient(layout, single_device):
+def test_every_parameter_gets_the_single_device_gradient(layout, single_device, distributed):
     model, world, overrides = LAYOUTS[layout]
     expected, expected_norm = single_device(model)
-    results = mp.Manager().dict()
-    mp.spawn(_grads, args=(world, free_port(), [*model, *overrides], results), nprocs=world)
+    results = distributed(layout)
     grads = results["grads"]
     assert grads.keys() == expected.keys()
     for name, grad in grads.items():

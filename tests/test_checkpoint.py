@@ -1,6 +1,6 @@
 """Checkpoints as a user meets them: a training checkpoint given as initial weights, a folder that
 holds the last step already, and saves that are never taken for complete while they are written (a
-newest checkpoint cut short: test_parity's resume test)."""
+newest checkpoint cut short: test_data_files.py's resume test)."""
 
 from pathlib import Path
 

@@ -4,6 +4,7 @@ data-parallel ranks, read lazily, and resumed exactly where a checkpoint left th
 
 import gc
 import json
+import shutil
 import tracemalloc
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.data.text import load_documents, prepare_tokens, train_tokenizer
 from titan_exp.data.tokenizer import load_tokenizer
 
-from conftest import loss_curve, mlflow_runs, run_cli
+from conftest import loss_curve, mlflow_client, mlflow_runs, run_cli
 
 SEQ = 16
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jumbo boxes".split()
@@ -255,28 +256,43 @@ def files_run(corpus, *more: str) -> list[str]:
     return [*RUN, "data=files", paths, f"data.tokenizer_path={tokenizer}", *more]
 
 
-def test_a_resumed_run_trains_on_the_tokens_an_uninterrupted_one_does(corpus, tmp_path, store):
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "parallelism=fsdp",
+        pytest.param("parallelism=pp parallelism.pipeline_parallel_schedule=Interleaved1F1B", marks=pytest.mark.slow),
+    ],
+)
+def test_a_resumed_run_continues_the_same_curve_on_the_same_tokens(corpus, tmp_path, store, layout):
+    """Killed after step 10 with its newest checkpoint cut short, a job resumes from the one before,
+    reading on in the documents where it left them, in the same MLflow run: the curve it goes on
+    with is the uninterrupted one's (other documents would give other losses)."""
     uri, db = store
-    two_ranks = ["parallelism=fsdp", "launcher.nproc_per_node=2"]
-
-    def train(folder: Path, steps: int, name: str):
-        ckpt = [
-            "checkpoint=periodic",
-            f"checkpoint.folder={folder}",
-            "checkpoint.interval=2",
-            f"training.steps={steps}",
-        ]
-        done = run_cli(files_run(corpus, *two_ranks, *ckpt, uri), tmp_path / name)
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    train(tmp_path / "straight", 4, "straight")
-    train(tmp_path / "stopped", 2, "first_half")
-    train(tmp_path / "stopped", 4, "second_half")
-    straight, resumed = (loss_curve(db, run.info.run_id) for run in mlflow_runs(db))  # resumed: one run
-    assert len(straight) == len(resumed) == 4
-    assert resumed == pytest.approx(straight, rel=1e-6)
-    metadata = (tmp_path / "stopped" / "step-4" / ".metadata").read_bytes()
-    assert b"dataloader" in metadata
+    folder = tmp_path / "ckpt"
+    ckpt = ["checkpoint=periodic", f"checkpoint.folder={folder}", "checkpoint.interval=4", "checkpoint.keep_latest_k=0"]
+    args = files_run(corpus, *layout.split(), "launcher.nproc_per_node=2", "training.steps=10", *ckpt, uri)
+    whole = run_cli(args, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert sorted(p.name for p in folder.glob("step-*")) == ["step-10", "step-4", "step-8"]  # and the last step
+    whole_curve = loss_curve(db, mlflow_runs(db)[-1].info.run_id)
+    assert (folder / "mlflow_run_id").read_text() == mlflow_runs(db)[-1].info.run_id
+    assert b"dataloader" in (folder / "step-4" / ".metadata").read_bytes()  # where the stream was
+    shutil.rmtree(folder / "step-10")
+    shard = next((folder / "step-8").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])  # the newest checkpoint left cut short: the one before is taken
+    resumed = run_cli(args, tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{folder}/step-8 cannot be read" in resumed.stdout and f"resumed from {folder}/step-4" in resumed.stdout
+    # The resumed job goes on in the run that saved the checkpoint: one run, FINISHED, whose steps
+    # 5..10 were logged twice, each counted once in its curve (the resumed job's logging).
+    [run] = mlflow_runs(db)
+    assert run.info.status == "FINISHED" and "failure_reason" not in run.data.tags
+    history = mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg")
+    relogged = sorted(m.step for m in history if sum(h.step == m.step for h in history) == 2)
+    assert sorted(set(relogged)) == list(range(5, 11))
+    latest = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
+    assert loss_curve(db, run.info.run_id) == [latest[step] for step in range(1, 11)]
+    assert [latest[step] for step in range(5, 11)] == pytest.approx(whole_curve[4:], rel=1e-6)
 
 
 # Files a refusal is about, written into {dir}.

@@ -28,17 +28,20 @@ LOAD = "moe/load_imbalance"  # the worst MoE layer's routed tokens per expert, m
 RTOL = 1e-4
 # Each layout takes the same 4 sequences a step (experiment=loss_parity's local batch is 4).
 MOE_PRESET = compose_job_config(["experiment=loss_parity_moe"]).parity.layouts
-FOUR_RANKS = "launcher.nproc_per_node=4"
+REFERENCE = "parallelism=single"
+# The expert-parallel layout of the default suite: experts split over the FSDP ranks.
+FSDP_EP = "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2 parallelism.expert_parallel_degree=2"
 # By run: (model, experiment, layouts by name).
 RUNS = {
-    # The expert-parallel layouts, as experiment=loss_parity_moe runs them (its own list): those on
-    # two ranks in the default suite, those on four oversubscribed ranks beyond it (their gradients
-    # are held against one device's in tests/test_expert_parallel.py, but for pp2·ep2).
-    "qwen3_moe_debug": ("qwen3_moe_debug", "loss_parity_moe", [x for x in MOE_PRESET if FOUR_RANKS not in x]),
-    "qwen3_moe_debug·4_ranks": (
+    # The layouts experiment=loss_parity_moe runs (its own list): EP beside FSDP in the default
+    # suite, the others beyond it (EP beside TP, PP and CP; TP splitting the experts; 4 oversubscribed
+    # ranks). Their gradients are held against one device's in tests/test_expert_parallel.py, but for
+    # pp2·ep2 and cp2·ep2.
+    "qwen3_moe_debug": ("qwen3_moe_debug", "loss_parity_moe", [REFERENCE, FSDP_EP]),
+    "qwen3_moe_debug·others": (
         "qwen3_moe_debug",
         "loss_parity_moe",
-        ["parallelism=single", *(x for x in MOE_PRESET if FOUR_RANKS in x)],
+        [REFERENCE, *(x for x in MOE_PRESET if x not in (REFERENCE, FSDP_EP))],
     ),
     # Latent attention, grouped sigmoid routing and a shared expert.
     "deepseek_v3_debug": (
@@ -55,13 +58,13 @@ RUNS = {
             "parallelism=tp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
         ],
     ),
-    # The dense model's q/k norms under tensor parallelism (their weight's gradient summed over the heads' ranks).
-    "qwen3_debug": ("qwen3_debug", "loss_parity", ["parallelism=single", "parallelism=tp launcher.nproc_per_node=2"]),
+    # The dense model's q/k norms under tensor parallelism (their weight's gradient summed over the
+    # heads' ranks): tensor parallel's loss parity in the default suite.
+    "qwen3_debug": ("qwen3_debug", "loss_parity", [REFERENCE, "parallelism=tp launcher.nproc_per_node=2"]),
 }
-REFERENCE = "parallelism=single"
 # DeepSeek-V3's run (about 70 s) is slow-marked: its MoE and latent attention's gradients under
 # tp2·ep2 are held per parameter in the default suite (tests/test_expert_parallel.py).
-SLOW = ("qwen3_moe_debug·4_ranks", "deepseek_v3_debug")
+SLOW = ("qwen3_moe_debug·others", "deepseek_v3_debug")
 
 
 def parity_curves(run: str, folder: Path) -> tuple[dict[str, list[float]], dict[str, list[float]]]:

@@ -1,6 +1,8 @@
 """Numerical parity between layouts and training options, on real runs: one experiment=loss_parity
 run trains every layout from one seed checkpoint, and each must reproduce the single-device loss
-curve over 10 steps; a run resumed from a checkpoint continues the same curve.
+curve over 10 steps, and its held-out loss; and training options in this process (gradient
+accumulation, activation checkpointing, float8). A run resumed from a checkpoint continues the
+same curve: test_data_files.py.
 
 Tolerance: everything is fp32 with deterministic kernels and identical global batches and initial
 weights, so layouts differ only in the order in which gradient sums are reduced (a local sum vs an
@@ -11,7 +13,8 @@ scale, a wrong batch split or different initial weights would fail (the negative
 that other initial weights are far outside it).
 """
 
-import shutil
+import re
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -20,7 +23,7 @@ from omegaconf import OmegaConf
 from launchers.env import RankEnv
 from titan_exp.config.resolve import resolve
 from titan_exp.job.parity import layout_folder
-from titan_exp.metric_names import VALIDATION_LOSS
+from titan_exp.metric_names import LOSS, MFU, STEP_SECONDS, VALIDATION_LOSS
 from titan_exp.parallel.config import SCHEDULES
 from titan_exp.tracking.journal import RUN_ID_FILE
 from titan_exp.train.trainer import Trainer
@@ -60,8 +63,8 @@ def curve_of(tmp_path, store, name: str, overrides: list[str]) -> list[float]:
 # positions, mask offset or loss weight leaves the band.
 TP2_CP2 = "parallelism.data_parallel_shard_degree=1 parallelism.tensor_parallel_degree=2"
 CP2_PP2 = "parallelism.pipeline_parallel_degree=2 parallelism.context_parallel_degree=2"
-# The default run's layouts (the first is the reference), each a global batch of GLOBAL_BATCH: its
-# parallelism, its ranks and their local batch, and the mesh its run is tagged with.
+# Each layout (the first is the reference), a global batch of GLOBAL_BATCH: its parallelism, its
+# ranks and their local batch, and the mesh its run is tagged with.
 LAYOUTS = {
     "single": ("parallelism=single", 1, GLOBAL_BATCH, "single"),
     "ddp": ("parallelism=ddp", 2, 2, "dp_replicate2"),
@@ -72,16 +75,26 @@ LAYOUTS = {
     "fsdp_pp": ("parallelism=fsdp_pp", 4, 2, "pp2·dp_shard2"),
     "cp": ("parallelism=cp", 2, 4, "cp2"),
     "tp2_cp2": (f"parallelism=fsdp_cp {TP2_CP2}", 4, 4, "cp2·tp2"),
-    # 2 pp ranks, 4 microbatches of 1 sample (DualPipeV needs one per stage): single- and multi-stage.
+    # 2 pp ranks, 4 microbatches of 1 sample (DualPipeV needs one per stage): a schedule of each
+    # family, single-stage, looped (2 stages a rank) and V-shaped.
     "pp_1F1B": ("parallelism=pp parallelism.pipeline_parallel_schedule=1F1B", 2, GLOBAL_BATCH, "pp2"),
+    "pp_Interleaved1F1B": (
+        "parallelism=pp parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+        2,
+        GLOBAL_BATCH,
+        "pp2",
+    ),
     "pp_ZBVZeroBubble": ("parallelism=pp parallelism.pipeline_parallel_schedule=ZBVZeroBubble", 2, GLOBAL_BATCH, "pp2"),
+    "fsdp_tp_pp": ("parallelism=fsdp_tp_pp", 8, 2, "pp2·dp_shard2·tp2"),
+    "fsdp_cp": ("parallelism=fsdp_cp", 4, 2, "dp_shard2·cp2"),
+    "pp2_cp2": (f"parallelism=cp {CP2_PP2}", 4, 4, "pp2·cp2"),
 }
-# In the slow run only, each from the default run's seed checkpoint: 8 ranks, and more of cp.
-SLOW_LAYOUTS = {
-    "fsdp_tp_pp": ("parallelism=fsdp_tp_pp", 8, 2),
-    "fsdp_cp": ("parallelism=fsdp_cp", 4, 2),
-    "pp2_cp2": (f"parallelism=cp {CP2_PP2}", 4, 4),
-}
+# Beyond the default run (each from its seed checkpoint, a job of its own): the default run holds
+# each dimension, FSDP in hsdp's shards and cp's (and in most other files' jobs); the ones below
+# put them together (and 8 ranks). Tensor parallel trains to the same loss in the default suite
+# in test_moe.py (qwen3_debug on tp2; TP's gradients: test_expert_parallel.py).
+SLOW = ("fsdp", "tp", "fsdp_tp", "fsdp_pp", "tp2_cp2", "fsdp_tp_pp", "fsdp_cp", "pp2_cp2")
+DEFAULT = [name for name in LAYOUTS if name not in SLOW]
 
 
 def _layout(parallelism: str, nproc: int, local_batch: int) -> str:
@@ -98,7 +111,7 @@ def parity(tmp_path_factory):
     root = tmp_path_factory.mktemp("parity")
     db = root / "mlflow.db"
     uri_and_db = (f"tracking.uri=sqlite:///{db}", db)
-    layouts = [f"{_layout(*spec[:3])} debug.seed=0" for spec in LAYOUTS.values()]
+    layouts = [f"{_layout(*LAYOUTS[name][:3])} debug.seed=0" for name in DEFAULT]
     result = run_cli(
         [
             *PARITY_RUN,
@@ -111,7 +124,7 @@ def parity(tmp_path_factory):
     )
     point_runs = {
         name: mlflow_client(db).get_run((root / "run" / layout_folder(layout) / RUN_ID_FILE).read_text().strip())
-        for name, layout in zip(LAYOUTS, layouts)
+        for name, layout in zip(DEFAULT, layouts)
     }
 
     class Parity:
@@ -119,8 +132,16 @@ def parity(tmp_path_factory):
         curves = {name: loss_curve(db, run.info.run_id) for name, run in point_runs.items()}
         load = f"checkpoint.initial_load_path={root / 'run' / 'seed_checkpoint'}/step-0"
 
-        def curve(self, name: str, overrides: list[str], from_seed: bool = True) -> list[float]:
-            return curve_of(root, uri_and_db, name, [*overrides, self.load] if from_seed else overrides)
+        def run(self, name: str) -> object:
+            """The layout's run: the default run's, or (beyond it) a job of its own from the seed checkpoint."""
+            if name not in self.runs:
+                curve_of(root, uri_and_db, name, [*_layout(*LAYOUTS[name][:3]).split(), self.load])
+                self.runs[name] = mlflow_runs(db)[-1]
+                self.curves[name] = loss_curve(db, self.runs[name].info.run_id)
+            return self.runs[name]
+
+        def curve(self, name: str, overrides: list[str]) -> list[float]:
+            return curve_of(root, uri_and_db, name, [*overrides, self.load])
 
     reference = Parity.curves["single"]
     assert len(reference) == STEPS and reference[-1] < reference[0] - 0.5, reference
@@ -130,7 +151,7 @@ def parity(tmp_path_factory):
 def test_loss_parity_writes_its_table_and_plot_under_one_parent_run(parity):
     assert parity.output.returncode == 0, parity.output.stdout[-2000:] + parity.output.stderr[-3000:]
     table = (parity.run_dir / "loss_parity.md").read_text()
-    assert table.count("| yes |") == len(LAYOUTS) and "| NO |" not in table and "final validation loss" in table
+    assert table.count("| yes |") == len(DEFAULT) and "| NO |" not in table and "final validation loss" in table
     png = (parity.run_dir / "loss_parity.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     [parent] = mlflow_runs(parity.store, sweeps=True)
@@ -138,18 +159,18 @@ def test_loss_parity_writes_its_table_and_plot_under_one_parent_run(parity):
     assert {run.data.tags["mlflow.parentRunId"] for run in mlflow_runs(parity.store)} == {parent.info.run_id}
     artifacts = parity.store.parent / "mlartifacts" / "titan_exp" / parent.info.run_id / "artifacts"
     assert (artifacts / "parity" / "loss_parity.md").read_text() == table
-    assert (artifacts / "compare" / "strategy_table.csv").read_text().count("FINISHED") == len(LAYOUTS)
+    assert (artifacts / "compare" / "strategy_table.csv").read_text().count("FINISHED") == len(DEFAULT)
 
 
-def held_out_curve(db, run) -> list[float]:
+def held_out_curve(db, run) -> list[tuple[int, float]]:
     history = mlflow_client(db).get_metric_history(run.info.run_id, VALIDATION_LOSS)
-    return [m.value for m in sorted(history, key=lambda m: m.step)]
+    return [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)]
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in LAYOUTS])
 def test_layout_reproduces_the_single_device_curve(parity, name):
     parallelism, nproc, _, mesh = LAYOUTS[name]
-    run = parity.runs[name]
+    run = parity.run(name)
     assert run.info.status == "FINISHED"
     assert (
         run.data.tags["world_size"] == str(nproc) and run.data.tags["mesh"] == run.data.params["derived/mesh"] == mesh
@@ -157,21 +178,18 @@ def test_layout_reproduces_the_single_device_curve(parity, name):
     assert run.data.params["parallelism.name"] == parallelism.split()[0].removeprefix("parallelism=")
     assert len(parity.curves[name]) == STEPS
     torch.testing.assert_close(parity.curves[name], parity.curves["single"], rtol=RTOL, atol=0)
-    # The held-out loss (experiment=loss_parity validates every 5 steps) agrees as closely.
-    held_out, reference = (held_out_curve(parity.store, parity.runs[n]) for n in (name, "single"))
-    assert len(reference) == STEPS // 5
-    torch.testing.assert_close(held_out, reference, rtol=RTOL, atol=0)
-    # Where the point's start-up went (from its own process's start): in its log, and as metrics.
+    # The held-out loss (experiment=loss_parity validates every 5 steps, pipelines through their
+    # schedule's forward-only pass) agrees as closely; the model learns the chain: it falls.
+    held_out, reference = (held_out_curve(parity.store, parity.run(n)) for n in (name, "single"))
+    assert [step for step, _ in reference] == [5, 10] and reference[1][1] < reference[0][1], reference
+    assert [step for step, _ in held_out] == [5, 10], held_out
+    torch.testing.assert_close([loss for _, loss in held_out], [loss for _, loss in reference], rtol=RTOL, atol=0)
+    # Where the point's start-up went (from its own process's start): in its log, and as metrics;
+    # the held-out loss is said there too.
     logs = parity.store.parent / "mlartifacts" / "titan_exp" / run.info.run_id / "artifacts" / "logs"
-    assert "start-up:" in (logs / "rank0.log").read_text()
+    log = (logs / "rank0.log").read_text()
+    assert "start-up:" in log and "step    10  validation loss" in log, log[-2000:]
     assert_startup_adds_up(run, ("spawn", "rank_imports", "torch_import", "model", "first_step"))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", SLOW_LAYOUTS)
-def test_slow_layout_reproduces_the_single_device_curve(parity, name):
-    curve = parity.curve(name, _layout(*SLOW_LAYOUTS[name]).split())
-    torch.testing.assert_close(curve, parity.curves["single"], rtol=RTOL, atol=0)
 
 
 @pytest.mark.slow
@@ -183,33 +201,43 @@ def test_every_pipeline_schedule_reproduces_the_single_device_curve(parity):
         torch.testing.assert_close(curve, reference, rtol=RTOL, atol=0, msg=lambda m, s=schedule: f"{s}: {m}")
 
 
-def test_tolerance_is_discriminating(parity):
+def test_tolerance_is_discriminating(parity, in_process):
     # Without the seed checkpoint (seed 0's weights, the same data) the curve leaves the band: the
     # band tells weights apart, and the layouts' runs trained from the checkpoint's weights.
-    fresh = parity.curve("fresh", _layout(*LAYOUTS["single"][:3]).split(), from_seed=False)
-    assert max(abs(a - b) / b for a, b in zip(fresh, parity.curves["single"])) > 100 * RTOL
+    fresh = in_process([f"training.steps={STEPS}", f"training.local_batch_size={GLOBAL_BATCH}", "debug.seed=0"])
+    assert len(fresh.curve) == STEPS
+    assert max(abs(a - b) / b for a, b in zip(fresh.curve, parity.curves["single"])) > 100 * RTOL
+
+
+@dataclass
+class InProcess:
+    metrics: dict  # rank 0's last logged metrics
+    curve: list[float]  # the loss of each step as printed (4 decimals)
 
 
 @pytest.fixture
-def in_process():
+def in_process(capsys):
     """Run the trainer in this process as a world of one (no tracking), restoring global torch state."""
 
-    def run(overrides: list[str]) -> float:
+    def run(overrides: list[str]) -> InProcess:
         job = resolve(
             OmegaConf.to_object(
                 compose_config(["parallelism=single", "tracking=none", *PARITY_RUN, "training.steps=3", *overrides])
             )
         )
         assert job.dims.world_size == 1
-        return Trainer.run(job, RankEnv(rank=0, local_rank=0, world_size=1, local_world_size=1))["loss/global_avg"]
+        capsys.readouterr()
+        metrics = Trainer.run(job, RankEnv(rank=0, local_rank=0, world_size=1, local_world_size=1))
+        printed = capsys.readouterr().out
+        return InProcess(metrics, [float(loss) for loss in re.findall(r"^step +\d+  loss +(\S+)", printed, re.M)])
 
     yield run
     torch.use_deterministic_algorithms(False)
 
 
 def test_gradient_accumulation_matches_one_big_batch(in_process):
-    big = in_process(["training.local_batch_size=8"])
-    accumulated = in_process(["training.local_batch_size=2", "training.global_batch_size=8"])
+    big = in_process(["training.local_batch_size=8"]).metrics[LOSS]
+    accumulated = in_process(["training.local_batch_size=2", "training.global_batch_size=8"]).metrics[LOSS]
     assert accumulated == pytest.approx(big, rel=RTOL)
 
 
@@ -222,56 +250,13 @@ def test_gradient_accumulation_matches_one_big_batch(in_process):
     ],
 )
 def test_activation_checkpointing_does_not_change_the_numbers(in_process, ac):
-    assert in_process(ac) == pytest.approx(in_process([]), rel=RTOL)
+    assert in_process(ac).metrics[LOSS] == pytest.approx(in_process([]).metrics[LOSS], rel=RTOL)
 
 
 @pytest.mark.slow
 def test_compiled_blocks_match_eager(in_process):
     # Inductor fuses and reorders fp32 arithmetic, so a looser bound than between layouts.
-    assert in_process(["compile.enable=true"]) == pytest.approx(in_process([]), rel=1e-3)
-
-
-@pytest.mark.parametrize(
-    "layout",
-    [
-        "parallelism=fsdp",
-        pytest.param("parallelism=pp parallelism.pipeline_parallel_schedule=Interleaved1F1B", marks=pytest.mark.slow),
-    ],
-)
-def test_resume_continues_the_same_curve(tmp_path, store, layout):
-    uri, db = store
-    folder = tmp_path / "ckpt"
-    args = [
-        *PARITY_RUN,
-        *layout.split(),
-        "launcher.nproc_per_node=2",
-        "checkpoint=periodic",
-        f"checkpoint.folder={folder}",
-        "checkpoint.interval=4",
-        "checkpoint.keep_latest_k=0",
-        uri,
-    ]
-    whole = run_cli(args, tmp_path / "whole")
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    assert sorted(p.name for p in folder.glob("step-*")) == ["step-10", "step-4", "step-8"]  # and the last step
-    whole_curve = loss_curve(db, mlflow_runs(db)[-1].info.run_id)
-    assert (folder / "mlflow_run_id").read_text() == mlflow_runs(db)[-1].info.run_id
-    shutil.rmtree(folder / "step-10")
-    shard = next((folder / "step-8").glob("*.distcp"))
-    shard.write_bytes(shard.read_bytes()[:100])  # the newest checkpoint left cut short: the one before is taken
-    resumed = run_cli(args, tmp_path / "resumed")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"{folder}/step-8 cannot be read" in resumed.stdout and f"resumed from {folder}/step-4" in resumed.stdout
-    # The resumed job goes on in the run that saved the checkpoint: one run, FINISHED, whose steps
-    # 5..10 were logged twice, each counted once in its curve (the resumed job's logging).
-    [run] = mlflow_runs(db)
-    assert run.info.status == "FINISHED" and "failure_reason" not in run.data.tags
-    history = mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg")
-    relogged = sorted(m.step for m in history if sum(h.step == m.step for h in history) == 2)
-    assert sorted(set(relogged)) == list(range(5, 11))
-    latest = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
-    assert loss_curve(db, run.info.run_id) == [latest[step] for step in range(1, 11)]
-    torch.testing.assert_close([latest[step] for step in range(5, 11)], whole_curve[4:], rtol=RTOL, atol=0)
+    assert in_process(["compile.enable=true"]).metrics[LOSS] == pytest.approx(in_process([]).metrics[LOSS], rel=1e-3)
 
 
 # float8 matmuls run through torch._scaled_mm's reference kernel on CPU (~20 M multiply-adds/s), so
@@ -284,6 +269,20 @@ TINY_MODEL = [
 # float8 (e4m3) keeps 3 mantissa bits, but rounding errors average out over dot products of >= 64
 # terms and over the tokens of the loss; torchtitan's float8 curves stay within ~1% of bf16. We allow 1%.
 FLOAT8_RTOL = 1e-2
+# CPU ranks emulate the float8 matmuls (torch's CPU kernel took minutes a step, thousands of times
+# fp32's): a step within 20× the full-precision one, measured side by side. On this tiny model the
+# casts and scales dominate: 5-7× is usual, more on a busy machine.
+FLOAT8_STEP_TIMES = 20
+
+
+def test_float8_stays_close_to_full_precision_in_this_process(in_process):
+    """The rowwise recipe on one rank (every recipe, beside FSDP and TP on rank processes: below)."""
+    reference = in_process(TINY_MODEL)
+    low = in_process([*TINY_MODEL, "quantize=float8"])
+    assert len(low.curve) == 3
+    torch.testing.assert_close(low.curve, reference.curve, rtol=FLOAT8_RTOL, atol=0)
+    assert MFU in reference.metrics and MFU not in low.metrics  # not defined in low precision
+    assert low.metrics[STEP_SECONDS] < FLOAT8_STEP_TIMES * reference.metrics[STEP_SECONDS]
 
 
 FSDP = ["parallelism=fsdp", "launcher.nproc_per_node=2"]
@@ -296,24 +295,16 @@ FLOAT8_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize(
-    "names",
-    [("rowwise",), pytest.param(tuple(FLOAT8_VARIANTS), marks=pytest.mark.slow)],
-    ids=["rowwise", "every"],
-)
-def test_float8_stays_close_to_full_precision(tmp_path, store, names):
+@pytest.mark.slow
+def test_every_float8_recipe_stays_close_to_full_precision_on_rank_processes(tmp_path, store):
     uri, db = store
     reference = curve_of(tmp_path, store, "fp32", [*FSDP, *TINY_MODEL])
-    variants = {name: FLOAT8_VARIANTS[name] for name in names}
-    for name, overrides in variants.items():
+    for name, overrides in FLOAT8_VARIANTS.items():
         low = curve_of(tmp_path, store, name, [*overrides, *TINY_MODEL])
         torch.testing.assert_close(low, reference, rtol=FLOAT8_RTOL, atol=0, msg=lambda m, n=name: f"{n}: {m}")
     float8_runs = [r for r in mlflow_runs(db) if r.data.params["quantize.name"] == "float8"]
-    assert len(float8_runs) == len(variants)
-    assert not any("throughput/mfu_pct" in r.data.metrics for r in float8_runs)  # not defined in low precision
-    # CPU ranks emulate the float8 matmuls (torch's CPU kernel took minutes a step, thousands of
-    # times fp32's): a step within 20× the full-precision one, measured side by side in this test.
-    # On this tiny model the casts and scales dominate: 5-7× is usual, more on a busy machine.
+    assert len(float8_runs) == len(FLOAT8_VARIANTS)
+    assert not any(MFU in r.data.metrics for r in float8_runs)
     [fp32_run] = [r for r in mlflow_runs(db) if r.data.params["quantize.name"] == "none"]
     for run in float8_runs:
-        assert run.data.metrics["time/step_s"] < 20 * fp32_run.data.metrics["time/step_s"], run.data.tags
+        assert run.data.metrics[STEP_SECONDS] < FLOAT8_STEP_TIMES * fp32_run.data.metrics[STEP_SECONDS], run.data.tags

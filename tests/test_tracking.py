@@ -1,6 +1,7 @@
-"""Tracking and comparison against real MLflow stores: a `mlflow server` on loopback read back over
-REST, its UI in headless Chromium, a SQLite store shared by four jobs, sweeps as parent + child
-runs, and the strategy table computed from what the runs logged."""
+"""Tracking and comparison against real MLflow stores, on one tracked sweep (parent + child runs)
+that every test here reads: its points side by side in a SQLite store, a `mlflow server` on
+loopback over that store read back over REST, a job joining the sweep over HTTP, MLflow's UI in
+headless Chromium, and the strategy table computed from what the runs logged."""
 
 import csv
 import html
@@ -10,6 +11,7 @@ import re
 import subprocess
 import sys
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from conftest import (
     run_cli,
     start_mlflow_server,
     stop_mlflow_server,
+    store_in,
 )
 
 SMOKE = ["experiment=smoke", "tracking=mlflow", "launcher.device=cpu", *SMALL_MODEL]
@@ -42,31 +45,56 @@ def _rest(base: str, path: str, body: dict | None = None) -> dict:
         return json.loads(response.read())
 
 
+# The module's sweep: 2 points (1 and 2 ranks) on 2 cores, side by side (only when oversubscribing
+# is asked for), recording the system's metrics too.
+SWEEP = "launcher.nproc_per_node=1,2"
+SIDE_BY_SIDE = ["launcher.max_parallel=2", "launcher.oversubscribe=true", "training.steps=10"]
+SYSTEM_METRICS = ["tracking.system_metrics=true", "tracking.system_metrics_interval_s=1"]
+
+
+@dataclass
+class Tracked:
+    db: Path  # the SQLite store
+    folder: Path  # the sweep's folder (its points' and its comparison's)
+    sweep: subprocess.CompletedProcess
+    url: str  # the server's
+    experiment_id: str
+    parent_id: str  # the sweep's parent run
+    joined_id: str  # the job that joined it over HTTP
+
+
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """`titan_exp ui` (a real `mlflow server`) on 127.0.0.1 over a fresh SQLite store; yields its URL."""
-    root = tmp_path_factory.mktemp("server")
+def tracked(tmp_path_factory, migrated_store):
+    """One tracked sweep, made as a user makes one and read by every test here: a local sweep into
+    a SQLite store, `titan_exp ui` (a real `mlflow server`) on 127.0.0.1 over that store, and a job
+    started on its own that joins the sweep by its parent run id, tracking over HTTP into the server."""
+    root = tmp_path_factory.mktemp("tracked")
+    uri, db = store_in(root, migrated_store)
+    sweep = run_cli(
+        [*SMOKE, uri, "parallelism=fsdp", *SIDE_BY_SIDE, *SYSTEM_METRICS, SWEEP], root / "sweep", flags=("-m",)
+    )
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    [parent] = mlflow_runs(db, sweeps=True)
     port = free_port()
-    server = start_mlflow_server(root / "mlflow.db", port, root / "server.log")
+    server = start_mlflow_server(db, port, root / "server.log")
     try:
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        joined = run_cli(
+            [*SMOKE, f"tracking.uri={url}", "parallelism=ddp", "launcher.nproc_per_node=2"]
+            + [f"tracking.parent_run_id={parent.info.run_id}"],
+            root / "joined",
+        )
+        assert joined.returncode == 0, joined.stdout[-3000:] + joined.stderr[-3000:]
+        experiment = _rest(url, "experiments/get-by-name?experiment_name=titan_exp")["experiment"]
+        yield Tracked(
+            db, root / "sweep" / "multirun", sweep, url, experiment["experiment_id"], parent.info.run_id,
+            mlflow_runs(db)[-1].info.run_id,
+        )  # fmt: skip
     finally:
         stop_mlflow_server(server)
 
 
-@pytest.fixture(scope="module")
-def server_sweep(mlflow_server, tmp_path_factory):
-    """A 2-point sweep that tracks over HTTP into the server; yields (server URL, experiment id)."""
-    tmp = tmp_path_factory.mktemp("sweep")
-    result = run_cli(
-        [*SMOKE, f"tracking.uri={mlflow_server}", "training.steps=3", "parallelism=ddp,fsdp"], tmp, flags=("-m",)
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    experiment = _rest(mlflow_server, "experiments/get-by-name?experiment_name=titan_exp")["experiment"]
-    return mlflow_server, experiment["experiment_id"]
-
-
-def test_a_parent_run_the_server_does_not_have_is_refused(server_sweep):
+def test_a_parent_run_the_server_does_not_have_is_refused(tracked):
     from titan_exp.config.compose import to_job_config
     from titan_exp.config.resolve import resolve
     from titan_exp.job.preflight import preflight
@@ -74,45 +102,47 @@ def test_a_parent_run_the_server_does_not_have_is_refused(server_sweep):
 
     from conftest import compose_config
 
-    url, experiment_id = server_sweep
-    [run, *_] = _rest(url, "runs/search", {"experiment_ids": [experiment_id]})["runs"]
-
     def check(parent: str) -> None:
-        preflight(resolve(to_job_config(compose_config([f"tracking.uri={url}", f"tracking.parent_run_id={parent}"]))))
+        uri = f"tracking.uri={tracked.url}"
+        preflight(resolve(to_job_config(compose_config([uri, f"tracking.parent_run_id={parent}"]))))
 
-    check(run["info"]["run_id"])
-    with pytest.raises(ConfigError, match=f"no such run in {url}"):
+    check(tracked.parent_id)
+    with pytest.raises(ConfigError, match=f"no such run in {tracked.url}"):
         check("0123abcd")
 
 
-def test_sweep_tracked_over_http_reads_back_through_the_rest_api(server_sweep):
-    url, experiment_id = server_sweep
-    runs = _rest(url, "runs/search", {"experiment_ids": [experiment_id]})["runs"]
+def test_the_sweep_and_the_job_that_joined_it_over_http_read_back_through_the_rest_api(tracked):
+    url = tracked.url
+    runs = _rest(url, "runs/search", {"experiment_ids": [tracked.experiment_id]})["runs"]
     tags = {run["info"]["run_id"]: {t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs}
     [parent] = [r for r in runs if tags[r["info"]["run_id"]].get("titan_exp.role") == "sweep"]
     children = [r for r in runs if r is not parent]
     parent_id = parent["info"]["run_id"]
-    assert parent["info"]["status"] == "FINISHED" and parent["info"]["run_name"] == "sweep: parallelism=ddp,fsdp"
+    assert parent_id == tracked.parent_id
+    assert parent["info"]["status"] == "FINISHED" and parent["info"]["run_name"] == f"sweep: {SWEEP}"
     assert "compare/strategy_table.html" in tags[parent_id]["mlflow.note.content"]  # its Overview says where
-    experiment = _rest(url, f"experiments/get?experiment_id={experiment_id}")["experiment"]
+    experiment = _rest(url, f"experiments/get?experiment_id={tracked.experiment_id}")["experiment"]
     assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in experiment["tags"]
-    assert sorted(r["info"]["run_name"] for r in children) == ["llama3_debug·ddp2", "llama3_debug·fsdp2"]
+    names = sorted(r["info"]["run_name"] for r in children)
+    assert names == ["llama3_debug·ddp2", "llama3_debug·fsdp2", "llama3_debug·single"]
     for child in children:
         child_id = child["info"]["run_id"]
         assert child["info"]["status"] == "FINISHED"
         assert tags[child_id]["mlflow.parentRunId"] == parent_id
+        steps = int({p["key"]: p["value"] for p in child["data"]["params"]}["training.steps"])
         history = _rest(url, f"metrics/get-history?run_id={child_id}&metric_key=loss/global_avg")["metrics"]
-        assert sorted(m["step"] for m in history) == [1, 2, 3]
+        assert sorted(m["step"] for m in history) == list(range(1, steps + 1))
+        # The joined job's log went up through the server, the points' into the store's folder.
         logs = _rest(url, f"artifacts/list?run_id={child_id}&path=logs")["files"]
-        assert [f["path"] for f in logs] == ["logs/rank0.log"]
+        assert [f["path"] for f in logs] == ["logs/rank0.log"], child["info"]["run_name"]
     compare = {f["path"] for f in _rest(url, f"artifacts/list?run_id={parent_id}&path=compare")["files"]}
+    # 1 and 2 ranks: a scaling to plot (where the points share a world size, none is: test_compare.py).
     assert {
         "compare/strategy_table.html",
         "compare/strategy_table.csv",
         "compare/loss_curves.png",
+        "compare/scaling.png",
     } <= compare
-    # ddp2 and fsdp2 share a world size: there is no scaling to plot, and no plot pretends there is.
-    assert "compare/scaling.png" not in compare
 
 
 def _page_text(url: str, *flags: str) -> str:
@@ -122,34 +152,38 @@ def _page_text(url: str, *flags: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
 
 
-def test_a_new_browser_opens_the_experiment_on_model_training_not_genai(server_sweep, tmp_path):
-    url, experiment_id = server_sweep
+def test_a_new_browser_opens_the_experiment_on_model_training_not_genai(tracked, tmp_path):
+    url, experiment_id = tracked.url, tracked.experiment_id
     # The experiment's own address, no workflowType in it, in a browser profile that has chosen nothing.
     text = _page_text(f"{url}/#/experiments/{experiment_id}", f"--user-data-dir={tmp_path / 'profile'}")
     # A plain `mlflow server` opens this address on "Overview - Experiment N" (GenAI: traces, token usage).
     assert text.startswith(f"Runs - Experiment {experiment_id} ") and "Token Usage" not in text, text[-2000:]
-    assert "sweep: parallelism=ddp,fsdp" in text and "3 matching runs" in text, text[-2000:]  # the runs table
+    assert f"sweep: {SWEEP}" in text and "4 matching runs" in text, text[-2000:]  # the runs table
 
 
-def test_mlflow_ui_lists_the_sweep_in_headless_chromium(server_sweep):
-    url, experiment_id = server_sweep
+def _screenshot(name: str) -> Path:
+    """Where Chromium leaves a screenshot for people to look at (none there yet)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / name).unlink(missing_ok=True)
+    return ARTIFACTS / name
+
+
+def test_mlflow_ui_lists_the_sweep_in_headless_chromium(tracked):
+    url, experiment_id = tracked.url, tracked.experiment_id
     runs_page = f"{url}/#/experiments/{experiment_id}/runs"
-    text = _page_text(runs_page)
-    assert "sweep: parallelism=ddp,fsdp" in text and "3 matching runs" in text, text[-2000:]
+    screenshot = _screenshot("mlflow_ui_sweep_runs.png")
+    text = _page_text(runs_page, f"--screenshot={screenshot}")  # what it says and how it looks, in one load
+    assert f"sweep: {SWEEP}" in text and "4 matching runs" in text, text[-2000:]
+    assert screenshot.stat().st_size > 10_000  # a rendered page, not an empty canvas
     [child] = _rest(
         url, "runs/search", {"experiment_ids": [experiment_id], "filter": "attributes.run_name = 'llama3_debug·fsdp2'"}
     )["runs"]
     assert "llama3_debug·fsdp2" in _page_text(f"{url}/#/experiments/{experiment_id}/runs/{child['info']['run_id']}")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    screenshot = ARTIFACTS / "mlflow_ui_sweep_runs.png"
-    screenshot.unlink(missing_ok=True)
-    chromium(f"--screenshot={screenshot}", runs_page)
-    assert screenshot.stat().st_size > 10_000  # a rendered page, not an empty canvas
     print(f"screenshot: {screenshot}")
 
 
-def test_the_printed_link_opens_on_the_sweeps_points_sorted_by_tps(server_sweep):
-    url, experiment_id = server_sweep
+def test_the_printed_link_opens_on_the_sweeps_points_sorted_by_tps(tracked):
+    url, experiment_id = tracked.url, tracked.experiment_id
     port = url.rsplit(":", 1)[1]
     printed = subprocess.run(
         [sys.executable, "-m", "titan_exp", "ui", "--uri", url, "--port", port, "--print-link"],
@@ -158,45 +192,34 @@ def test_the_printed_link_opens_on_the_sweeps_points_sorted_by_tps(server_sweep)
     assert printed.returncode == 0, printed.stderr
     link, charts = printed.stdout.split()
     assert link.startswith(f"{url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"), link
-    text = _page_text(link)
+    link_shot = _screenshot("mlflow_ui_comparison_link.png")
+    text = _page_text(link, "--window-size=1600,900", f"--screenshot={link_shot}")
     assert "Token Usage" not in text and "Model training" in text  # not the GenAI overview
-    assert "Sort: throughput/tps_per_device_mean" in text and "2 matching runs" in text, text[-2000:]
-    children = _rest(url, "runs/search", {"experiment_ids": [experiment_id], "filter": "tags.world_size = '2'"})["runs"]
+    assert "Sort: throughput/tps_per_device_mean" in text and "3 matching runs" in text, text[-2000:]
+    assert link_shot.stat().st_size > 10_000
+    points = {"experiment_ids": [experiment_id], "filter": f"tags.`mlflow.parentRunId` = '{tracked.parent_id}'"}
+    children = _rest(url, "runs/search", points)["runs"]
+    assert len(children) == 3
     for child in children:
         metrics = {m["key"]: m["value"] for m in child["data"]["metrics"]}
         assert child["info"]["run_name"] in text
         assert str(metrics["throughput/tps_per_device_mean"])[:5] in text  # its TPS/device (JS prints floats as repr)
     # The same runs as MLflow's charts: the loss curves overlaid, TPS/device and MFU per run.
     assert charts == f"{link}&compareRunsMode=CHART"
-    charts_text = _page_text(charts)
+    charts_shot = _screenshot("mlflow_ui_comparison_charts.png")
+    charts_text = _page_text(charts, "--window-size=1600,1000", f"--screenshot={charts_shot}")
     # Its section holds the loss, TPS/device, MFU and CPU peak-memory charts (the CUDA one has no data here).
     assert "Strategy comparison (4)" in charts_text, charts_text[-2000:]
-    screenshot = ARTIFACTS / "mlflow_ui_comparison_charts.png"
-    screenshot.unlink(missing_ok=True)
-    chromium("--window-size=1600,1000", f"--screenshot={screenshot}", charts)
-    assert screenshot.stat().st_size > 10_000
-    screenshot = ARTIFACTS / "mlflow_ui_comparison_link.png"
-    screenshot.unlink(missing_ok=True)
-    chromium("--window-size=1600,900", f"--screenshot={screenshot}", link)
-    assert screenshot.stat().st_size > 10_000
-    print(f"screenshot: {screenshot}")
+    assert charts_shot.stat().st_size > 10_000
+    print(f"screenshots: {link_shot}, {charts_shot}")
 
 
-def test_local_sweep_runs_its_points_side_by_side_and_compares_them_into_the_parent_run(tmp_path, store):
-    uri, db = store
-    # 2 points (1 and 2 ranks) on 2 cores: side by side only when oversubscribing is asked for.
-    side_by_side = ["launcher.max_parallel=2", "launcher.oversubscribe=true", "training.steps=10"]
-    system_metrics = ["tracking.system_metrics=true", "tracking.system_metrics_interval_s=1"]
-    result = run_cli(
-        [*SMOKE, uri, "parallelism=fsdp", *side_by_side, *system_metrics, "launcher.nproc_per_node=1,2"],
-        tmp_path,
-        flags=("-m",),
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def test_local_sweep_runs_its_points_side_by_side_and_compares_them_into_the_parent_run(tracked, tmp_path):
+    db, result = tracked.db, tracked.sweep
     assert re.search(r"^\[1\] launcher.nproc_per_node=2: done \(step 10, loss", result.stdout, re.M), result.stdout
     [parent] = mlflow_runs(db, sweeps=True)
-    points = mlflow_runs(db)
-    assert parent.info.status == "FINISHED"
+    *points, joined = mlflow_runs(db)
+    assert parent.info.status == "FINISHED" and joined.info.run_id == tracked.joined_id
     assert [p.data.tags["mlflow.parentRunId"] for p in points] == [parent.info.run_id] * 2
     assert any(key.startswith("system/cpu_utilization_percentage") for key in points[0].data.metrics), points[
         0
@@ -208,14 +231,26 @@ def test_local_sweep_runs_its_points_side_by_side_and_compares_them_into_the_par
     cores = {run.data.params["derived/cpu_set"] for run in points}
     assert len(cores) == 2 and all(re.fullmatch(r"\d+", core) for core in cores)  # one core each, not the same
     assert {run.data.params["launcher.cpu_threads_per_rank"] for run in points} == {"1"}
+    # Two jobs writing to one store at once lose nothing: every step of every metric (the
+    # throughput means from the second step, where the start-up went once at the first), and no
+    # word of retries that succeeded.
+    client = mlflow_client(db)
+    for run in points:
+        assert len(run.data.metrics) >= 12
+        for key in (key for key in run.data.metrics if not key.startswith("system/")):
+            steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+            expected = [1] if key.startswith("startup/") else list(range(2 if key.endswith("_mean") else 1, 11))
+            assert steps == expected, (run.info.run_name, key, steps)
+    said = [log.read_text() for log in tracked.folder.rglob("*.log")]
+    assert said and not [text for text in said if "database is locked" in text]
 
-    with open(tmp_path / "multirun" / "compare" / "strategy_table.csv") as file:
+    with open(tracked.folder / "compare" / "strategy_table.csv") as file:
         rows = {row["world_size"]: row for row in csv.DictReader(file)}
     tps = {p.data.tags["world_size"]: p.data.metrics["throughput/tps_per_device_mean"] for p in points}
     assert float(rows["1"]["scaling_efficiency"]) == 1.0
     assert float(rows["2"]["scaling_efficiency"]) == pytest.approx(tps["2"] / tps["1"])
     assert float(rows["2"]["tps_per_device"]) == tps["2"] and rows["2"]["status"] == "FINISHED"
-    artifacts = {a.path for a in mlflow_client(db).list_artifacts(parent.info.run_id, "compare")}
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "compare")}
     assert {
         f"compare/{name}"
         for name in (
@@ -229,12 +264,8 @@ def test_local_sweep_runs_its_points_side_by_side_and_compares_them_into_the_par
         )
     } <= artifacts
 
-    # A job started on its own joins the sweep by its parent run id; the command line compares all three.
-    joined = run_cli(
-        [*SMOKE, uri, "parallelism=ddp", "launcher.nproc_per_node=2", f"tracking.parent_run_id={parent.info.run_id}"],
-        tmp_path / "joined",
-    )
-    assert joined.returncode == 0, joined.stderr[-3000:]
+    # The job started on its own joined the sweep by its parent run id; the command line compares all three.
+    assert joined.data.tags["mlflow.parentRunId"] == parent.info.run_id
     out = tmp_path / "again"
     cli = subprocess.run(
         [sys.executable, "-m", "titan_exp.compare", "--uri", f"sqlite:///{db}", "--out", str(out)],
@@ -272,6 +303,9 @@ def test_local_sweep_runs_its_points_side_by_side_and_compares_them_into_the_par
 JOBS_SHARING_A_STORE = 4
 
 
+# Beyond the default suite, which holds a new store opened by processes at once (test_store.py)
+# and two jobs writing into one store side by side (the sweep above).
+@pytest.mark.slow
 def test_four_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, new_store):
     uri, db = new_store
     jobs = []

@@ -38,10 +38,40 @@ def _profiler_steps(trace_file) -> set[int]:
     return {int(m[1]) for e in events if (m := re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", "")))}
 
 
-def test_trace_records_the_last_active_steps_of_every_period_on_every_rank(tmp_path, store):
-    period = ["profiling.profile_freq=4", "profiling.profiler_warmup=1", "profiling.profiler_active=2"]
-    run, client = _run(tmp_path, store, ["profiling=trace", *period, "training.steps=8", "launcher.nproc_per_node=2"])
-    traces = tmp_path / "run" / "profile_traces"
+# Every profiled period's last 2 steps traced (4 steps a period, 1 of warm-up), every fourth step
+# audited: steps 4 and 8 both.
+PERIOD = ["profiling.profile_freq=4", "profiling.profiler_warmup=1", "profiling.profiler_active=2"]
+AUDITED = {"single": (2, 4), "fsdp": (4, 8)}
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory, migrated_store):
+    """A run audited at steps AUDITED[layout] per layout, made once: (its run folder, the run, a
+    client). The fsdp one is profiling=full, traced too: the profiler and the memory tracker watch
+    its steps 4 and 8 together."""
+    made = {}
+
+    def run(layout: str) -> tuple[Path, object, object]:
+        if layout not in made:
+            tmp = tmp_path_factory.mktemp(layout)
+            store = store_in(tmp, migrated_store)
+            if layout == "single":
+                overrides = ["profiling=memory", "profiling.memory_snapshot_freq=2", "training.steps=4"]
+            else:
+                overrides = ["profiling=full", *PERIOD, "profiling.memory_snapshot_freq=4", "training.steps=8"]
+            ranks = 1 if layout == "single" else 2
+            made[layout] = (
+                tmp / "run",
+                *_run(tmp, store, [*overrides, f"parallelism={layout}", f"launcher.nproc_per_node={ranks}"]),
+            )
+        return made[layout]
+
+    return run
+
+
+def test_trace_records_the_last_active_steps_of_every_period_on_every_rank(profiled, tmp_path):
+    run_dir, run, client = profiled("fsdp")
+    traces = run_dir / "profile_traces"
     for iteration, steps in ((4, {3, 4}), (8, {7, 8})):
         for rank in (0, 1):
             trace = traces / f"iteration_{iteration}" / f"rank{rank}_trace.json"
@@ -53,30 +83,11 @@ def test_trace_records_the_last_active_steps_of_every_period_on_every_rank(tmp_p
     assert _profiler_steps(Path(downloaded)) == {3, 4}
 
 
-@pytest.fixture(scope="module")
-def memory_audit(tmp_path_factory, migrated_store):
-    """A run audited at steps 2 and 4 per layout, made once: (its run folder, the run, a client)."""
-    made = {}
-
-    def audit(layout: str, ranks: int) -> tuple[Path, object, object]:
-        if layout not in made:
-            tmp = tmp_path_factory.mktemp(layout)
-            store = store_in(tmp, migrated_store)
-            overrides = ["profiling=memory", "profiling.memory_snapshot_freq=2", "training.steps=4"]
-            made[layout] = (
-                tmp / "run",
-                *_run(tmp, store, [*overrides, f"parallelism={layout}", f"launcher.nproc_per_node={ranks}"]),
-            )
-        return made[layout]
-
-    return audit
-
-
 @pytest.mark.parametrize("layout,ranks", [("single", 1), ("fsdp", 2)])
-def test_memory_audits_account_for_the_model_and_add_up_to_the_tracked_peak(memory_audit, layout, ranks):
-    run_dir, run, client = memory_audit(layout, ranks)
+def test_memory_audits_account_for_the_model_and_add_up_to_the_tracked_peak(profiled, layout, ranks):
+    run_dir, run, client = profiled(layout)
     audits = run_dir / "memory_snapshot"
-    for iteration in (2, 4):
+    for iteration in AUDITED[layout]:
         for rank in range(ranks):
             timeline = json.loads((audits / f"iteration_{iteration}" / f"rank{rank}_memory_timeline.json").read_text())
             assert len(timeline) > 100 and {"PARAM", "ACT", "OPT"} <= set(timeline[0][1])
@@ -86,9 +97,9 @@ def test_memory_audits_account_for_the_model_and_add_up_to_the_tracked_peak(memo
         name: {m.step: m.value for m in client.get_metric_history(run.info.run_id, f"memory/audit_{name}_gib")}
         for name in metrics
     }
-    assert set(audit["peak"]) == {2, 4}
+    assert set(audit["peak"]) == set(AUDITED[layout])
     params_gib = float(run.data.params["derived/num_params"]) * 4 / 2**30 / ranks  # fp32, sharded by FSDP
-    for step in (2, 4):
+    for step in AUDITED[layout]:
         assert audit["peak"][step] == pytest.approx(audit["memtracker_peak"][step], rel=0.02)
         # At the peak: at least this rank's parameters (FSDP adds the layers it has gathered) and
         # AdamW's moments (its step adds temporaries); after the step, exactly what stays.
@@ -98,14 +109,15 @@ def test_memory_audits_account_for_the_model_and_add_up_to_the_tracked_peak(memo
         assert end_of_step["PARAM"] / 2**30 == pytest.approx(params_gib, rel=0.02)
         assert end_of_step["OPT"] / 2**30 == pytest.approx(2 * params_gib, rel=0.02)
         assert audit["peak"][step] < run.data.metrics["memory/cpu_rss_peak_gib"]  # tensors within the process
+    last = AUDITED[layout][-1]
     stored = _artifact_paths(client, run.info.run_id)
-    assert f"profiling/memory/iteration_4/rank{ranks - 1}_memory.html" in stored, stored
-    page = (audits / "iteration_4" / "rank0_memory.html").read_text()
+    assert f"profiling/memory/iteration_{last}/rank{ranks - 1}_memory.html" in stored, stored
+    page = (audits / f"iteration_{last}" / "rank0_memory.html").read_text()
     assert "Per module (MemTracker)" in page and "layers.0" in page and "<script" not in page
 
 
-def test_the_audit_page_shows_its_plot_offline_in_chromium(memory_audit, tmp_path):
-    run_dir, _, _ = memory_audit("single", 1)
+def test_the_audit_page_shows_its_plot_offline_in_chromium(profiled, tmp_path):
+    run_dir, _, _ = profiled("single")
     page = run_dir / "memory_snapshot" / "iteration_2" / "rank0_memory.html"
     screenshot = tmp_path / "page.png"
     if shutil.which("unshare") is None:
@@ -119,13 +131,13 @@ def test_the_audit_page_shows_its_plot_offline_in_chromium(memory_audit, tmp_pat
     assert red > 500 and green > 500, (red, green)
 
 
-def test_full_profiles_and_audits_the_same_step(tmp_path, store):
-    freq = ["profiling.profile_freq=3", "profiling.profiler_warmup=1", "profiling.memory_snapshot_freq=3"]
-    # The profiled step is also the audited one: the profiler and the memory tracker watch it together.
-    run, client = _run(tmp_path, store, ["profiling=full", *freq, "training.steps=3", "parallelism=single"])
-    assert _profiler_steps(tmp_path / "run" / "profile_traces" / "iteration_3" / "rank0_trace.json") == {3}
-    assert (tmp_path / "run" / "memory_snapshot" / "iteration_3" / "rank0_memory.html").exists()
-    assert {"profiling/traces/iteration_3/rank0_trace.json", "profiling/memory/iteration_3/rank0_memory.html"} <= set(
+def test_full_profiles_and_audits_the_same_step(profiled):
+    run_dir, run, client = profiled("fsdp")
+    # The profiled steps are also audited ones: the profiler and the memory tracker watch them together.
+    for iteration, steps in ((4, {3, 4}), (8, {7, 8})):
+        assert _profiler_steps(run_dir / "profile_traces" / f"iteration_{iteration}" / "rank0_trace.json") == steps
+        assert (run_dir / "memory_snapshot" / f"iteration_{iteration}" / "rank0_memory.html").exists()
+    assert {"profiling/traces/iteration_8/rank0_trace.json", "profiling/memory/iteration_8/rank0_memory.html"} <= set(
         _artifact_paths(client, run.info.run_id)
     )
 

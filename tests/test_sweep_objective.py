@@ -5,6 +5,7 @@ worst and the study goes on; every batch of trials runs under the one parent run
 import csv
 import math
 import pickle
+import re
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -32,7 +33,8 @@ def _sweeper(*overrides: str):
 def test_an_optuna_study_runs_under_one_parent_run_and_its_best_is_the_best_point(tmp_path, store):
     uri, db = store
     # Four trials, two at a time (two launches): two train, one fails at run time (its gradient
-    # norm turns nan at step 2), one is refused by the config (a negative learning rate).
+    # norm turns nan at step 2, a run whose gradients stop being finite), one is refused by the
+    # config (a negative learning rate).
     maximise_tps = [f"sweep.objective={TPS}", "hydra.sweeper.direction=maximize"]
     trials = ["hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2", "optimizer.lr=choice(1e-3,3e-3,1e30,-1)"]
     result = run_cli([*TRIALS, uri, *OPTUNA, *maximise_tps, *trials], tmp_path, flags=("-m",))
@@ -45,6 +47,10 @@ def test_an_optuna_study_runs_under_one_parent_run_and_its_best_is_the_best_poin
     assert sorted(children) == [1e-3, 3e-3, 1e30]  # the refused trial started nothing
     assert {run.data.tags["mlflow.parentRunId"] for run in children.values()} == {parent.info.run_id}
     assert children[1e30].info.status == "FAILED" and TPS not in children[1e30].data.metrics
+    # The learning rate blew the weights up: the run stopped before that step's update, naming it.
+    reason = children[1e30].data.tags["failure_reason"]
+    step = int(re.search(r"NonFiniteTraining: step (\d+): the gradient norm is (nan|inf)", reason).group(1))
+    assert 1 < step <= 3 and "stopped before the optimizer update" in reason
     assert parent.info.status == "FAILED" and parent.data.tags["failure_reason"] == "2 sweep point(s) failed"
 
     # Optuna's best (the study ended: it wrote its results) is the fastest point as MLflow has it.

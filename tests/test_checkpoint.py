@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import loss_curve, mlflow_runs, run_cli
+from conftest import SMALL_MODEL, loss_curve, mlflow_runs, run_cli
 
 RUN = [
     "data=synthetic",
@@ -38,17 +38,18 @@ def test_a_training_checkpoint_gives_its_weights_as_initial_load_path(tmp_path, 
     assert loss_curve(db, fresh_run.info.run_id)[0] - loss_curve(db, loaded_run.info.run_id)[0] > 1.0
 
 
-def test_a_tracked_run_checkpoints_into_a_folder_that_does_not_exist_yet(tmp_path, store):
+def test_a_tracked_run_names_itself_in_a_checkpoint_folder_that_does_not_exist_yet(tmp_path, store):
     """The MLflow writer names its run beside the checkpoints (for a resume) as soon as the run is
-    created, before the first save has made the folder."""
+    created, before any save has made the folder: here a run that never saves (its learning rate
+    blows the weights up at step 2, long before its one save at step 100)."""
     uri, db = store
     folder = tmp_path / "new" / "ckpt"
-    # One save, at the last of 20 steps of 256 tokens: the run is created well before it.
-    saves = ["checkpoint=periodic", f"checkpoint.folder={folder}", "checkpoint.interval=100", "training.steps=20"]
-    done = run_cli([*RUN, "parallelism=single", "training.seq_len=256", *saves, uri], tmp_path / "run")
-    assert done.returncode == 0, done.stderr[-3000:]
+    saves = ["checkpoint=periodic", f"checkpoint.folder={folder}", "checkpoint.interval=100", "training.steps=100"]
+    done = run_cli([*RUN, *SMALL_MODEL, "parallelism=single", "optimizer.lr=1e30", *saves, uri], tmp_path / "run")
+    assert done.returncode == 1, done.stderr[-3000:]
     (run,) = mlflow_runs(db)
-    assert run.info.status == "FINISHED" and (folder / "mlflow_run_id").read_text() == run.info.run_id
+    assert run.info.status == "FAILED" and "NonFiniteTraining" in run.data.tags["failure_reason"]
+    assert not list(folder.glob("step-*")) and (folder / "mlflow_run_id").read_text() == run.info.run_id
 
 
 def test_a_folder_that_holds_the_last_step_already_is_refused(tmp_path):

@@ -21,44 +21,67 @@ def _init(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
 
-def _against_gloo(rank: int, world: int, port: int, results: dict) -> None:
+def _against_gloo(rank: int, world: int, results: dict) -> None:
+    # A group of the odd-numbered ranks exercises local-to-global rank mapping (world 4: ranks 1, 3).
+    groups = [dist.group.WORLD]
+    if world == 4:
+        odd = dist.new_group([1, 3])
+        groups.append(odd if rank % 2 else None)
+    for g, group in enumerate(groups):
+        if group is None:
+            continue
+        size = group.size()
+        grads = torch.randn(NUMEL, generator=torch.Generator().manual_seed(rank))
+        shard = torch.randn(NUMEL // size, generator=torch.Generator().manual_seed(100 + rank))
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX):
+            peer, gloo = torch.empty(NUMEL // size), torch.empty(NUMEL // size)
+            PeerReduceScatter()(peer, grads.clone(), group, op)
+            dist.reduce_scatter_tensor(gloo, grads.clone(), op=op, group=group)
+            results[(rank, g, str(op))] = (peer, gloo)
+        peer, gloo = torch.empty(NUMEL), torch.empty(NUMEL)
+        PeerAllGather()(peer, shard, group)
+        dist.all_gather_into_tensor(gloo, shard, group=group)
+        results[(rank, g, "all_gather")] = (peer, gloo)
+        # Asynchronous, gathered in place as FSDP2 does (the input is this rank's chunk of the output).
+        in_place = torch.empty(NUMEL)
+        in_place.view(size, -1)[group.rank()].copy_(shard)
+        work = PeerAllGather()(in_place, in_place.view(size, -1)[group.rank()], group, async_op=True)
+        assert isinstance(work, dist.Work)
+        work.wait()
+        results[(rank, g, "all_gather_async")] = (in_place, gloo)
+
+
+def _ranks(rank: int, world: int, port: int, collectives: dict, deferred: dict) -> None:
+    """One world's ranks: the collectives against gloo's, then (on two ranks) the reduce-scatter
+    deferred in a backward pass."""
     _init(rank, world, port)
     try:
-        # A group of the odd-numbered ranks exercises local-to-global rank mapping (world 4: ranks 1, 3).
-        groups = [dist.group.WORLD]
-        if world == 4:
-            odd = dist.new_group([1, 3])
-            groups.append(odd if rank % 2 else None)
-        for g, group in enumerate(groups):
-            if group is None:
-                continue
-            size = group.size()
-            grads = torch.randn(NUMEL, generator=torch.Generator().manual_seed(rank))
-            shard = torch.randn(NUMEL // size, generator=torch.Generator().manual_seed(100 + rank))
-            for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX):
-                peer, gloo = torch.empty(NUMEL // size), torch.empty(NUMEL // size)
-                PeerReduceScatter()(peer, grads.clone(), group, op)
-                dist.reduce_scatter_tensor(gloo, grads.clone(), op=op, group=group)
-                results[(rank, g, str(op))] = (peer, gloo)
-            peer, gloo = torch.empty(NUMEL), torch.empty(NUMEL)
-            PeerAllGather()(peer, shard, group)
-            dist.all_gather_into_tensor(gloo, shard, group=group)
-            results[(rank, g, "all_gather")] = (peer, gloo)
-            # Asynchronous, gathered in place as FSDP2 does (the input is this rank's chunk of the output).
-            in_place = torch.empty(NUMEL)
-            in_place.view(size, -1)[group.rank()].copy_(shard)
-            work = PeerAllGather()(in_place, in_place.view(size, -1)[group.rank()], group, async_op=True)
-            assert isinstance(work, dist.Work)
-            work.wait()
-            results[(rank, g, "all_gather_async")] = (in_place, gloo)
+        _against_gloo(rank, world, collectives)
+        if world == 2:
+            _deferred_in_backward(rank, world, deferred)
     finally:
         dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def worlds():
+    """Each world's results (collectives, deferred), from one spawn of its ranks, made once."""
+    made = {}
+
+    def results(world: int) -> tuple[dict, dict]:
+        if world not in made:
+            manager = mp.Manager()
+            collectives, deferred = manager.dict(), manager.dict()
+            mp.spawn(_ranks, args=(world, free_port(), collectives, deferred), nprocs=world)
+            made[world] = dict(collectives), dict(deferred)
+        return made[world]
+
+    return results
+
+
 @pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow), 4])
-def test_peer_collectives_give_gloos_results(world):
-    results = mp.Manager().dict()
-    mp.spawn(_against_gloo, args=(world, free_port(), results), nprocs=world)
+def test_peer_collectives_give_gloos_results(world, worlds):
+    results, _ = worlds(world)
     assert len(results) == world * 5 + (2 * 5 if world == 4 else 0)
     for (rank, group, op), (peer, gloo) in results.items():
         if op.startswith("all_gather") or world == 2 or "MAX" in op:
@@ -84,34 +107,30 @@ class _ReduceScatterInBackward(torch.autograd.Function):
         return grad, None, None, None, None
 
 
-def _deferred_in_backward(rank: int, world: int, port: int, results: dict) -> None:
-    _init(rank, world, port)
-    try:
-        reduce_scatter = PeerReduceScatter(defer_in_backward=True)
-        grads = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(10 * rank + i)) for i in range(2)]
-        outs = [torch.full((NUMEL // world,), float("nan")) for _ in grads]
-        seen: list[torch.Tensor] = []
-        x = torch.ones(4, requires_grad=True)
-        y = x
-        for g, out in zip(grads, outs):  # backward runs them last to first
-            y = _ReduceScatterInBackward.apply(y, g, out, reduce_scatter, seen)
-        y.sum().backward()
-        expected = []
-        for g in grads:
-            gloo = torch.empty(NUMEL // world)
-            dist.reduce_scatter_tensor(gloo, g.clone(), op=dist.ReduceOp.AVG, group=dist.group.WORLD)
-            expected.append(gloo)
-        # Outside backward it is not deferred: complete on return.
-        now = torch.empty(NUMEL // world)
-        reduce_scatter(now, grads[0].clone(), dist.group.WORLD, dist.ReduceOp.AVG)
-        results[rank] = (outs, expected, seen, now, x.grad)
-    finally:
-        dist.destroy_process_group()
+def _deferred_in_backward(rank: int, world: int, results: dict) -> None:
+    reduce_scatter = PeerReduceScatter(defer_in_backward=True)
+    grads = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(10 * rank + i)) for i in range(2)]
+    outs = [torch.full((NUMEL // world,), float("nan")) for _ in grads]
+    seen: list[torch.Tensor] = []
+    x = torch.ones(4, requires_grad=True)
+    y = x
+    for g, out in zip(grads, outs):  # backward runs them last to first
+        y = _ReduceScatterInBackward.apply(y, g, out, reduce_scatter, seen)
+    y.sum().backward()
+    expected = []
+    for g in grads:
+        gloo = torch.empty(NUMEL // world)
+        dist.reduce_scatter_tensor(gloo, g.clone(), op=dist.ReduceOp.AVG, group=dist.group.WORLD)
+        expected.append(gloo)
+    # Outside backward it is not deferred: complete on return.
+    now = torch.empty(NUMEL // world)
+    reduce_scatter(now, grads[0].clone(), dist.group.WORLD, dist.ReduceOp.AVG)
+    results[rank] = (outs, expected, seen, now, x.grad)
 
 
-def test_reduce_scatter_deferred_in_backward_is_complete_after_it():
-    results = mp.Manager().dict()
-    mp.spawn(_deferred_in_backward, args=(2, free_port(), results), nprocs=2)
+def test_reduce_scatter_deferred_in_backward_is_complete_after_it(worlds):
+    _, results = worlds(2)
+    assert sorted(results) == [0, 1]
     for rank, (outs, expected, seen, now, x_grad) in results.items():
         for out, gloo in zip(outs, expected):
             assert torch.equal(out, gloo), rank

@@ -43,22 +43,6 @@ def plan(capsys):
     return run
 
 
-def test_one_config_is_predicted_and_recorded_as_a_prediction(tmp_path, store, plan):
-    uri, db = store
-    out, [row] = plan(["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=4", uri], tmp_path)
-    assert "peak memory per rank" in out and "optimizer state" in out and "tokens/s per device" in out
-    assert "cross-check: the dry run's fake pass" in out and "(measured) + communication" in out  # which is which
-    assert "planned shapes: local batch 4 × seq 256" in out
-    assert row["layout"] == "fsdp2" and row["fits"] == "yes" and float(row["step s"]) > 0
-    [run] = mlflow_runs(db)
-    tags, metrics = run.data.tags, run.data.metrics
-    assert tags["titan_exp.role"] == "prediction" and tags["layout"] == "fsdp2" and tags["hardware"] == "cpu"
-    assert metrics["prediction/peak_memory_gib"] == pytest.approx(float(row["peak GiB/rank"]), abs=0.006)
-    assert metrics["prediction/peak_reserved_gib"] > metrics["prediction/peak_active_gib"] > 0
-    assert metrics["prediction/fake_pass_active_gib"] > 0
-    assert metrics["prediction/tps_per_device"] > 0 and 0 < metrics["prediction/mfu_pct"] < 100
-
-
 def test_a_grid_is_ranked_fitting_first_then_by_tps(tmp_path, plan):
     args = ["-m", "model=llama3_8b", *H100_96GB, *SEQ_8K, "launcher.nproc_per_node=8", "plan.measure=false"]
     args += ["parallelism=fsdp,fsdp_tp", "training.local_batch_size=1,2,8", "tracking=none"]
@@ -194,15 +178,25 @@ def test_plan_prune_and_the_preflight_print_the_same_figure_for_the_same_point(t
     assert f"each can have {float(row['budget GiB']):.1f} GiB" in str(refused.value)
 
 
-def test_compare_puts_the_prediction_beside_the_measured_run(tmp_path, store, plan):
+def test_one_config_is_predicted_recorded_and_compared_beside_its_measured_run(tmp_path, store, plan):
     uri, db = store
     layout = ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=4", "training.seq_len=128"]
-    plan([*layout, uri], tmp_path)
+    out, [row] = plan([*layout, uri], tmp_path)
+    assert "peak memory per rank" in out and "optimizer state" in out and "tokens/s per device" in out
+    assert "cross-check: the dry run's fake pass" in out and "(measured) + communication" in out  # which is which
+    assert "planned shapes: local batch 4 × seq 128" in out
+    assert row["layout"] == "fsdp2" and row["fits"] == "yes" and float(row["step s"]) > 0
+    [prediction] = mlflow_runs(db)
+    tags, metrics = prediction.data.tags, prediction.data.metrics
+    assert tags["titan_exp.role"] == "prediction" and tags["layout"] == "fsdp2" and tags["hardware"] == "cpu"
+    assert metrics["prediction/peak_memory_gib"] == pytest.approx(float(row["peak GiB/rank"]), abs=0.006)
+    assert metrics["prediction/peak_reserved_gib"] > metrics["prediction/peak_active_gib"] > 0
+    assert metrics["prediction/fake_pass_active_gib"] > 0
+    assert metrics["prediction/tps_per_device"] > 0 and 0 < metrics["prediction/mfu_pct"] < 100
+
     trained = run_cli([*layout, "training.steps=4", "metrics.log_freq=1", "data=synthetic", uri], tmp_path / "run")
     assert trained.returncode == 0, trained.stderr[-3000:]
-    runs = mlflow_runs(db)
-    [prediction] = [r for r in runs if r.data.tags.get("titan_exp.role") == "prediction"]
-    [measured] = [r for r in runs if r is not prediction]
+    [measured] = [r for r in mlflow_runs(db) if r.info.run_id != prediction.info.run_id]
     assert prediction.data.tags["layout_key"] == measured.data.tags["layout_key"]
     compared = subcommand(["compare", "--all", "--uri", uri.split("=", 1)[1], "--out", str(tmp_path / "cmp")])
     assert compared.returncode == 0, compared.stderr[-3000:]

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_warnings import warning_lines
 
-from conftest import REPO, SMALL_MODEL, assert_startup_adds_up, mlflow_runs, run_cli
+from conftest import REPO, assert_startup_adds_up, mlflow_runs, run_cli
 
 PACKAGES = ("titan_exp", "launchers")
 
@@ -163,18 +164,9 @@ def test_printing_the_config_loads_no_torch(tmp_path):
     assert _loaded_by_launching_process(result.stderr) == "LOADED []"
 
 
-def test_the_launching_side_of_a_tracked_run_loads_no_torch(tmp_path, new_store):
+def test_the_launching_side_of_a_short_default_run_loads_no_torch_and_no_console_warns(tmp_path, new_store):
     uri, db = new_store
-    args = [
-        "experiment=smoke",
-        *SMALL_MODEL,
-        "tracking=mlflow",
-        uri,
-        "training.steps=2",
-        "launcher.device=cpu",
-        "launcher.nproc_per_node=2",
-    ]
-    result = run_cli(args, tmp_path, launcher=[sys.executable, "-c", _PROBE])
+    result = run_cli(["training.steps=2", uri], tmp_path, launcher=[sys.executable, "-c", _PROBE])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step     2" in result.stdout  # the ranks trained (with torch, in their own processes)
     # A new store is created by the launching process (MLflow); torch stays out.
@@ -184,6 +176,11 @@ def test_the_launching_side_of_a_tracked_run_loads_no_torch(tmp_path, new_store)
     assert "start-up:" in result.stdout
     [run] = mlflow_runs(db)
     assert_startup_adds_up(run, ("python_imports", "compose", "store", "spawn", "rank_imports", "torch_import"))
+    # No warning on its console, nor on each rank's (their stdout and stderr, where the launcher
+    # keeps them): test_warnings.py.
+    ranks = [log.read_text() for log in (tmp_path / "run" / "ranks").glob("*_log.*")]
+    assert len(ranks) >= 2
+    assert warning_lines(result.stdout, result.stderr, *ranks) == []
 
 
 # Outside the tests: no module over 400 lines, no function over 60, no signature over 7 parameters

@@ -89,11 +89,13 @@ LAYOUTS = {
     "fsdp_cp": ("parallelism=fsdp_cp", 4, 2, "dp_shard2·cp2"),
     "pp2_cp2": (f"parallelism=cp {CP2_PP2}", 4, 4, "pp2·cp2"),
 }
-# Beyond the default run (each from its seed checkpoint, a job of its own): the default run holds
-# each dimension, FSDP in hsdp's shards and cp's (and in most other files' jobs); the ones below
-# put them together (and 8 ranks). Tensor parallel trains to the same loss in the default suite
-# in test_moe.py (qwen3_debug on tp2; TP's gradients: test_expert_parallel.py).
-SLOW = ("fsdp", "tp", "fsdp_tp", "fsdp_pp", "tp2_cp2", "fsdp_tp_pp", "fsdp_cp", "pp2_cp2")
+# Beyond the default run (each from its seed checkpoint, a job of its own). The default run holds
+# a layout of each dimension the other files do not train to the same loss by default: TP (with
+# SP), CP and a pipeline schedule of each family. DDP's and HSDP's gradients are held against one
+# device's per parameter in test_expert_parallel.py (ddp2·tp2·ep2, hsdp2x2·ep2), FSDP's trained
+# weights against one device's in test_hf_weights.py; the layouts below put dimensions together
+# (and 8 ranks).
+SLOW = ("ddp", "fsdp", "hsdp", "fsdp_tp", "fsdp_pp", "tp2_cp2", "fsdp_tp_pp", "fsdp_cp", "pp2_cp2")
 DEFAULT = [name for name in LAYOUTS if name not in SLOW]
 
 
@@ -215,11 +217,19 @@ class InProcess:
     curve: list[float]  # the loss of each step as printed (4 decimals)
 
 
+@pytest.fixture(scope="module")
+def runs_in_process() -> dict[tuple[str, ...], InProcess]:
+    """The in-process runs made so far, by their overrides: deterministic, each is made once."""
+    return {}
+
+
 @pytest.fixture
-def in_process(capsys):
+def in_process(capsys, runs_in_process):
     """Run the trainer in this process as a world of one (no tracking), restoring global torch state."""
 
     def run(overrides: list[str]) -> InProcess:
+        if tuple(overrides) in runs_in_process:
+            return runs_in_process[tuple(overrides)]
         job = resolve(
             OmegaConf.to_object(
                 compose_config(["parallelism=single", "tracking=none", *PARITY_RUN, "training.steps=3", *overrides])
@@ -229,7 +239,9 @@ def in_process(capsys):
         capsys.readouterr()
         metrics = Trainer.run(job, RankEnv(rank=0, local_rank=0, world_size=1, local_world_size=1))
         printed = capsys.readouterr().out
-        return InProcess(metrics, [float(loss) for loss in re.findall(r"^step +\d+  loss +(\S+)", printed, re.M)])
+        curve = [float(loss) for loss in re.findall(r"^step +\d+  loss +(\S+)", printed, re.M)]
+        runs_in_process[tuple(overrides)] = InProcess(metrics, curve)
+        return runs_in_process[tuple(overrides)]
 
     yield run
     torch.use_deterministic_algorithms(False)

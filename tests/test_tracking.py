@@ -152,15 +152,6 @@ def _page_text(url: str, *flags: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
 
 
-def test_a_new_browser_opens_the_experiment_on_model_training_not_genai(tracked, tmp_path):
-    url, experiment_id = tracked.url, tracked.experiment_id
-    # The experiment's own address, no workflowType in it, in a browser profile that has chosen nothing.
-    text = _page_text(f"{url}/#/experiments/{experiment_id}", f"--user-data-dir={tmp_path / 'profile'}")
-    # A plain `mlflow server` opens this address on "Overview - Experiment N" (GenAI: traces, token usage).
-    assert text.startswith(f"Runs - Experiment {experiment_id} ") and "Token Usage" not in text, text[-2000:]
-    assert f"sweep: {SWEEP}" in text and "4 matching runs" in text, text[-2000:]  # the runs table
-
-
 def _screenshot(name: str) -> Path:
     """Where Chromium leaves a screenshot for people to look at (none there yet)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -168,12 +159,16 @@ def _screenshot(name: str) -> Path:
     return ARTIFACTS / name
 
 
-def test_mlflow_ui_lists_the_sweep_in_headless_chromium(tracked):
+def test_mlflow_ui_in_a_new_browser_opens_the_experiment_on_the_sweeps_runs_not_genai(tracked, tmp_path):
     url, experiment_id = tracked.url, tracked.experiment_id
-    runs_page = f"{url}/#/experiments/{experiment_id}/runs"
     screenshot = _screenshot("mlflow_ui_sweep_runs.png")
-    text = _page_text(runs_page, f"--screenshot={screenshot}")  # what it says and how it looks, in one load
-    assert f"sweep: {SWEEP}" in text and "4 matching runs" in text, text[-2000:]
+    # The experiment's own address, no workflowType in it, in a browser profile that has chosen
+    # nothing: what it says and how it looks, in one load.
+    new_profile = f"--user-data-dir={tmp_path / 'profile'}"
+    text = _page_text(f"{url}/#/experiments/{experiment_id}", new_profile, f"--screenshot={screenshot}")
+    # A plain `mlflow server` opens this address on "Overview - Experiment N" (GenAI: traces, token usage).
+    assert text.startswith(f"Runs - Experiment {experiment_id} ") and "Token Usage" not in text, text[-2000:]
+    assert f"sweep: {SWEEP}" in text and "4 matching runs" in text, text[-2000:]  # the runs table
     assert screenshot.stat().st_size > 10_000  # a rendered page, not an empty canvas
     [child] = _rest(
         url, "runs/search", {"experiment_ids": [experiment_id], "filter": "attributes.run_name = 'llama3_debug·fsdp2'"}

@@ -129,6 +129,12 @@ class Launcher(ABC):
         """`section`: the launcher section, the engine's options among its attributes."""
         self.section = section
 
+    @staticmethod
+    def environment_tags() -> dict[str, str]:
+        """Run tags read in a rank from the engine's environment, whichever engine placed the rank
+        (a local job started inside a Slurm allocation still has its job id); "" where unset."""
+        return {}
+
     @abstractmethod
     def placement(self, request: PlacementRequest) -> Placement:
         """Where the ranks will run, every -1 and auto filled in; raises ConfigError."""

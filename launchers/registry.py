@@ -12,3 +12,8 @@ LAUNCHERS: dict[str, type[Launcher]] = {
         SlurmLauncher,
     )
 }
+
+
+def environment_tags() -> dict[str, str]:
+    """Every engine's run tags from the rank's environment (Launcher.environment_tags)."""
+    return {key: value for engine in LAUNCHERS.values() for key, value in engine.environment_tags().items()}

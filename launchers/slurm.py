@@ -237,6 +237,10 @@ class SlurmLauncher(Launcher):
     on_this_machine = False
     warns_before_stopping = True
 
+    @staticmethod
+    def environment_tags() -> dict[str, str]:
+        return {"slurm_job_id": os.environ.get("SLURM_JOB_ID", "")}
+
     def placement(self, request: PlacementRequest) -> Placement:
         """A Slurm job's nodes are not this machine: counts come from the config alone. Ranks per
         node: launcher.nproc_per_node, else one per GPU of launcher.gpus_per_node, else the degrees'

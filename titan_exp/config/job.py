@@ -4,13 +4,13 @@ rank, each sweep point): the frozen, filled-in config, its parallel degrees, whe
 the tracking store. Its name and tags in MLflow are derived from it here, and nowhere else."""
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
 from launchers.base import Launcher, Placement
 from launchers.devices import threads_per_rank
+from launchers.registry import environment_tags
 from titan_exp.config.schema import JobConfig
 from titan_exp.config.unread import unread_keys
 from titan_exp.parallel.dims import ParallelDims
@@ -96,7 +96,7 @@ class ResolvedJob:
         return f"{self.config.model.name}_{self.config.model.flavor}"
 
     def run_tags(self, started_by: str) -> dict[str, str]:
-        """Tags of the job's run; `started_by`: local, torchrun, srun, slurm (or plan)."""
+        """Tags of the job's run; `started_by`: who started the ranks (RunContext.started_by, or plan)."""
         cfg = self.config
         return {
             "model": self.model_name,
@@ -107,7 +107,7 @@ class ResolvedJob:
             "mesh": self.dims.describe(),
             "device": self.placement.device,
             "launcher": started_by,
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),
+            **environment_tags(),
             "status": "running",
             "layout_key": self.layout_key(),
         }

@@ -13,7 +13,7 @@ class RunContext:
 
     # The Hydra run directory: composed config, overrides, rank logs.
     job_dir: str
-    # local | torchrun | srun | slurm
+    # Who started the ranks: an engine (launchers/registry.py), torchrun or srun.
     started_by: str
     # The launching process's start-up so far, when it started the ranks on this machine (metrics/startup.py).
     startup: Marks = ()

@@ -9,7 +9,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate
 @torch.no_grad()
 def reduce_partial_gradients(parameters: list[torch.nn.Parameter]) -> None:
     """Sum the gradients DTensor leaves as partial sums (weights TP replicates: the norms under
-    sequence parallelism, the MoE router, Qwen3's q/k norms), one all-reduce per mesh, placements
+    sequence parallelism, the MoE router, per-head q/k norms), one all-reduce per mesh, placements
     and dtype, and store them replicated. Left partial, each optimizer op and the norm that reads one
     would sum it again (an all-reduce apiece). FSDP sums its own before the reduce-scatter."""
     groups: dict[tuple, list[torch.nn.Parameter]] = {}

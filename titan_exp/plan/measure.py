@@ -203,7 +203,7 @@ def _timed_parts(
 ) -> tuple[float, float, float]:
     """Seconds of (one layer's forward + backward, the head's with the loss, the optimizer step) of
     a model of one or two layers built as training builds it; a model with dense layers before its
-    MoE ones (DeepSeek-V3) times one of each, and a layer's seconds are their mean over the model's
+    MoE ones times one of each, and a layer's seconds are their mean over the model's
     layers."""
     m = cfg.model
     dense = m.n_layers - m.num_moe_layers

@@ -167,8 +167,10 @@ class _Heartbeats:
 
 
 def _outcome(job: SlurmJob, status: JobStatus | None, echo: Callable[[str], None]) -> Any:
-    """Rank 0's result once every rank left one; otherwise the root cause: the earliest rank that
-    raised, else Slurm's word on the job."""
+    """Rank 0's result once every rank left one; otherwise the root cause: a job stopped from
+    outside (scancel, its time limit, a preemption), else the earliest rank that raised, else
+    Slurm's word on the job. Slurm signals a cancelled job's tasks one by one: a rank may raise
+    first, its peer gone (gloo's connection closed), and that is not why the job ended."""
     finished, raised = [], []
     for task in range(job.ntasks):
         pickle = job.paths(task).result_pickle
@@ -176,9 +178,14 @@ def _outcome(job: SlurmJob, status: JobStatus | None, echo: Callable[[str], None
             finished.append(read_result(task, pickle, job.log(task)))
         except RankFailure as failure:
             raised.append((pickle.stat().st_mtime, failure))
-    if raised:
-        raise min(raised, key=lambda pair: pair[0])[1]
     status = status or JobStatus("UNKNOWN", "forgotten by slurmctld", "", 0)
+    if raised:
+        first = min(raised, key=lambda pair: pair[0])[1]
+        if status.state not in STOPPED_STATES:
+            raise first
+        ended = SlurmJobEnded(job.job_id, status, job.log(0))
+        ended.add_note(f"meanwhile rank {first.rank} raised: {first.reason}")
+        raise ended
     if all(done for done, _ in finished):
         if status.state != "COMPLETED":  # e.g. a rank aborting in its teardown, after its result
             echo(f"titan_exp: every rank finished, yet Slurm says {status.state} (exit code {status.exit_code})")

@@ -98,9 +98,10 @@ def _after_stop(
 
 
 def _run_to_resume(job: ResolvedJob, ctx: RunContext, engine: Launcher) -> str | None:
-    """The MLflow run a job goes on writing: a requeued job's first run's, a job that resumes from a
-    checkpoint the run that saved it (if the store has it; otherwise a new run)."""
-    if engine.restarted() and ctx.run_id_file.exists():
+    """The MLflow run a job goes on writing: the first run's of a job its engine started again (a
+    requeue; not under torchrun or srun, whose restarts the engine does not know of), a job that
+    resumes from a checkpoint the run that saved it (if the store has it; otherwise a new run)."""
+    if ctx.started_by == engine.name and engine.restarted() and ctx.run_id_file.exists():
         return ctx.run_id_file.read_text().strip()
     folder = job.config.checkpoint.folder
     if job.config.checkpoint.enable and latest_step(folder) is not None and run_id_beside(folder).exists():

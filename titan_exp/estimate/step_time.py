@@ -249,9 +249,10 @@ def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: in
     if not links.hw.overlaps_communication:
         if shard == 1:
             return replicas
-        # One unit per layer, the embeddings, norm + output (held evenly, as the blocks dominate);
-        # all but the last layer and the output gathered again in backward.
-        units = layers + (2 if p.pipeline_parallel_degree == 1 else 1)
+        # One unit per layer and the root, which holds the embeddings, norm and output on gloo
+        # (parallel/data_parallel.py; held evenly, as the blocks dominate); all but the last layer
+        # and the root gathered again in backward.
+        units = layers + 1
         if p.expert_parallel_degree > 1:
             # The layers' units gather only a rank's own experts: counted apart from the others.
             outside = (held - layers * layer_parameters(m) / p.tensor_parallel_degree) / (units - layers)

@@ -1,6 +1,6 @@
 """Data parallelism over a model of the shared decoder (models/common/transformer.py): FSDP2 (HSDP
-on a 2D data-parallel mesh) with one unit per block, one for the embeddings, one for norm and
-output, the experts of a MoE layer a unit of their own under expert parallelism; or DDP (FSDP2's
+on a 2D data-parallel mesh) with one unit per block, one for the embeddings and one for norm and
+output (on GPUs), the experts of a MoE layer a unit of their own under expert parallelism; or DDP (FSDP2's
 replicate, or DDP's reducer on gloo). On gloo, FSDP2's collectives become point-to-point sends that
 overlap the compute."""
 
@@ -36,6 +36,7 @@ def apply_fsdp(model: nn.Module, mesh: ParallelMesh, mp_policy: MixedPrecisionPo
     """`reshard`: parallelism.fsdp_reshard_after_forward (always, never, default); `pipelined`: the
     model is a pipeline stage."""
     dp_mesh, last = mesh.dp_mesh, len(model.layers) - 1
+    gloo = dist.get_backend(dp_mesh.get_group(dp_mesh.ndim - 1)) == "gloo"
     for index, block in enumerate(model.layers.values()):
         # The last block's params are needed right away by backward: keeping them saves an all-gather.
         # Under pipelining a stage's blocks run forward and backward for many microbatches
@@ -44,9 +45,14 @@ def apply_fsdp(model: nn.Module, mesh: ParallelMesh, mp_policy: MixedPrecisionPo
         if block.moe is not None and mesh.dims.ep > 1:
             _shard_experts(block.moe.experts, mesh, mp_policy, reshard_after)
         fully_shard(block, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after)
-    # A tied weight must stay in one unit (the root), or it would be sharded twice. A pipeline stage
+    # Units of their own for the embeddings and for norm + output, as torchtitan has them: the big
+    # output matrix's reduce-scatter starts as soon as its backward ends, and the embeddings are not
+    # gathered again for backward. Not on CPU ranks (gloo), where each unit is one more round of
+    # hooks and exchanges on the cores that compute and memory is not short: the root keeps them, as
+    # plain FSDP2 does (2 CPU ranks: 4-7% more tokens/s, benchmarks/bench_vs_plain.py). Nor a tied
+    # weight, which must stay in one unit (the root) or it would be sharded twice. A pipeline stage
     # may hold neither the embeddings nor the output.
-    if not model.cfg.tie_word_embeddings:
+    if not model.cfg.tie_word_embeddings and not gloo:
         if model.tok_embeddings is not None:
             fully_shard(model.tok_embeddings, mesh=dp_mesh, mp_policy=mp_policy)
             # An embedding's backward needs only its output's gradient, not its weight: no all-gather.
@@ -55,7 +61,7 @@ def apply_fsdp(model: nn.Module, mesh: ParallelMesh, mp_policy: MixedPrecisionPo
         if model.output is not None:
             fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)
-    if dist.get_backend(dp_mesh.get_group(dp_mesh.ndim - 1)) == "gloo":
+    if gloo:
         _overlap_gloo_collectives(model, hsdp=dp_mesh.ndim == 2, mp_policy=mp_policy)
 
 
@@ -95,10 +101,9 @@ def _overlap_gloo_collectives(model: nn.Module, hsdp: bool, mp_policy: MixedPrec
         unit.set_custom_all_gather(PeerAllGather())
         unit.set_custom_reduce_scatter(reduce_scatter)  # one for all: it keeps one in flight
         unit._set_unshard_async_op(True)  # no public setter yet (torch 2.13)
-    forward_order = [model.tok_embeddings, *model.layers.values(), model.norm]
-    forward_order = [unit for unit in forward_order if isinstance(unit, FSDPModule)]
-    for unit, following in zip(forward_order, forward_order[1:]):
-        unit.set_modules_to_forward_prefetch([following])
+    blocks = list(model.layers.values())  # the units in forward order: the root holds the rest
+    for block, following in zip(blocks, blocks[1:]):
+        block.set_modules_to_forward_prefetch([following])
 
 
 def mixed_precision(param_dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:

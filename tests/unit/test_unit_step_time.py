@@ -7,10 +7,11 @@ import dataclasses
 import pytest
 from layouts import layout
 
+from titan_exp.estimate.collectives import collective_seconds, point_to_point_seconds
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.gpu_compute import gpu_compute
 from titan_exp.estimate.hardware_profiles import hardware_profiles
-from titan_exp.estimate.step_time import ComputeTimes, StepTime, _collective, step_time
+from titan_exp.estimate.step_time import ComputeTimes, StepTime, step_time
 from titan_exp.estimate.workload import Workload, layer_parameters, model_parameters
 from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.models.config import ModelConfig
@@ -45,6 +46,12 @@ CPU = dataclasses.replace(
 )
 # Per microbatch: a layer's forward + backward, the output head's; the optimizer step once.
 COMPUTE = ComputeTimes(layer=0.01, head=0.02, optimizer=0.05)
+
+
+def reductions(hw: HardwareConfig, world: int) -> float:
+    """The step's three small all-reduces (loss, grad norm): priced by estimate/collectives.py
+    (test_unit_collectives.py), counted here."""
+    return 3 * collective_seconds(hw, 4, world, 1, "all_reduce")
 
 
 def step(
@@ -90,34 +97,24 @@ def test_ranks_sharing_cores_stretch_the_busy_time_and_fill_the_bubble() -> None
     assert barely.total == pytest.approx(busy + alone.bubble)
 
 
-def test_collective_costs_by_hand() -> None:
-    """Ring: (g-1)/g of the buffer through each link, twice for an all-reduce; latency per call."""
-    assert _collective(HW, 1e9, 1, False, "all_gather") == 0.0
-    # 1 GB over 4 ranks on 100 GB/s: 0.75 GB → 7.5 ms, + 10 µs.
-    assert _collective(HW, 1e9, 4, False, "all_gather") == pytest.approx(10e-6 + 7.5e-3)
-    assert _collective(HW, 1e9, 4, False, "reduce_scatter") == pytest.approx(20e-6 + 7.5e-3)
-    assert _collective(HW, 1e9, 4, False, "all_reduce") == pytest.approx(20e-6 + 15e-3)
-    # Across nodes: 10 GB/s.
-    assert _collective(HW, 1e9, 4, True, "all_gather") == pytest.approx(10e-6 + 75e-3)
-
-
 def test_ddp_all_reduce_by_hand() -> None:
     """DDP over 2 replicas, blocking: one all-reduce of the fp32 gradients (2·½·4·N bytes) plus the
     step's three small reductions (loss, grad norm)."""
     s = step(layout(dp_replicate=2), BLOCKING)
     gradients = 4 * model_parameters(DEBUG)
-    expected = 20e-6 + gradients / 100e9 + 3 * 10e-6
+    expected = 20e-6 + gradients / 100e9 + reductions(BLOCKING, 2)
     assert s.communication == pytest.approx(expected)
 
 
 def test_fsdp_by_hand() -> None:
-    """FSDP over 2 ranks, blocking: 8 units (6 layers, embedding, norm + output); per microbatch
-    2·8 - 2 = 14 all-gathers of a unit's parameters, and 8 reduce-scatters of fp32 gradients."""
+    """FSDP over 2 ranks, blocking (gloo): 7 units (6 layers, the root with the embedding, norm and
+    output); per microbatch 2·7 - 2 = 12 all-gathers of a unit's parameters, and 7 reduce-scatters
+    of fp32 gradients."""
     n = model_parameters(DEBUG)
     s = step(layout(dp_shard=2), BLOCKING, param_bytes=2)
-    gather = 10e-6 + n * 2 / 8 / 2 / 100e9
-    scatter = 20e-6 + n * 4 / 8 / 2 / 100e9
-    assert s.communication == pytest.approx(14 * gather + 8 * scatter + 3 * 10e-6)
+    gather = 10e-6 + n * 2 / 7 / 2 / 100e9
+    scatter = 20e-6 + n * 4 / 7 / 2 / 100e9
+    assert s.communication == pytest.approx(12 * gather + 7 * scatter + reductions(BLOCKING, 2))
 
 
 @pytest.mark.parametrize(
@@ -140,9 +137,10 @@ def test_on_the_cpu_profile_fsdp_blocks() -> None:
     """gloo's collectives block (titan_exp/conf/hardware/cpu.yaml): the same by hand as test_fsdp_by_hand."""
     assert not CPU.overlaps_communication
     n = model_parameters(DEBUG)
-    gather = 10e-6 + n * 2 / 8 / 2 / 100e9
-    scatter = 20e-6 + n * 4 / 8 / 2 / 100e9
-    assert step(layout(dp_shard=2), CPU, param_bytes=2).communication == pytest.approx(14 * gather + 8 * scatter + 3e-5)
+    gather = 10e-6 + n * 2 / 7 / 2 / 100e9
+    scatter = 20e-6 + n * 4 / 7 / 2 / 100e9
+    expected = 12 * gather + 7 * scatter + reductions(CPU, 2)
+    assert step(layout(dp_shard=2), CPU, param_bytes=2).communication == pytest.approx(expected)
 
 
 def test_overlapped_fsdp_shows_only_what_nothing_covers() -> None:
@@ -151,8 +149,8 @@ def test_overlapped_fsdp_shows_only_what_nothing_covers() -> None:
     all-gather and the last reduce-scatter of a block (754,176 · 4 bytes, half through each link)
     and the step's 3 small reductions, however many layers. Blocking, every collective adds up."""
     overlapped, blocking = step(layout(dp_shard=2), HW), step(layout(dp_shard=2), BLOCKING)
-    unit = 754_176 * 4 / 2 / 100e9
-    assert overlapped.communication == pytest.approx((10e-6 + unit) + (20e-6 + unit) + 3 * 10e-6)
+    gather, scatter = (collective_seconds(HW, 754_176 * 4, 2, 1, kind) for kind in ("all_gather", "reduce_scatter"))
+    assert overlapped.communication == pytest.approx(gather + scatter + reductions(HW, 2))
     assert step(layout(dp_shard=2), HW, m=DEEP).communication == pytest.approx(overlapped.communication)
     assert overlapped.communication < blocking.communication
     assert overlapped.compute == blocking.compute
@@ -170,16 +168,16 @@ def test_overlap_cannot_hide_more_than_compute() -> None:
 
 
 # A TP collective over 2 ranks of one microbatch's activations, batch 4 × 256 × dim 256, fp32.
-TP2_COLLECTIVE = 10e-6 + 4 * 256 * 256 * 4 / 2 / 100e9
+TP2_COLLECTIVE = collective_seconds(HW, 4 * 256 * 256 * 4, 2, 1, "all_gather")
 
 
 def test_tensor_parallel_by_hand() -> None:
     """Per layer 8 collectives (an all-gather and a reduce-scatter around attention and the MLP, in
     forward and backward), 4 more with full checkpointing's recomputation; the head's 2; the step's
     3 small reductions."""
-    assert step(layout(tp=2)).communication == pytest.approx((6 * 8 + 2) * TP2_COLLECTIVE + 3e-5)
+    assert step(layout(tp=2)).communication == pytest.approx((6 * 8 + 2) * TP2_COLLECTIVE + reductions(HW, 2))
     w = Workload(DEBUG, layout(tp=2), ActivationCheckpointConfig(mode="full"), 4, 256)
-    assert step_time(w, HW, COMPUTE).communication == pytest.approx((6 * 12 + 2) * TP2_COLLECTIVE + 3e-5)
+    assert step_time(w, HW, COMPUTE).communication == pytest.approx((6 * 12 + 2) * TP2_COLLECTIVE + reductions(HW, 2))
 
 
 def test_async_tensor_parallel_hides_a_quarter_of_a_layers_collectives() -> None:
@@ -192,7 +190,8 @@ def test_async_tensor_parallel_hides_a_quarter_of_a_layers_collectives() -> None
 def test_pipeline_sends_by_hand() -> None:
     """pp 2, 4 microbatches of 1 × 256 tokens, fp32: per microbatch a send forward and a receive
     backward of 256 · 256 · 4 bytes on the 100 GB/s link; the step's 3 small reductions."""
-    assert step(layout(pp=2)).communication == pytest.approx(4 * 2 * (10e-6 + 256 * 256 * 4 / 100e9) + 3e-5)
+    send = point_to_point_seconds(HW, 256 * 256 * 4, across_nodes=False)
+    assert step(layout(pp=2)).communication == pytest.approx(4 * 2 * send + reductions(HW, 2))
 
 
 def test_context_parallel_by_hand() -> None:
@@ -200,15 +199,15 @@ def test_context_parallel_by_hand() -> None:
     the 1024 tokens a rank, 2 · 4 kv heads · 16 · 4 bytes, 4 ranks' worth) and its gradients back."""
     kv = 256 * 2 * 4 * 16 * 4 * 4
     extra = step(layout(cp=4)).communication - step(layout(dp_shard=4)).communication
-    assert extra == pytest.approx(6 * 2 * (10e-6 + kv * 3 / 4 / 100e9))
+    assert extra == pytest.approx(6 * 2 * collective_seconds(HW, kv, 4, 1, "all_gather"))
 
 
 def test_tensor_parallel_collectives_are_blocking_unless_async() -> None:
     plain = step(layout(tp=2), HW).communication
-    assert plain == step(layout(tp=2), BLOCKING).communication > 3 * 10e-6
-    assert 3 * 10e-6 < step(layout(tp=2), HW, async_tp=True).communication < plain
+    assert reductions(HW, 2) < step(layout(tp=2), HW, async_tp=True).communication < plain
     # Async TP needs streams: on gloo nothing overlaps.
-    assert step(layout(tp=2), BLOCKING, async_tp=True).communication == plain
+    blocking = step(layout(tp=2), BLOCKING).communication
+    assert step(layout(tp=2), BLOCKING, async_tp=True).communication == blocking
 
 
 # 16 layers so that every pipeline degree below splits them.
@@ -285,15 +284,15 @@ def test_expert_parallel_by_hand() -> None:
     (dispatch and combine, forward and backward) of the rank's 1024 · 2 routed rows of 256 fp32
     values, ¾ of them leaving the rank. FSDP gathers each layer's dense weights over 4 ranks (11
     times: forward, backward but the last) and its 2 of 8 experts over no one (EP leaves no
-    data-parallel rank); the embeddings and the head as before (3 gathers)."""
+    data-parallel rank); the root (embeddings, norm and output) once, on gloo."""
     s = step(layout(dp_shard=4, ep=4), BLOCKING, m=MOE)
     link = 3 / 4 / 100e9  # seconds per byte leaving a rank of 4
     all_to_all = 10e-6 + 4 * 256 * 2 * 256 * 4 * link
     dense = layer_parameters(MOE) - 8 * 3 * 256 * 128
-    outside = (model_parameters(MOE) - 6 * layer_parameters(MOE)) / 2  # embeddings; norm + output
-    gathers = 11 * (10e-6 + dense * 4 * link) + 3 * (10e-6 + outside * 4 * link)
-    scatters = 6 * (20e-6 + dense * 4 * link) + 2 * (20e-6 + outside * 4 * link)
-    assert s.communication == pytest.approx(6 * 4 * all_to_all + gathers + scatters + 3 * 10e-6)
+    outside = model_parameters(MOE) - 6 * layer_parameters(MOE)
+    gathers = 11 * (10e-6 + dense * 4 * link) + (10e-6 + outside * 4 * link)
+    scatters = 6 * (20e-6 + dense * 4 * link) + (20e-6 + outside * 4 * link)
+    assert s.communication == pytest.approx(6 * 4 * all_to_all + gathers + scatters + reductions(BLOCKING, 4))
 
 
 def test_experts_split_by_tp_exchange_every_tp_ranks_rows_over_ep_ranks_outside_tp() -> None:

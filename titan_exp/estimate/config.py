@@ -4,7 +4,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from titan_exp.rules import ConfigError, Section
+from titan_exp.rules import ConfigError, Section, one_of
+
+# The figures only gloo's collectives read (estimate/collectives.py): a GPU profile leaves them out.
+GLOO_ONLY = ("collective_latency_us", "reduce_latency_us")
 
 
 @dataclass
@@ -37,12 +40,18 @@ class HardwareConfig(Section):
     memory_gib: float = -1.0
     # Memory bandwidth (GB/s): what the optimizer step, bandwidth-bound, runs at.
     memory_gbps: float = -1.0
-    # Bus bandwidth of one device in a collective (GB/s, nccl-tests' "busbw"): within a node
-    # (NVLink / shared memory) and across nodes (InfiniBand, RoCE); and the fixed cost of one call.
+    # Bus bandwidth (GB/s, nccl-tests' "busbw") of one device within a node (NVLink, PCI, shared
+    # memory), and of one network card (InfiniBand, RoCE) across nodes; a node's cards serve all of
+    # its devices (estimate/collectives.py).
     intra_node_gbps: float = -1.0
     inter_node_gbps: float = -1.0
+    nics_per_node: int = 8
+    # What joins a node's devices: nvlink (NVSwitch, Infinity Fabric) or pci; NCCL's latency per hop
+    # differs (estimate/collectives.py).
+    intra_node_link: str = one_of("nvlink", "pci")
+    # gloo (CPU ranks): the fixed cost of one call, and of a reducing one (reduce-scatter,
+    # all-reduce), which costs far more. NCCL's come from its own latency model (GLOO_ONLY).
     collective_latency_us: float = -1.0
-    # The same for a reducing collective (reduce-scatter, all-reduce): gloo's cost far more.
     reduce_latency_us: float = -1.0
     devices_per_node: int = 8
     # Whether FSDP/DDP's collectives run beside compute (nccl's streams) or block it (gloo on CPU).
@@ -54,6 +63,7 @@ class HardwareConfig(Section):
 
     def check(self, key: str) -> None:
         """Each figure finite and > 0, or -1 (measured on this machine); the efficiencies fractions."""
+        super().check(key)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if type(value) not in (int, float) or value == -1:

@@ -1,7 +1,7 @@
 """An analytic model of one training step's time on the busiest rank (torch-free): compute per
 microbatch (modelled op by op on a GPU, estimate/gpu_compute.py, or measured on CPU ranks,
-plan/measure.py), plus the collectives each layout runs from their message sizes and the links'
-bandwidths, less what overlaps compute, plus the pipeline schedule's bubble.
+plan/measure.py), plus the collectives each layout runs (each priced as NCCL or gloo runs it:
+estimate/collectives.py), less what overlaps compute, plus the pipeline schedule's bubble.
 
 Per microbatch, a rank runs its layers' forward and backward (forward again for recomputation
 under activation checkpointing), and its layout's collectives:
@@ -29,6 +29,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from titan_exp.estimate.collectives import Kind, collective_seconds, point_to_point_seconds
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.workload import (
     DTYPE_BYTES,
@@ -85,18 +86,6 @@ class StepTime:
         return dataclasses.asdict(self) | {"total": self.total}
 
 
-def _collective(hw: HardwareConfig, bytes_per_rank: float, group: int, spans_nodes: bool, kind: str) -> float:
-    """Seconds of one collective over `group` ranks, ring algorithm: all-gather / reduce-scatter move
-    (g-1)/g of the full buffer through each rank's link, an all-reduce twice that; an all-to-all
-    sends (g-1)/g of its rows to other ranks."""
-    if group <= 1:
-        return 0.0
-    bandwidth = (hw.inter_node_gbps if spans_nodes else hw.intra_node_gbps) * 1e9
-    traffic = bytes_per_rank * (group - 1) / group * (2 if kind == "all_reduce" else 1)
-    latency = hw.collective_latency_us if kind in ("all_gather", "all_to_all") else hw.reduce_latency_us
-    return latency * 1e-6 + traffic / bandwidth
-
-
 def step_time(w: Workload, hw: HardwareConfig, compute: ComputeTimes, oversubscription: float = 1.0) -> StepTime:
     """The busiest rank's step (degrees resolved): `compute` is per microbatch of this layout."""
     m, p = w.model, w.parallelism
@@ -118,8 +107,8 @@ def step_time(w: Workload, hw: HardwareConfig, compute: ComputeTimes, oversubscr
         hops = 2 * plan.stages_per_rank  # send forward + receive backward, per stage held
         blocking += microbatches * hops * links.send(boundary)
     # Step-level: the loss and grad-norm reductions.
-    if math.prod(p.degrees().values()) > 1:
-        blocking += 3 * hw.collective_latency_us * 1e-6
+    if (world := math.prod(p.degrees().values())) > 1:
+        blocking += 3 * collective_seconds(hw, DTYPE_BYTES["float32"], world, 1, "all_reduce")
     bubble = 0.0
     if p.pipeline_parallel_degree > 1:
         share = _ZERO_BUBBLE_SHARE.get(p.pipeline_parallel_schedule, 1.0)
@@ -141,10 +130,9 @@ class _Links:
         """One pipeline send: to the next pp rank, across nodes once the inner dimensions fill one."""
         p, hw = self.p, self.hw
         inner = math.prod(p.degrees().values()) // p.pipeline_parallel_degree
-        gbps = hw.inter_node_gbps if inner * 2 > hw.devices_per_node else hw.intra_node_gbps
-        return hw.collective_latency_us * 1e-6 + size / (gbps * 1e9)
+        return point_to_point_seconds(hw, size, across_nodes=inner * 2 > hw.devices_per_node)
 
-    def collective(self, bytes_per_rank: float, dim: str, kind: str) -> float:
+    def collective(self, bytes_per_rank: float, dim: str, kind: Kind) -> float:
         p = self.p
         sizes = {
             "tp": (1, p.tensor_parallel_degree),
@@ -166,7 +154,7 @@ class _Links:
             ),
         }
         inner, group = sizes[dim]
-        return _collective(self.hw, bytes_per_rank, group, inner * group > self.hw.devices_per_node, kind)
+        return collective_seconds(self.hw, bytes_per_rank, group, inner, kind)
 
 
 def _tensor_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: int, microbatches: int) -> float:

@@ -111,10 +111,8 @@ def predict(
     w = workload(cfg, planned_device(cfg))
     sources = {"memory": MODELLED, "communication": MODELLED, "bubble": MODELLED}
     sources["compute"] = MODELLED if compute is None else MEASURED
-    step = step_time(w, hw, compute or gpu_compute(w, hw), oversubscription)
+    step, tps = predict_step(job, hw, compute, oversubscription)
     t, m = cfg.training, cfg.model
-    tokens_per_step = t.local_batch_size * w.accumulation * t.seq_len
-    tps = tokens_per_step / step.total / dims.non_data_parallel_size
     per_token = flops_per_token(m, model_parameters(m), m.vocab_size * m.dim, t.seq_len)
     mfu = 100 * per_token * tps / hw.peak_flops(matmul_dtype(cfg))
     memory, budget = rank_memory(w), memory_budget(cfg, hw)
@@ -132,6 +130,17 @@ def predict(
         fake_pass=fake_pass,
         fixes=tuple(memory_fixes(cfg, w, budget)) if memory.reserved > per_rank else (),
     )
+
+
+def predict_step(
+    job: ResolvedJob, hw: HardwareConfig, compute: ComputeTimes | None, oversubscription: float = 1.0
+) -> tuple[StepTime, float]:
+    """The step's time alone, and tokens/s per device (what a calibration fits: plan/calibrate.py)."""
+    cfg = job.config
+    w = workload(cfg, planned_device(cfg))
+    step = step_time(w, hw, compute or gpu_compute(w, hw), oversubscription)
+    tokens_per_step = cfg.training.local_batch_size * w.accumulation * cfg.training.seq_len
+    return step, tokens_per_step / step.total / job.dims.non_data_parallel_size
 
 
 def check_plannable(job: ResolvedJob) -> None:

@@ -30,7 +30,7 @@ from titan_exp import metric_names as names
 from titan_exp.config.schema import register_schema
 from titan_exp.estimate.memory import rank_memory
 from titan_exp.job.memory import workload
-from titan_exp.plan.cli import compose_point, plan_one
+from titan_exp.plan.point import compose_point, plan_one
 from titan_exp.units import GIB
 
 COMMON = [

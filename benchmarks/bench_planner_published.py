@@ -25,7 +25,7 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import register_schema
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.plan.calibrate import GPU_FIGURES, Observation, fit
-from titan_exp.plan.cli import compose_point, plan_one
+from titan_exp.plan.point import compose_point, plan_one
 
 REPO = Path(__file__).resolve().parents[1]
 # torchtitan's recipe of the time: bf16 parameters, fp32 reduction, seq 8192, AC per run.

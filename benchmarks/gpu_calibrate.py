@@ -4,6 +4,9 @@ none/selective/full, compile on/off and float8 on/off. Each point trains 12 step
 (`python -m titan_exp`, tracked in a SQLite MLflow store in the output folder) and is set beside
 `plan`'s prediction for the same overrides (plan.measure=false, the GPU's hardware profile).
 
+Then `titan_exp plan calibrate` on those runs: the profile's figures fitted to them, written as
+<hardware>_calibrated.yaml in the output folder.
+
 Prints and writes (calibration.md, .csv, .json in the output folder) each point's measured and
 predicted active/reserved GiB and TPS/device with their errors and MFU, the mean absolute errors, and
 which orderings hold, measured and predicted (TPS: compile > eager, float8 > bf16, AC none >
@@ -36,7 +39,7 @@ from titan_exp import metric_names as names
 from titan_exp.compare.report import to_markdown
 from titan_exp.config.schema import register_schema
 from titan_exp.estimate.hardware_profiles import profile_for_device
-from titan_exp.plan.cli import compose_point, plan_one
+from titan_exp.plan.point import compose_point, plan_one
 
 STEPS, LOG_FREQ = 12, 4  # the last log interval (steps 9-12) is past compilation and warm-up
 EXPERIMENT = "gpu_calibrate"
@@ -318,6 +321,10 @@ def main() -> int:
     summary = summarize(points)
     print(write_tables(out, points, summary, hardware), end="")
     print(f"tables: {out}/calibration.md (.csv, .json)")
+    if not args.dry:  # the same runs fed to the profile's calibration (titan_exp plan calibrate)
+        calibrate_profile = ["plan", "calibrate", "--hardware", hardware, "--uri", f"sqlite:///{out / 'mlflow.db'}"]
+        calibrate_profile += ["--out", str(out / f"{hardware}_calibrated.yaml")]
+        subprocess.run([sys.executable, "-m", "titan_exp", *calibrate_profile], cwd=REPO, check=False)
     print(json.dumps({"hardware": hardware, "dry": args.dry, "out": str(out), **summary}))
     return 1 if summary["failed"] else 0
 

@@ -74,6 +74,13 @@ def run_cli(
     return subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def subcommand(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    """`python -m titan_exp <subcommand> ...` (no Hydra run folder: plan and compare write where told)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "titan_exp", *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture
 def new_store(tmp_path: Path) -> tuple[str, Path]:
     """Where a new SQLite MLflow store goes (the tracking.uri override and the database path): the

@@ -3,9 +3,6 @@ set beside measured runs; published GPU layouts predicted plausibly; plan.prune 
 (Accuracy against real runs: benchmarks/bench_planner.py.)"""
 
 import csv
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,21 +10,15 @@ import pytest
 from titan_exp.config.compose import to_job_config
 from titan_exp.job.memory import Budget, check_memory_fit
 from titan_exp.plan import cli as plan_cli
+from titan_exp.plan import point as plan_point
 from titan_exp.plan.prune import prune
 from titan_exp.rules import ConfigError
 from titan_exp.units import GIB
 
-from conftest import REPO, compose_config, mlflow_client, mlflow_runs, run_cli
+from conftest import compose_config, mlflow_client, mlflow_runs, run_cli, subcommand
 
 H100_96GB = ["hardware=h100", "hardware.memory_gib=96", "training.mixed_precision_param=bfloat16"]
 SEQ_8K = ["training.seq_len=8192", "model.max_seq_len=8192"]
-
-
-def subcommand(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
-    """`python -m titan_exp <subcommand> ...` (no Hydra run folder: plan and compare write where told)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "titan_exp", *args]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -168,7 +159,7 @@ def test_plan_prune_and_the_preflight_print_the_same_figure_for_the_same_point(t
     point = ["model=llama3_8b", *H100_96GB, *SEQ_8K, "launcher.nproc_per_node=8", "parallelism=fsdp"]
     point += ["training.local_batch_size=4", "plan.measure=false", "tracking=none"]
     _, [row] = plan(point, tmp_path)
-    job = plan_cli.compose_point(point)
+    job = plan_point.compose_point(point)
     pruned = prune(to_job_config(compose_config([*point, "plan.prune=true"])))
     assert pruned is not None and f"predicted {row['peak GiB/rank']} GiB" in pruned.reason
     budget = Budget.of(job.config, 96 * GIB, False, "one GPU's memory")
@@ -258,8 +249,8 @@ def test_cpu_ranks_sharing_cores_stretch_by_their_share_and_the_profiles_time_sh
 ) -> None:
     """On 2 cores: 2 single-thread ranks have a core each; 4 share them, 2× their time alone and the
     `cpu` profile's measured cost of time-sharing beyond it (hardware.time_sharing_cost)."""
-    monkeypatch.setattr(plan_cli, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(plan_point, "cpu_cores", lambda: 2)
     point = ["launcher.device=cpu", "launcher.oversubscribe=true", f"launcher.nproc_per_node={ranks}"]
-    job = plan_cli.compose_point([*point, "parallelism=fsdp", f"hardware.time_sharing_cost={cost}", "tracking=none"])
+    job = plan_point.compose_point([*point, "parallelism=fsdp", f"hardware.time_sharing_cost={cost}", "tracking=none"])
     assert job.placement.threads_per_rank == 1
-    assert plan_cli._cpu_ranks(job) == (1, pytest.approx(stretch))
+    assert plan_point.cpu_ranks(job) == (1, pytest.approx(stretch))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from launchers.env import free_port
 
@@ -28,6 +29,7 @@ from conftest import (
     start_mlflow_server,
     stop_mlflow_server,
     store_in,
+    subcommand,
 )
 
 SMOKE = ["experiment=smoke", "tracking=mlflow", "launcher.device=cpu", *SMALL_MODEL]
@@ -338,3 +340,46 @@ def test_four_jobs_writing_to_one_new_sqlite_store_lose_nothing(tmp_path, new_st
             if key.startswith("startup/"):  # where the start-up went: once, at the first step
                 expected = [1]
             assert steps == expected, (run.info.run_name, key, steps)
+
+
+def test_plan_calibrate_fits_the_cpu_profile_to_the_tracked_runs_and_refuses_what_it_cannot_use(tracked, tmp_path):
+    """`titan_exp plan calibrate` on the sweep's store: each run's error before, after and left out,
+    a profile written that loads as one; refused in one line: another profile's runs, a failed run,
+    too few runs. (The fit's accuracy on runs it never saw: test_plan_calibrate.py, marked slow.)"""
+    from titan_exp.estimate.config import HardwareConfig
+    from titan_exp.plan.calibrate import CPU_FIGURES
+
+    uri = f"sqlite:///{tracked.db}"
+    out = tmp_path / "cpu_calibrated.yaml"
+    done = subcommand(["plan", "calibrate", "--hardware", "cpu", "--uri", uri, "--out", str(out)])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = mlflow_runs(tracked.db)
+    for run in runs:
+        assert f"| fitted on | {run.info.run_name} |" in done.stdout
+    assert f"fitted on {len(runs)} runs: mean |TPS error| before" in done.stdout
+    profile = HardwareConfig(**yaml.safe_load(out.read_text()))
+    profile.check("hardware")
+    [applied] = [line for line in done.stdout.splitlines() if line.startswith("apply it: hardware=cpu ")]
+    fitted = dict(item.removeprefix("hardware.").split("=") for item in applied.split()[3:])
+    assert set(fitted) == set(CPU_FIGURES)
+    for name, (low, high) in CPU_FIGURES.items():
+        assert low <= float(fitted[name]) <= high
+        assert float(fitted[name]) == pytest.approx(getattr(profile, name), rel=1e-5)
+
+    some_run = runs[0].info.run_id
+    refusals = {
+        ("--hardware", "h100"): "0 finished run(s) with a measured TPS to fit on",
+        ("--hardware", "h100", "--runs", some_run): f"run {some_run}: it ran with hardware=cpu, not h100",
+    }
+    client = mlflow_client(tracked.db)
+    failed = client.create_run(tracked.experiment_id, run_name="a run that failed")
+    try:
+        client.log_param(failed.info.run_id, "hardware.name", "cpu")
+        client.set_terminated(failed.info.run_id, "FAILED")
+        refusals[("--hardware", "cpu", "--runs", failed.info.run_id)] = f"run {failed.info.run_id}: it ended FAILED"
+        for args, said in refusals.items():
+            refused = subcommand(["plan", "calibrate", *args, "--uri", uri])
+            assert refused.returncode == 2 and said in refused.stderr, refused.stderr[-2000:]
+            assert len(refused.stderr.strip().splitlines()) == 1
+    finally:
+        client.delete_run(failed.info.run_id)  # the other tests read the sweep's runs

@@ -44,7 +44,11 @@ from titan_exp.tracking import sync
 # Each subcommand's entry point and its line on `titan_exp --help`.
 _SUBCOMMANDS = {
     "show": (show.main, "the resolved job: mesh, ranks, global batch, accumulation, dtype, device profile"),
-    "plan": (plan_cli.main, "predict memory, step time and MFU without running; a grid ranked best first"),
+    "plan": (
+        plan_cli.main,
+        "predict memory, step time and MFU without running; a grid ranked best first; "
+        "`plan calibrate`: a profile fitted to your runs",
+    ),
     "compare": (compare_cli.main, "the strategy table and plots of a sweep or an experiment's runs"),
     "ui": (ui.main, "MLflow's UI on the project's store, opened on the runs"),
     "sync": (sync.main, "write into the store what jobs journaled but the store missed"),

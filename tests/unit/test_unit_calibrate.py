@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from titan_exp.plan.calibrate import GPU_FIGURES, Observation, fit, tps_error_pct
-from titan_exp.plan.cli import compose_point
+from titan_exp.plan.point import compose_point
 
 H100 = ["hardware=h100", "plan.measure=false", "tracking=none", "training.mixed_precision_param=bfloat16"]
 # Layouts whose steps lean on different kernels: matmuls, long-sequence attention, eager

@@ -6,6 +6,9 @@ python -m titan_exp plan model=MODEL hardware=h100 launcher.nproc_per_node=8
 python -m titan_exp plan -m model=MODEL hardware=h100 launcher.nproc_per_node=8 launcher.nodes=32 \\
     parallelism=fsdp_tp parallelism.tensor_parallel_degree=2,4,8 activation_checkpoint.mode=none,full
 
+`python -m titan_exp plan calibrate --hardware NAME`: the profile's figures fitted to your own tracked
+runs on that hardware (plan/calibrate_cli.py).
+
 Configs are checked as a training run's are (the world spelled out; nothing is placed). On the `cpu`
 profile the device's figures and a rank's compute are measured on this machine (plan/measure.py);
 elsewhere they are modelled from the profile.
@@ -19,27 +22,21 @@ import itertools
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from launchers.devices import cpu_cores
-from titan_exp import CONF_DIR
 from titan_exp.compare.report import to_html, to_markdown
-from titan_exp.config.compose import to_job_config
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import register_schema
-from titan_exp.estimate.workload import local_parameters
-from titan_exp.job.memory import workload
 from titan_exp.job.outcome import composition_error
 from titan_exp.job.preflight import preflight
+from titan_exp.plan import calibrate_cli
+from titan_exp.plan.point import compose_point, plan_one
 from titan_exp.plan.predict import (
     MEASURED,
     Prediction,
     check_plannable,
     planned_shapes,
-    predict,
-    resolve_for_plan,
 )
 from titan_exp.progress import Progress
 from titan_exp.rules import ConfigError
@@ -74,43 +71,6 @@ def grid(overrides: list[str]) -> list[list[str]]:
         else:
             choices.append([f"{key}={override.get_value_element_as_str()}"])
     return [list(point) for point in itertools.product(*choices)]
-
-
-def compose_point(point: list[str]) -> ResolvedJob:
-    """The point's job, resolved for planning (predict.resolve_for_plan)."""
-    # Hydra's own keys place a run's outputs: nothing to place here.
-    point = [override for override in point if not override.startswith("hydra.")]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        composed = compose(config_name="config", overrides=point)
-    return resolve_for_plan(to_job_config(composed))
-
-
-def _cpu_ranks(job: ResolvedJob) -> tuple[int, float]:
-    """(threads per rank, how much the ranks' time stretches as they share this machine's cores)."""
-    cores, ranks, threads = cpu_cores(), job.placement.nproc_per_node, job.placement.threads_per_rank
-    share = ranks * threads / cores
-    return threads, share * job.config.hardware.time_sharing_cost if share > 1 else 1.0
-
-
-def plan_one(job: ResolvedJob) -> Prediction:
-    """Model the layout; measure what torch can here: on the `cpu` profile the device's figures and
-    a rank's compute, and (plan.measure) rank 0's memory by the dry run's fake pass, the memory
-    model's cross-check."""
-    cfg = job.config
-    hw = cfg.hardware
-    if not cfg.plan.measure and hw.name != "cpu":
-        return predict(job, hw, compute=None)  # all modelled: no torch to load
-    from titan_exp.plan import measure  # torch: measuring is this command's job
-
-    fake_pass = measure.fake_pass_memory(job) if cfg.plan.measure else None
-    compute, oversubscription = None, 1.0
-    if hw.name == "cpu":
-        threads, oversubscription = _cpu_ranks(job)
-        hw = measure.resolve_hardware(hw, threads, cfg.data.cache_dir)  # beside the measured peak FLOP/s
-        w = workload(cfg, "cpu")
-        shape = (w.microbatch, w.seq_len // w.parallelism.context_parallel_degree)  # this rank's microbatch
-        compute = measure.measured_compute(cfg, shape, job.dims, local_parameters(w), threads)
-    return predict(job, hw, compute, oversubscription, fake_pass)
 
 
 def _plan_all(jobs: list[ResolvedJob]) -> list[Prediction]:
@@ -202,13 +162,16 @@ def _record(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["calibrate"]:
+        return calibrate_cli.main(argv[1:])
     parser = argparse.ArgumentParser(prog="titan_exp plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--multirun", action="store_true", help="a grid (implied by comma lists)")
     parser.add_argument(
         "--out", type=Path, default=None, help="folder of the ranked table (default outputs/plans/<time>)"
     )
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     register_schema()
     try:
         points = grid(args.overrides)

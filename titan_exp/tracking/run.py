@@ -23,6 +23,9 @@ ROLE_TAG = "titan_exp.role"
 # The param of a training run listing the config keys its layout does not read (comma-separated):
 # a comparison shows no value of theirs for it.
 UNREAD_KEYS_PARAM = "derived/unread_keys"
+# The param of a training run on a GPU naming the hardware profile that stands for its device
+# (`hardware` itself names what a plan predicts for, `cpu` unless told).
+DEVICE_PROFILE_PARAM = "derived/device_profile"
 
 
 def git_commit() -> str:

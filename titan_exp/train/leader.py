@@ -11,13 +11,14 @@ import torch
 
 from titan_exp import metric_names as names
 from titan_exp.config.job import ResolvedJob
+from titan_exp.estimate.hardware_profiles import profile_for_device
 from titan_exp.job import events
 from titan_exp.metrics import startup
 from titan_exp.metrics.expert_load import EXPERT_LOAD_ARTIFACT, plot_expert_load
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.metrics.format import format_line, format_summary
 from titan_exp.metrics.throughput import ThroughputMeter
-from titan_exp.tracking.run import UNREAD_KEYS_PARAM
+from titan_exp.tracking.run import DEVICE_PROFILE_PARAM, UNREAD_KEYS_PARAM
 from titan_exp.tracking.writer import BackgroundTracker
 from titan_exp.train.step import StepOutcome
 
@@ -168,10 +169,17 @@ class Leader(Follower):
 
 
 def _placement_facts(device: torch.device) -> dict[str, str]:
-    """Where rank 0 ran: its cores (its affinity) and, on CUDA, the GPUs it could see."""
+    """Where rank 0 ran: its cores (its affinity) and, on CUDA, the GPUs it could see, its name and
+    the hardware profile that stands for it (what `plan calibrate --hardware` finds the run by)."""
     facts = {"derived/cpu_set": _ranges(sorted(os.sched_getaffinity(0)))}
     if device.type == "cuda":
         facts["derived/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
+        name = torch.cuda.get_device_name(device)
+        facts["derived/device_name"] = name
+        try:
+            facts[DEVICE_PROFILE_PARAM] = profile_for_device(name).name
+        except KeyError:
+            pass  # a GPU no profile lists: its MFU already says so
     return facts
 
 

@@ -1,0 +1,36 @@
+"""`titan_exp plan calibrate` for real on this machine's CPU ranks: six layouts trained and tracked,
+the `cpu` profile fitted on three of them, and the other three, which the fit never saw, predicted
+better than before. Marked slow: six tracked runs and the planner's compute measurement of each."""
+
+import re
+
+import pytest
+
+from conftest import SMALL_MODEL, mlflow_runs, run_cli, subcommand
+
+pytestmark = pytest.mark.slow
+
+# Two ranks each: DDP, FSDP and TP at two batch sizes; small enough that gloo's collectives, which
+# the fit moves, weigh as much as the compute the planner measures.
+SWEEP = ["parallelism=ddp,fsdp,tp", "training.local_batch_size=2,8"]
+TRAINING = ["launcher.nproc_per_node=2", "training.steps=40", "metrics.log_freq=5", "data=synthetic", *SMALL_MODEL]
+
+
+def test_a_calibration_on_three_layouts_predicts_three_others_better(tmp_path, store):
+    uri, db = store
+    sweep = run_cli([uri, *TRAINING, *SWEEP], tmp_path, flags=("-m",), timeout=1200)
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    runs = {run.data.params["training.local_batch_size"]: [] for run in mlflow_runs(db)}
+    for run in mlflow_runs(db):
+        runs[run.data.params["training.local_batch_size"]].append(run.info.run_id)
+    fit_on, evaluate = runs["2"], runs["8"]
+    assert len(fit_on) == len(evaluate) == 3
+    done = subcommand(
+        ["plan", "calibrate", "--hardware", "cpu", "--uri", f"sqlite:///{db}", "--out", str(tmp_path / "cpu.yaml")]
+        + ["--runs", ",".join(fit_on), "--evaluate", ",".join(evaluate)]
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    print(done.stdout)
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("evaluated 3 runs")]
+    before, after = (float(x) for x in re.findall(r"(?:before|after) ([\d.]+)%", line))
+    assert after < before, line

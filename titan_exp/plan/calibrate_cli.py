@@ -1,0 +1,183 @@
+"""`titan_exp plan calibrate`: a device profile fitted to the team's own tracked runs.
+
+  titan_exp plan calibrate --hardware h100                      # every finished h100 run of the experiment
+  titan_exp plan calibrate --hardware cpu --runs ID,ID,ID --evaluate ID,ID,ID
+
+Reads the finished training runs of one hardware profile (on a GPU: the profile of the device it
+ran on; on CPU ranks: `hardware`) from an MLflow store (their steady
+tokens/s per device, and the overrides each was composed from, `config/hydra/overrides.yaml`),
+fits the profile's figures (plan/calibrate.py: the kernels' efficiencies on a GPU, gloo's costs on
+CPU ranks) within their bounds, and prints each run's error before and after, with each run also
+predicted from a fit on the others (leave one run out), and, with --evaluate, on runs the fit never
+saw. Writes the profile as YAML (--out) and prints the overrides that apply it.
+"""
+
+import argparse
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+
+from titan_exp import metric_names as names
+from titan_exp.compare.runs import experiment_training_runs
+from titan_exp.config.schema import register_schema
+from titan_exp.plan.calibrate import CPU_FIGURES, GPU_FIGURES, Observation, fit
+from titan_exp.plan.point import compose_point, step_inputs
+from titan_exp.tracking.config import Store, TrackingConfig, masked
+from titan_exp.tracking.run import DEVICE_PROFILE_PARAM
+from titan_exp.tracking.store import client
+
+# Fewer runs than this leave the figures a fit moves underdetermined.
+MIN_RUNS = 3
+OVERRIDES_ARTIFACT = "config/hydra/overrides.yaml"
+
+
+class Refused(ValueError):
+    """A run or an argument that cannot be calibrated on, said in one line."""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    defaults = TrackingConfig()
+    parser = argparse.ArgumentParser(prog="titan_exp plan calibrate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hardware", required=True, help="the profile the runs ran on (hardware=<name>)")
+    parser.add_argument("--uri", default=defaults.uri, help=f"MLflow tracking URI (default {defaults.uri})")
+    parser.add_argument("--experiment", default=defaults.experiment, help="MLflow experiment (default %(default)s)")
+    parser.add_argument("--runs", default="", help="run ids to fit on, comma-separated (default: every finished run)")
+    parser.add_argument("--evaluate", default="", help="run ids to predict with the fitted profile, never fitted on")
+    parser.add_argument("--out", type=Path, help="the profile's YAML (default outputs/hardware/<name>_calibrated.yaml)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    register_schema()
+    try:
+        mlflow_client, experiment_id = _open(args.uri, args.experiment)
+        wanted = [run_id for run_id in args.runs.split(",") if run_id]
+        held_out = [run_id for run_id in args.evaluate.split(",") if run_id]
+        fitted_runs = _observations(mlflow_client, experiment_id, args.hardware, wanted, exclude=held_out)
+        evaluated = _observations(mlflow_client, experiment_id, args.hardware, held_out) if held_out else []
+    except Refused as err:
+        print(f"titan_exp plan calibrate: {err}", file=sys.stderr)
+        return 2
+    hw = fitted_runs[0].hw
+    bounds = CPU_FIGURES if hw.name == "cpu" else GPU_FIGURES
+    figures = fit(fitted_runs, bounds, hw)
+    left_out = {o.label: fit([other for other in fitted_runs if other is not o], bounds, hw) for o in fitted_runs}
+    rows = [_row("fitted on", o, figures, left_out[o.label]) for o in fitted_runs]
+    rows += [_row("evaluated", o, figures, None) for o in evaluated]
+    print(_table(rows))
+    print(_summary(rows, "fitted on"))
+    if evaluated:
+        print(_summary(rows, "evaluated"))
+    out = args.out or Path("outputs") / "hardware" / f"{args.hardware}_calibrated.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile = asdict(hw) | figures | {"name": hw.name}
+    origin = f"# titan_exp plan calibrate on {len(fitted_runs)} runs of {masked(args.uri)}\n"
+    out.write_text(origin + yaml.safe_dump(profile))
+    print(f"profile: {out}")
+    print("apply it: hardware=" + hw.name + " " + " ".join(f"hardware.{k}={v:.6g}" for k, v in figures.items()))
+    return 0
+
+
+def _open(uri: str, experiment: str):
+    try:
+        store = Store.parse(uri)
+    except ValueError as err:
+        raise Refused(f"--uri={masked(uri)}: {err}") from None
+    if store.db is not None and not store.db.exists():
+        raise Refused(f"--uri={uri}: no MLflow store there; train something first or point --uri at your store")
+    mlflow_client = client(store.uri)
+    found = mlflow_client.get_experiment_by_name(experiment)
+    if found is None:
+        raise Refused(f"--experiment={experiment}: no such experiment in {masked(uri)}")
+    return mlflow_client, found.experiment_id
+
+
+def _observations(mlflow_client, experiment_id: str, hardware: str, wanted: list[str], exclude=()) -> list[Observation]:
+    """The runs to fit on (or evaluate): `wanted` by id, each refused in one line if it cannot be
+    used; without ids, every finished run of `hardware` in the experiment."""
+    if wanted:
+        runs = [_get(mlflow_client, run_id) for run_id in wanted]
+        for run in runs:
+            _check(run, hardware)
+    else:
+        runs = [
+            run
+            for run in experiment_training_runs(mlflow_client, experiment_id)
+            if run.info.run_id not in exclude and _usable(run, hardware)
+        ]
+    if len(runs) < MIN_RUNS:
+        raise Refused(
+            f"--hardware={hardware}: {len(runs)} finished run(s) with a measured TPS to fit on; "
+            f"a calibration needs at least {MIN_RUNS} (train more layouts on this hardware)"
+        )
+    return [_observation(mlflow_client, run, hardware) for run in runs]
+
+
+def _get(mlflow_client, run_id: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return mlflow_client.get_run(run_id)
+    except MlflowException:
+        raise Refused(f"--runs: no run {run_id} in this store") from None
+
+
+def _usable(run, hardware: str) -> bool:
+    try:
+        _check(run, hardware)
+    except Refused:
+        return False
+    return True
+
+
+def _check(run, hardware: str) -> None:
+    run_id = run.info.run_id
+    ran_on = run.data.params.get(DEVICE_PROFILE_PARAM) or run.data.params.get("hardware.name")
+    if ran_on != hardware:
+        raise Refused(f"run {run_id}: it ran with hardware={ran_on}, not {hardware}; calibrate one profile at a time")
+    if run.info.status != "FINISHED":
+        raise Refused(f"run {run_id}: it ended {run.info.status}; only finished runs measure a step")
+    if names.TPS_MEAN not in run.data.metrics:
+        raise Refused(f"run {run_id}: no {names.TPS_MEAN} (it logged fewer than two intervals); run it longer")
+
+
+def _observation(mlflow_client, run, hardware: str) -> Observation:
+    """The run recomposed from its overrides, planned for `hardware` (a GPU run's own config says
+    `cpu` unless its user said otherwise), beside its measured steady TPS."""
+    path = mlflow_client.download_artifacts(run.info.run_id, OVERRIDES_ARTIFACT)
+    overrides = yaml.safe_load(Path(path).read_text()) or []
+    job = compose_point([*overrides, f"hardware={hardware}", "plan.measure=false", "tracking=none"])
+    hw, compute, oversubscription = step_inputs(job)
+    tps = run.data.metrics[names.TPS_MEAN]
+    return Observation(run.info.run_name, job, hw, tps, compute, oversubscription)
+
+
+def _row(kind: str, o: Observation, fitted: dict[str, float], left_out: dict[str, float] | None) -> list:
+    """kind, run, then the TPS error (%) with the profile as it was, fitted, and fitted without it."""
+
+    def error(figures: dict[str, float]) -> float:
+        return 100 * (o.predicted_tps(figures) / o.tps - 1)
+
+    return [kind, o.label, error({}), error(fitted), None if left_out is None else error(left_out), o.tps]
+
+
+def _table(rows: list[list]) -> str:
+    lines = ["| runs | run | TPS error before | after | left out | measured TPS/device |", "|---|---|---|---|---|---|"]
+    for kind, label, before, after, left_out, tps in rows:
+        held = "—" if left_out is None else f"{left_out:+.1f}%"
+        lines.append(f"| {kind} | {label} | {before:+.1f}% | {after:+.1f}% | {held} | {tps:,.0f} |")
+    return "\n".join(lines)
+
+
+def _summary(rows: list[list], kind: str) -> str:
+    """The mean |TPS error| of one kind of run: before, after, and (fitted runs) each left out."""
+    mine = [row for row in rows if row[0] == kind]
+
+    def mean(column: int) -> str:
+        return f"{sum(abs(row[column]) for row in mine) / len(mine):.1f}%"
+
+    line = f"{kind} {len(mine)} runs: mean |TPS error| before {mean(2)}, after {mean(3)}"
+    return line + (f", each left out of its fit {mean(4)}" if mine[0][4] is not None else "")

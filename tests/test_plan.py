@@ -129,6 +129,14 @@ def test_compile_is_planned_with_the_fake_pass_cross_check(tmp_path, plan):
     assert "cross-check" in out and row["fits"] == "yes"
 
 
+def test_experts_split_by_tensor_parallelism_are_measured_on_a_one_rank_mesh(tmp_path, plan):
+    """The planner times a layout's layers as training builds them: experts split by TP (tp2
+    without EP) on its one-rank TP mesh (plan/measure.py) place their hidden-dim shards there."""
+    overrides = ["model=deepseek_v3_debug", "parallelism=tp", "launcher.nproc_per_node=2", "tracking=none"]
+    out, [row] = plan(overrides, tmp_path)
+    assert row["compute"] == "measured" and float(row["step s"]) > 0, out
+
+
 def test_an_option_the_hardware_cannot_run_is_refused_in_one_line(capsys):
     assert plan_cli.main(["quantize=mxfp8", "hardware=h100", "launcher.nproc_per_node=8", "tracking=none"]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()

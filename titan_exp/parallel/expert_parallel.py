@@ -32,10 +32,10 @@ def place_experts(model: nn.Module, mesh: ParallelMesh, aux_loss: bool) -> None:
     by_expert = [Shard(0)] if dims.ep > 1 else []
     by_hidden = {"w1": Shard(1), "w2": Shard(2), "w3": Shard(1)}
 
-    def split(name, module, mesh):
+    def split(name, module, device_mesh):
         for param_name, param in list(module.named_parameters(recurse=False)):
-            placements = by_expert + ([by_hidden[param_name]] if dims.experts_tp > 1 else [])
-            sharded = nn.Parameter(distribute_tensor(param, mesh, placements, src_data_rank=None))
+            placements = by_expert + ([by_hidden[param_name]] if mesh.experts_split_by_tp else [])
+            sharded = nn.Parameter(distribute_tensor(param, device_mesh, placements, src_data_rank=None))
             module.register_parameter(param_name, sharded)
 
     for moe in moe_layers(model):

@@ -126,7 +126,7 @@ class ParallelMesh:
         if self.dims.ep > 1:
             parts.append(self.ep_mesh)
         if self.experts_split_by_tp:
-            parts.append(self.mesh["tp"])
+            parts.append(self.tp_mesh)
         if len(parts) == 2:  # as FSDP2 builds its HSDP mesh
             return DeviceMesh._concatenate(parts)
         return parts[0] if parts else None

@@ -50,9 +50,7 @@ _TREE_BANDWIDTH, _PAT_BANDWIDTH = 0.92, 0.75
 _PAT_PER_RANK_US = 2.8
 
 
-def collective_seconds(
-    hw: HardwareConfig, size: float, group: int, inner: int, kind: Kind, concurrent_groups: int = 0
-) -> float:
+def collective_seconds(hw: HardwareConfig, size: float, group: int, inner: int, kind: Kind) -> float:
     """One collective over `group` ranks whose consecutive members lie `inner` ranks apart (the
     mesh dimensions inside it); `size`: bytes of the whole buffer (an all-gather's output, a
     reduce-scatter's input, an all-reduce's buffer), or of the rows a rank sends in an all-to-all."""
@@ -84,11 +82,15 @@ def point_to_point_seconds(hw: HardwareConfig, size: float, across_nodes: bool) 
     if not hw.overlaps_communication:  # gloo: its per-call cost, then the link's bandwidth
         gbps = hw.inter_node_gbps if across_nodes else hw.intra_node_gbps
         return hw.collective_latency_us * 1e-6 + size / (gbps * 1e9)
-    link = "net" if across_nodes else hw.intra_node_link
-    latency = _BASE_US["ring"][2] + _HOP_US[link]["ring"][2]
     nic_share = hw.nics_per_node / hw.devices_per_node
     gbps = nic_share * hw.inter_node_gbps if across_nodes else hw.intra_node_gbps
-    return latency * 1e-6 + size / (gbps * 1e9)
+    return _send_latency_us(hw, across_nodes) * 1e-6 + size / (gbps * 1e9)
+
+
+def _send_latency_us(hw: HardwareConfig, across_nodes: bool) -> float:
+    """A point-to-point send's: the Simple protocol's base and one hop, on the node's link or the network."""
+    link = "net" if across_nodes else hw.intra_node_link
+    return _BASE_US["ring"][2] + _HOP_US[link]["ring"][2]
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ def _algorithm_seconds(
     busbw = ring.busbw * _PROTOCOL_BANDWIDTH[protocol]
     if algorithm == "ring":
         steps = (ranks - 1) * (2 if kind == "all_reduce" else 1)
-        crossing = (nodes - 1) * (2 if kind == "all_reduce" else 1) if nodes > 1 else 0
+        crossing = (nodes - 1) * (2 if kind == "all_reduce" else 1)
         latency = base + (steps - crossing) * within + crossing * across
         algbw = busbw * ranks / steps
     elif algorithm == "tree":
@@ -135,11 +137,9 @@ def _all_to_all(
 ) -> float:
     """Each rank sends size / group bytes to every other rank, all at once: its node's share over
     NVLink, the rest through its share of the NICs."""
-    link = "net" if nodes > 1 else hw.intra_node_link
-    latency = _BASE_US["ring"][2] + _HOP_US[link]["ring"][2]
     local = size * (per_node - 1) / group / within
-    remote = size * (group - per_node) / group / (across / per_node) if nodes > 1 else 0.0
-    return latency * 1e-6 + max(local, remote)
+    remote = size * (group - per_node) / group / (across / per_node)  # none within one node
+    return _send_latency_us(hw, nodes > 1) * 1e-6 + max(local, remote)
 
 
 def _gloo(hw: HardwareConfig, size: float, group: int, kind: Kind, across_nodes: bool) -> float:

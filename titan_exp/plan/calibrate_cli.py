@@ -56,11 +56,19 @@ def main(argv: list[str]) -> int:
         mlflow_client, experiment_id = _open(args.uri, args.experiment)
         wanted = [run_id for run_id in args.runs.split(",") if run_id]
         held_out = [run_id for run_id in args.evaluate.split(",") if run_id]
-        fitted_runs = _observations(mlflow_client, experiment_id, args.hardware, wanted, exclude=held_out)
-        evaluated = _observations(mlflow_client, experiment_id, args.hardware, held_out) if held_out else []
+        to_fit = _select(mlflow_client, experiment_id, args.hardware, wanted, exclude=held_out)
+        to_evaluate = _select(mlflow_client, experiment_id, args.hardware, held_out) if held_out else []
+        if len(to_fit) < MIN_RUNS:
+            raise Refused(
+                f"--hardware={args.hardware}: {len(to_fit)} finished run(s) with a measured TPS to fit on; "
+                f"a calibration needs at least {MIN_RUNS} (train more layouts on this hardware)"
+            )
     except Refused as err:
         print(f"titan_exp plan calibrate: {err}", file=sys.stderr)
         return 2
+    fitted_runs, evaluated = (
+        [_observation(mlflow_client, run, args.hardware) for run in runs] for runs in (to_fit, to_evaluate)
+    )
     hw = fitted_runs[0].hw
     bounds = CPU_FIGURES if hw.name == "cpu" else GPU_FIGURES
     figures = fit(fitted_runs, bounds, hw)
@@ -95,7 +103,7 @@ def _open(uri: str, experiment: str):
     return mlflow_client, found.experiment_id
 
 
-def _observations(mlflow_client, experiment_id: str, hardware: str, wanted: list[str], exclude=()) -> list[Observation]:
+def _select(mlflow_client, experiment_id: str, hardware: str, wanted: list[str], exclude=()) -> list:
     """The runs to fit on (or evaluate): `wanted` by id, each refused in one line if it cannot be
     used; without ids, every finished run of `hardware` in the experiment."""
     if wanted:
@@ -108,12 +116,7 @@ def _observations(mlflow_client, experiment_id: str, hardware: str, wanted: list
             for run in experiment_training_runs(mlflow_client, experiment_id)
             if run.info.run_id not in exclude and _usable(run, hardware)
         ]
-    if len(runs) < MIN_RUNS:
-        raise Refused(
-            f"--hardware={hardware}: {len(runs)} finished run(s) with a measured TPS to fit on; "
-            f"a calibration needs at least {MIN_RUNS} (train more layouts on this hardware)"
-        )
-    return [_observation(mlflow_client, run, hardware) for run in runs]
+    return runs
 
 
 def _get(mlflow_client, run_id: str):

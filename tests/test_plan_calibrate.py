@@ -5,6 +5,10 @@ better than before. Marked slow: six tracked runs and the planner's compute meas
 import re
 
 import pytest
+import yaml
+
+from titan_exp.estimate.config import HardwareConfig
+from titan_exp.plan.calibrate import CPU_FIGURES
 
 from conftest import SMALL_MODEL, mlflow_runs, run_cli, subcommand
 
@@ -34,3 +38,12 @@ def test_a_calibration_on_three_layouts_predicts_three_others_better(tmp_path, s
     [line] = [line for line in done.stdout.splitlines() if line.startswith("evaluated 3 runs")]
     before, after = (float(x) for x in re.findall(r"(?:before|after) ([\d.]+)%", line))
     assert after < before, line
+    # The profile written loads as one, its fitted figures within their bounds, as the overrides say.
+    profile = HardwareConfig(**yaml.safe_load((tmp_path / "cpu.yaml").read_text()))
+    profile.check("hardware")
+    [applied] = [line for line in done.stdout.splitlines() if line.startswith("apply it: hardware=cpu ")]
+    fitted = dict(item.removeprefix("hardware.").split("=") for item in applied.split()[3:])
+    assert set(fitted) == set(CPU_FIGURES)
+    for name, (low, high) in CPU_FIGURES.items():
+        assert low <= float(fitted[name]) <= high
+        assert float(fitted[name]) == pytest.approx(getattr(profile, name), rel=1e-5)

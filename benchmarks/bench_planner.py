@@ -12,7 +12,11 @@ without EP, fsdp2·tp2·ep2·etp2); deepseek_v3_debug (latent attention, a share
 fsdp2·ep2 and tp2. Global batch 8 × seq 256, CPU
 ranks (2 cores: 4- and 8-rank layouts share them).
 
-Usage: python benchmarks/bench_planner.py [--only NAME ...] [--steps 8]
+With --repeats N each layout trains N times: the measured figures are the runs' medians, and the
+spread of their step times (slowest over fastest, less 1) is this machine's own noise, the floor
+under any step-time error.
+
+Usage: python benchmarks/bench_planner.py [--only NAME ...] [--steps 8] [--repeats 1]
 """
 
 import argparse
@@ -133,29 +137,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", default=list(LAYOUTS))
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per layout (their spread: the noise)")
     args = parser.parse_args()
     os.chdir(REPO)  # the planner's relative paths (outputs/cache) are the training runs'
     register_schema()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only:
+            runs = [measured(Path(tmp) / f"{name}_{i}", LAYOUTS[name], args.steps) for i in range(args.repeats)]
             rows[name] = {
                 "predicted": predicted(LAYOUTS[name]),
-                "measured": measured(Path(tmp) / name, LAYOUTS[name], args.steps),
+                "measured": {key: statistics.median(run[key] for run in runs) for key in runs[0]},
+                "step_s_runs": [run["step_s"] for run in runs],
             }
             row = rows[name]
+            row["noise_pct"] = 100 * (max(row["step_s_runs"]) / min(row["step_s_runs"]) - 1)
             for key in ("peak_gib", "step_s"):
                 row[f"{key}_error_pct"] = 100 * (row["predicted"][key] / row["measured"][key] - 1)
             print(
                 f"{name:22s} memory {row['predicted']['peak_gib']:.3f}/{row['measured']['peak_gib']:.3f} GiB "
                 f"({row['peak_gib_error_pct']:+.1f}%)  step {row['predicted']['step_s']:.3f}/"
-                f"{row['measured']['step_s']:.3f} s ({row['step_s_error_pct']:+.1f}%)",
+                f"{row['measured']['step_s']:.3f} s ({row['step_s_error_pct']:+.1f}%)"
+                + (f"  runs {row['step_s_runs']} (noise {row['noise_pct']:.1f}%)" if args.repeats > 1 else ""),
                 flush=True,
             )
     names = list(rows)
     summary = {
         "memory_max_abs_error_pct": max(abs(rows[n]["peak_gib_error_pct"]) for n in names),
         "step_time_mape_pct": statistics.mean(abs(rows[n]["step_s_error_pct"]) for n in names),
+        "step_time_noise_mean_pct": statistics.mean(rows[n]["noise_pct"] for n in names),
         "tps_kendall_tau": kendall_tau(
             [rows[n]["predicted"]["tps_per_device"] for n in names],
             [rows[n]["measured"]["tps_per_device"] for n in names],

@@ -2,10 +2,12 @@
 profile's bf16 peak, the profile found by the longest of the profiles' `device_names` in the name."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from titan_exp.estimate.config import GLOO_ONLY
 from titan_exp.estimate.hardware_profiles import hardware_profiles, profile_for_device
@@ -70,7 +72,8 @@ def test_device_names_are_unique_and_profiles_complete():
     assert len(names) == len(set(names)), sorted(names)
     for option, profile in profiles.items():
         assert profile.name == option
-        if profile.device_names:  # a GPU's profile: every figure the planner needs is given, none measured
+        assert profile.device == ("cpu" if option == "cpu" else "cuda"), option
+        if profile.device == "cuda":  # a GPU's profile: every figure the planner needs is given, none measured
             measured_here = [f.name for f in dataclasses.fields(profile) if getattr(profile, f.name) == -1]
             unset = [name for name in measured_here if name not in GLOO_ONLY]
             assert not unset, f"hardware/{option} leaves {unset} to be measured"
@@ -84,3 +87,17 @@ def test_the_profiles_load_without_torch():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_a_profile_in_the_users_config_folder_is_an_option_of_hardware(tmp_path):
+    """What `titan_exp plan calibrate` writes there: `hardware=<its name>` composes it, after the
+    shipped profiles, and where the folder is missing nothing is said."""
+    mine = dataclasses.asdict(hardware_profiles()["h100"]) | {"name": "h100_ours", "matmul_efficiency": 0.5}
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "h100_ours.yaml").write_text(yaml.safe_dump(mine))
+    show = [sys.executable, "-m", "titan_exp", "show", "hardware=h100_ours", "model=llama3_8b"]
+    for folder, said in ((tmp_path, "hardware=h100_ours"), (tmp_path / "missing", "Could not find 'hardware/h100_ours'")):
+        env = {**os.environ, "TITAN_EXP_CONFIG_DIR": str(folder)}
+        shown = subprocess.run(show, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert said in shown.stdout + shown.stderr, shown.stdout[-2000:] + shown.stderr[-2000:]
+        assert "is not available" not in shown.stderr  # Hydra's warning for a missing search-path folder

@@ -352,6 +352,7 @@ def test_plan_calibrate_refuses_what_it_cannot_use_in_one_line(tracked):
         ("--hardware", "h100"): "0 finished run(s) with a measured TPS to fit on",
         ("--hardware", "h100", "--runs", some_run): f"run {some_run}: it ran with hardware=cpu, not h100",
         ("--hardware", "cpu", "--runs", f"{some_run},{runs[1].info.run_id}"): "2 finished run(s)",
+        ("--hardware", "cpu", "--name", "h100"): "--name=h100: a profile shipped with titan_exp has that name",
     }
     client = mlflow_client(tracked.db)
     failed = client.create_run(tracked.experiment_id, run_name="a run that failed")

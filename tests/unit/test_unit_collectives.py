@@ -11,6 +11,7 @@ from titan_exp.estimate.config import HardwareConfig
 # 8 devices a node on 100 GB/s of NVLink busbw, 8 NICs of 10 GB/s each.
 NCCL = HardwareConfig(
     name="test",
+    device="cuda",
     intra_node_gbps=100.0,
     inter_node_gbps=10.0,
     nics_per_node=8,

@@ -4,9 +4,11 @@ where the op is one formula, and the directions the options move it (float8, com
 import dataclasses
 
 import pytest
+from conftest import compose_config
 from layouts import layout
+from omegaconf import OmegaConf
 
-from titan_exp.estimate.gpu_compute import RECOMPUTED_BY_OP_AC, _gemm, _linear, block_seconds, gpu_compute, head_seconds
+from titan_exp.estimate.gpu_compute import _gemm, _linear, block_seconds, gpu_compute, head_seconds, linear_shapes, recomputed_by_op_ac
 from titan_exp.estimate.hardware_profiles import hardware_profiles
 from titan_exp.estimate.workload import Workload
 from titan_exp.models.config import ModelConfig
@@ -66,7 +68,7 @@ def test_recomputation_by_checkpointing_mode() -> None:
     assert none["recompute"] == 0 and full["recompute"] == pytest.approx(none["forward"])
     assert every_2["recompute"] == pytest.approx(none["forward"] / 2)
     assert 0 < op["recompute"] < full["recompute"]
-    assert RECOMPUTED_BY_OP_AC == ("wk", "wo", "w3")
+    assert recomputed_by_op_ac(list(linear_shapes(workload()))) == ["wk", "wo", "w3"]
 
 
 def test_tensor_parallel_splits_a_blocks_work() -> None:
@@ -83,3 +85,41 @@ def test_the_optimizer_streams_32_bytes_a_local_parameter() -> None:
     """AdamW over the 8B model's FSDP-8 shard: 32 bytes × 8.03e9 / 8 at 3.35 TB/s × efficiency."""
     expected = 32 * 8_030_261_248 / 8 / (3350e9 * H100.memory_efficiency)
     assert gpu_compute(workload(), H100).optimizer == pytest.approx(expected)
+
+
+def _model(name: str) -> ModelConfig:
+    return OmegaConf.to_object(compose_config([f"model={name}"])).model
+
+
+def test_latent_attention_is_timed_by_its_own_linears() -> None:
+    """DeepSeek-V3 16B: a query projection, the key-value latent (whole under TP), its up-projection
+    and the output: the linears hold the attention's weights, norms aside, and TP splits all but
+    the latent's."""
+    m = _model("deepseek_v3_16b")
+    one = linear_shapes(workload(model=m))
+    tp2 = linear_shapes(workload(model=m, parallelism=layout(dp_shard=4, tp=2)))
+    assert list(one)[:4] == ["wq", "wkv_a", "wkv_b", "wo"]
+    norms = m.mla.kv_lora_rank + m.mla.q_lora_rank
+    assert sum(one[name][0] * one[name][1] for name in list(one)[:4]) == m.attention_parameters() - norms
+    assert tp2["wkv_a"] == one["wkv_a"] and tp2["wkv_b"][1] == one["wkv_b"][1] / 2 and tp2["wo"][0] == one["wo"][0] / 2
+
+
+def test_routed_experts_cost_more_than_the_same_flops_in_one_dense_gemm_when_each_gets_few_rows() -> None:
+    """Qwen3-30B-A3B's experts at 2 × 8192 tokens (1,024 rows an expert: whole tiles) against 2 × 64
+    tokens (8 rows an expert, each in a tile of 128): per routed row, the few rows cost far more."""
+    m = _model("qwen3_30b_a3b")
+    many, few = (workload(model=m, local_batch_size=2, seq_len=seq) for seq in (8192, 64))
+    per_row = [sum(block_seconds(H100, w).values()) / w.tokens for w in (many, few)]
+    assert per_row[1] > 3 * per_row[0]
+
+
+def test_expert_parallelism_adds_the_regrouping_passes_and_spreads_the_experts() -> None:
+    """fsdp8·ep8 against fsdp8: each rank runs 16 of 128 experts over as many rows in all, so its
+    expert GEMMs take as long (each expert gets 8 times the rows: the same whole tiles here), and the
+    received rows are regrouped by local expert and back (4 more passes over the routed rows)."""
+    m = _model("qwen3_30b_a3b")
+    plain = block_seconds(H100, workload(model=m))
+    ep = block_seconds(H100, workload(model=m, parallelism=layout(dp_shard=8, ep=8)))
+    assert ep["forward"] > plain["forward"]
+    extra = 4 * m.moe.top_k * m.dim * 2 * 2 * 8192 * m.num_moe_layers / m.n_layers / (3350e9 * H100.memory_efficiency)
+    assert ep["forward"] - plain["forward"] == pytest.approx(extra, rel=0.05)

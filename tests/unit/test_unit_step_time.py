@@ -21,6 +21,7 @@ DEBUG = ModelConfig()  # 6 layers of 754,176 parameters, dim 256, 16 heads of 16
 # A made-up GPU with round figures.
 HW = HardwareConfig(
     name="test",
+    device="cuda",
     peak_tflops_float32=50.0,
     peak_tflops_bfloat16=100.0,
     peak_tflops_float8=200.0,
@@ -65,11 +66,13 @@ def step(
     oversubscription: float = 1.0,
     async_tp: bool = False,
     imbalance: float = 1.0,
+    quantize: str = "none",
 ) -> StepTime:
     dtype = {4: "float32", 2: "bfloat16"}[param_bytes]
     ac = ActivationCheckpointConfig()
     w = Workload(
-        m, p, ac, batch, 256, accumulation, param_dtype=dtype, async_tp=async_tp, expert_load_imbalance=imbalance
+        m, p, ac, batch, 256, accumulation, param_dtype=dtype, quantize=quantize, async_tp=async_tp,
+        expert_load_imbalance=imbalance,
     )
     return step_time(w, hw, COMPUTE, oversubscription)
 
@@ -168,23 +171,39 @@ def test_overlap_cannot_hide_more_than_compute() -> None:
 
 
 # A TP collective over 2 ranks of one microbatch's activations, batch 4 × 256 × dim 256, fp32.
-TP2_COLLECTIVE = collective_seconds(HW, 4 * 256 * 256 * 4, 2, 1, "all_gather")
+TP2_ACTIVATION = 4 * 256 * 256 * 4  # a microbatch of 4 × 256 tokens, dim 256, float32
+TP2_GATHER = collective_seconds(HW, TP2_ACTIVATION, 2, 1, "all_gather")
+TP2_PAIR = TP2_GATHER + collective_seconds(HW, TP2_ACTIVATION, 2, 1, "reduce_scatter")
+# torch's functional collectives re-lay along the sequence what they gather (the batch is 4, not 1)
+# and what they reduce-scatter: the activation read and written once more, at 1000 GB/s.
+TP2_COPY = 2 * TP2_ACTIVATION / 1000e9
 
 
 def test_tensor_parallel_by_hand() -> None:
-    """Per layer 8 collectives (an all-gather and a reduce-scatter around attention and the MLP, in
-    forward and backward), 4 more with full checkpointing's recomputation; the head's 2; the step's
-    3 small reductions."""
-    assert step(layout(tp=2)).communication == pytest.approx((6 * 8 + 2) * TP2_COLLECTIVE + reductions(HW, 2))
+    """Per layer an all-gather and a reduce-scatter around attention and the MLP, in forward and
+    backward (4 pairs), 2 more pairs with full checkpointing's recomputation, each collective with
+    its copy; the head's 2 all-gathers; the step's 3 small reductions."""
+    head = 2 * TP2_GATHER + reductions(HW, 2)
+    assert step(layout(tp=2)).communication == pytest.approx(6 * 4 * (TP2_PAIR + 2 * TP2_COPY) + head)
     w = Workload(DEBUG, layout(tp=2), ActivationCheckpointConfig(mode="full"), 4, 256)
-    assert step_time(w, HW, COMPUTE).communication == pytest.approx((6 * 12 + 2) * TP2_COLLECTIVE + reductions(HW, 2))
+    assert step_time(w, HW, COMPUTE).communication == pytest.approx(6 * 6 * (TP2_PAIR + 2 * TP2_COPY) + head)
+
+
+def test_float8_tensor_parallel_gathers_float8_inputs_in_forward() -> None:
+    """Tensorwise float8 gathers the column-wise linears' inputs cast to one byte an element: the
+    forward's two all-gathers (and their copies) move a quarter of float32's bytes."""
+    f8 = step(layout(tp=2), quantize="tensorwise").communication
+    forward_gathers = 2 * (TP2_GATHER + TP2_COPY)
+    quarter = 2 * (collective_seconds(HW, TP2_ACTIVATION / 4, 2, 1, "all_gather") + TP2_COPY / 4)
+    assert step(layout(tp=2)).communication - f8 == pytest.approx(6 * (forward_gathers - quarter))
 
 
 def test_async_tensor_parallel_hides_a_quarter_of_a_layers_collectives() -> None:
     """Hideable: all but the first of tp = 2 chunks (half), of which async TP hides half in practice:
-    a quarter of each layer's 8 collectives, well within its 10 ms of compute."""
+    a quarter of each layer's 8 collectives, well within its 10 ms of compute; and its fused
+    matmuls make none of the copies."""
     hidden = step(layout(tp=2)).communication - step(layout(tp=2), async_tp=True).communication
-    assert hidden == pytest.approx(6 * 8 * TP2_COLLECTIVE / 4)
+    assert hidden == pytest.approx(6 * (4 * TP2_PAIR / 4 + 8 * TP2_COPY))
 
 
 def test_pipeline_sends_by_hand() -> None:
@@ -305,11 +324,13 @@ def test_experts_split_by_tp_exchange_every_tp_ranks_rows_over_ep_ranks_outside_
     over no one."""
     whole, split = (step(layout(dp_shard=2, tp=2, ep=2, etp=etp), BLOCKING, m=MOE) for etp in (1, 2))
     half_out = 1 / 2 / 100e9  # seconds per byte of a collective over 2 ranks
-    tp_collective = 10e-6 + 1024 * 256 * 4 * half_out
+    activation = 1024 * 256 * 4
+    # An all-gather and a reduce-scatter (gloo's reducing call costs 20 µs), each with its copy.
+    tp_pair = 10e-6 + 20e-6 + 2 * activation * half_out + 2 * (2 * activation / 1000e9)
     exchange = lambda tokens: 10e-6 + tokens * 2 * 256 * 4 * half_out  # noqa: E731 (top-2 rows, fp32)
     experts = 8 * 3 * 256 * 128 / 2  # a rank's experts under etp 1, gathered in fp32
     fsdp_experts = 11 * (10e-6 + experts * 4 * half_out) + 6 * (20e-6 + experts * 4 * half_out)
-    extra = 6 * (4 * tp_collective + 4 * (exchange(1024) - exchange(512))) - fsdp_experts
+    extra = 6 * (2 * tp_pair + 4 * (exchange(1024) - exchange(512))) - fsdp_experts
     assert split.communication == pytest.approx(whole.communication + extra)
 
 

@@ -16,6 +16,10 @@ class HardwareConfig(Section):
     measured on this machine (the `cpu` profile: plan/measure.py, cached under outputs/cache)."""
 
     name: str = "cpu"
+    # What the ranks run on: this machine's CPU cores (gloo; compute and links measured here, the
+    # memory model's CPU allocator) or GPUs (nccl; every figure from the profile). The kind, not
+    # the name, decides: a calibrated copy of `cpu` keeps device=cpu under a name of its own.
+    device: str = one_of("cpu", "cuda")
     # The GPUs this profile stands for: substrings of torch.cuda.get_device_name(), the longest one
     # contained in the name wins ('H100 PCIe' over 'H100'); the trainer's MFU takes the peak from it
     # (estimate/hardware_profiles.py).
@@ -56,6 +60,11 @@ class HardwareConfig(Section):
     devices_per_node: int = 8
     # Whether FSDP/DDP's collectives run beside compute (nccl's streams) or block it (gloo on CPU).
     overlaps_communication: bool = True
+    # The share of a rank's live tensors at its peak that its allocator keeps reserved beyond what
+    # the memory model counts (estimate/memory.py: the caching allocator's largest transient
+    # blocks, glibc's freed memory on a CPU): fragmentation in a steady state. 0 unless fitted to
+    # measured runs (`titan_exp plan calibrate`).
+    allocator_slack: float = 0.0
     # CPU ranks wanting more threads than there are cores run slower than their share of the cores
     # alone would make them (context switches, caches refilled, collectives waiting on a peer that
     # is not running): the factor beyond that share.
@@ -70,6 +79,10 @@ class HardwareConfig(Section):
                 continue
             if f.name.endswith("_efficiency") and not 0 < value <= 1:  # also refuses nan
                 raise ConfigError(f"{key}.{f.name}", value, "must lie in (0, 1] (a fraction of the peak) or be -1")
+            if f.name == "allocator_slack":
+                if not 0 <= value < 1:  # also refuses nan
+                    raise ConfigError(f"{key}.{f.name}", value, "must lie in [0, 1) (a share of the live tensors)")
+                continue
             if not value > 0 or math.isinf(value):
                 raise ConfigError(f"{key}.{f.name}", value, "must be a finite number > 0, or -1 (measured here)")
 

@@ -32,6 +32,7 @@ import math
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.step_time import ComputeTimes
 from titan_exp.estimate.workload import DTYPE_BYTES, Workload, local_parameters
+from titan_exp.models.config import Linear
 
 # Output tile of a large Hopper/Blackwell GEMM kernel (cuBLAS, CUTLASS): rows × columns.
 _TILE = (128, 256)
@@ -70,22 +71,65 @@ def _bandwidth(hw: HardwareConfig) -> float:
 
 
 def linear_shapes(w: Workload) -> dict[str, tuple[float, float]]:
-    """Each block linear's (in, out) features on one rank, in the order the block runs them."""
+    """Each block linear's (in, out) features on one rank, in the order the block runs them: the
+    family's attention linears (models/: latent attention's differ from grouped-query's), then the
+    SwiGLU's over the hidden width a token goes through (a MoE layer's active experts: its routed
+    ones are timed as one grouped GEMM on top, `_routed_experts`)."""
     m, tp = w.model, w.parallelism.tensor_parallel_degree
-    q, kv = m.n_heads * m.head_dim, m.kv_heads * m.head_dim
+    split = {"column": (1, tp), "row": (tp, 1), None: (1, 1)}
+    # A MoE layer's shared experts are dense SwiGLUs (split by TP as one); its routed ones are not here.
+    ffn = m.moe.num_shared_experts * m.moe.hidden_dim if m.moe.enabled else m.ffn_hidden_dim
+    linears = m.attention_linears() | {
+        "w1": Linear(m.dim, ffn, "column"),
+        "w3": Linear(m.dim, ffn, "column"),
+        "w2": Linear(ffn, m.dim, "row"),
+    }
     return {
-        "wq": (m.dim, q / tp),
-        "wk": (m.dim, kv / tp),
-        "wv": (m.dim, kv / tp),
-        "wo": (q / tp, m.dim),
-        "w1": (m.dim, m.active_ffn_hidden_dim / tp),
-        "w3": (m.dim, m.active_ffn_hidden_dim / tp),
-        "w2": (m.active_ffn_hidden_dim / tp, m.dim),
+        name: (linear.fan_in / split[linear.split][0], linear.fan_out / split[linear.split][1])
+        for name, linear in linears.items()
     }
 
 
-# What selective "op" checkpointing recomputes: every other matmul, counting from the second.
-RECOMPUTED_BY_OP_AC = ("wk", "wo", "w3")
+def _routed_experts(hw: HardwareConfig, w: Workload) -> dict[str, tuple[float, float]]:
+    """(forward, backward) seconds of the routed experts' w1, w3 and w2 for one microbatch, averaged
+    over the layers: each a grouped GEMM (torch._grouped_mm, models/common/moe/grouped_mm.py) over
+    the rank's experts, each expert's rows its own tiles (a partial last row of tiles per expert).
+    The rank runs its tokens' top_k rows (every tp rank's where TP splits the experts; under EP the
+    busiest rank's, from every EP rank) through num_experts / ep experts. The router's matmul
+    (dim × num_experts a token, under 1% of the experts') is left out."""
+    m, p = w.model, w.parallelism
+    if not m.moe.enabled:
+        return {}
+    moe, share = m.moe, m.num_moe_layers / m.n_layers
+    experts = moe.num_experts / p.expert_parallel_degree
+    rows = w.tokens / p.tensor_parallel_degree * w.experts_tp * moe.top_k * w.expert_load_imbalance
+    per_expert, hidden = rows / experts, moe.hidden_dim / w.experts_tp
+    dtype = w.param_dtype  # torchao's float8 recipe converts nn.Linear only: the experts stay high precision
+    times = {}
+    for name, (fan_in, fan_out) in {"w1": (m.dim, hidden), "w3": (m.dim, hidden), "w2": (hidden, m.dim)}.items():
+        forward = _grouped_gemm(hw, experts, per_expert, fan_out, fan_in, dtype, w)
+        backward = _grouped_gemm(hw, experts, per_expert, fan_in, fan_out, dtype, w)
+        backward += _grouped_gemm(hw, experts, fan_in, fan_out, per_expert, dtype, w)  # each expert's weight
+        times[name] = (share * forward, share * backward)
+    return times
+
+
+def _grouped_gemm(hw: HardwareConfig, groups: float, m: float, n: float, k: float, dtype: str, w: Workload) -> float:
+    """Seconds of `groups` (m×k)·(k×n) GEMMs in one grouped kernel: one tile shape for every group,
+    so each group's last row of tiles runs partly empty, and the waves are counted over all tiles."""
+    row_tiles = math.ceil(m / _TILE[0])
+    tiles = groups * row_tiles * math.ceil(n / _TILE[1])
+    filled = m / (row_tiles * _TILE[0])
+    rate = hw.peak_flops(dtype) * hw.matmul_efficiency * filled * tiles / (math.ceil(tiles / hw.sm_count) * hw.sm_count)
+    element = DTYPE_BYTES[w.param_dtype]
+    traffic = groups * ((m * k + k * n) * element + m * n * element)
+    return max(2 * groups * m * n * k / rate, traffic / _bandwidth(hw))
+
+
+def recomputed_by_op_ac(names: list[str]) -> list[str]:
+    """What selective "op" checkpointing recomputes: torchtitan's policy saves every other matmul's
+    output counting from the first (parallel/activation_checkpoint.py), so the others run again."""
+    return names[1::2]
 
 
 def _linear(hw: HardwareConfig, w: Workload, tokens: float, fan_in: float, fan_out: float) -> tuple[float, float]:
@@ -115,14 +159,29 @@ def _elementwise_bytes(w: Workload) -> float:
         # Fused regions: residual + norm (read 2, write 2) twice; rotary on q and k; K/V repeated to
         # every head for SDPA; attention's output made contiguous; SwiGLU (read 2, write 1).
         elements = 8 * dim + 2 * (dim + kv) + 2 * (kv + dim) + 2 * dim + 3 * ffn
-        return elements * a / tp
+        return elements * a / tp + _routing_bytes(w)
     # Eager: each RMSNorm ~20 bytes an element (upcast, square, mean, scale, cast back, weight);
     # rotary 20 (float32 complex multiply and casts); repeat_interleave of K and V; the output's
     # contiguous copy; two residual adds (read 2, write 1); silu then multiply (read 3, write 2).
     norms = 2 * 20 * dim
     rotary = 20 * (dim + kv)
     copies = 2 * (kv + dim) * a + 2 * dim * a
-    return (norms + rotary + copies + 2 * 3 * dim * a + 5 * ffn * a) / tp
+    return (norms + rotary + copies + 2 * 3 * dim * a + 5 * ffn * a) / tp + _routing_bytes(w)
+
+
+def _routing_bytes(w: Workload) -> float:
+    """What a MoE layer moves per token beside its matmuls, averaged over the layers (compiled or
+    not: gathers and scatters by index stay kernels of their own): the token's top_k rows gathered
+    into expert order (read, write) and, weighted by the router's scores, summed back (read, write);
+    under EP the received rows regrouped by local expert and back again (models/common/moe/). Per
+    token of the rank's sequence slice (every tp rank's where TP splits the experts); the busiest
+    EP rank's rows stretched by the load imbalance."""
+    m, p = w.model, w.parallelism
+    if not m.moe.enabled:
+        return 0.0
+    passes = 4 + (4 if p.expert_parallel_degree > 1 else 0)
+    rows = m.moe.top_k * w.expert_load_imbalance * w.experts_tp / p.tensor_parallel_degree
+    return m.num_moe_layers / m.n_layers * passes * rows * m.dim * DTYPE_BYTES[w.param_dtype]
 
 
 def _attention(hw: HardwareConfig, w: Workload) -> tuple[float, float]:
@@ -130,7 +189,7 @@ def _attention(hw: HardwareConfig, w: Workload) -> tuple[float, float]:
     queries against the whole (causal) context, so half the score matrix."""
     m, p = w.model, w.parallelism
     heads = m.n_heads / p.tensor_parallel_degree
-    forward_flops = 4 * w.tokens * (w.seq_len / 2) * heads * m.head_dim
+    forward_flops = 4 * w.tokens * (w.seq_len / 2) * heads * m.attention_flops_dim
     rate = hw.peak_flops("bfloat16" if w.param_dtype == "float32" else w.param_dtype) * hw.attention_efficiency
     if w.param_dtype == "float32":  # no flash kernel for float32: the math path at the float32 peak
         rate = hw.peak_flops("float32") * hw.matmul_efficiency
@@ -141,7 +200,10 @@ def _attention(hw: HardwareConfig, w: Workload) -> tuple[float, float]:
 def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:
     """One block's forward, backward and recomputation for one microbatch on one rank, seconds."""
     tokens = w.tokens
-    linears = {name: _linear(hw, w, tokens, *shape) for name, shape in linear_shapes(w).items()}
+    linears = {name: _linear(hw, w, tokens, *shape) for name, shape in linear_shapes(w).items() if shape[1] and shape[0]}
+    for name, (forward, backward) in _routed_experts(hw, w).items():
+        dense = linears.get(name, (0.0, 0.0))
+        linears[name] = (dense[0] + forward, dense[1] + backward)
     elementwise = tokens * _elementwise_bytes(w) / _bandwidth(hw)
     attention = _attention(hw, w)
     forward = sum(f for f, _ in linears.values()) + attention[0] + elementwise
@@ -150,7 +212,7 @@ def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:
     if ac.mode == "full":
         recompute = forward
     elif ac.mode == "selective" and ac.selective_ac_option == "op":
-        recompute = sum(linears[name][0] for name in RECOMPUTED_BY_OP_AC) + elementwise
+        recompute = sum(linears[name][0] for name in recomputed_by_op_ac(list(linears))) + elementwise
     elif ac.mode == "selective":  # every N-th block checkpointed in full
         recompute = forward / int(ac.selective_ac_option)
     else:

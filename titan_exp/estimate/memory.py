@@ -51,7 +51,9 @@ Each term, with its source:
 - reserved beyond active: on CUDA the caching allocator, with expandable segments (which the ranks
   turn on, as torchtitan's launch script does), keeps what it mapped at the high-water mark: up to
   one largest transient block (the float32 logits, or a gathered unit) lies free inside it; on a
-  CPU, glibc keeps ~10% of freed memory and a process holds ~0.4 GiB before any tensor.
+  CPU, glibc keeps ~10% of freed memory and a process holds ~0.4 GiB before any tensor; beyond
+  that, the profile's `allocator_slack` share of the live tensors (0 unless `titan_exp plan
+  calibrate` found fragmentation in the team's own runs).
 """
 
 import dataclasses
@@ -351,9 +353,10 @@ def rank_memory(w: Workload, pp_rank: int | None = None) -> RankMemory:
     ranks = pipeline_ranks(w.parallelism, w.model.n_layers)
     chosen = ranks if pp_rank is None else {pp_rank: ranks[pp_rank]}
     peak = max((_rank_peak(w, rank, index) for index, rank in chosen.items()), key=lambda r: r.total)
+    fitted = peak.active * w.allocator_slack  # the profile's, where a calibration found fragmentation
     if w.device == "cpu":
         return dataclasses.replace(
-            peak, allocator=int(peak.active * _CPU_ALLOCATOR_SLACK), process=CPU_RANK_BASELINE_BYTES
+            peak, allocator=int(peak.active * _CPU_ALLOCATOR_SLACK + fitted), process=CPU_RANK_BASELINE_BYTES
         )
     tp = w.parallelism.tensor_parallel_degree
     largest_transient = max(
@@ -362,7 +365,7 @@ def rank_memory(w: Workload, pp_rank: int | None = None) -> RankMemory:
         else 0.0,
         sum(unit_parameters(w)) * DTYPE_BYTES[w.param_dtype],
     )
-    return dataclasses.replace(peak, allocator=int(largest_transient + _stream_pools(w, peak)))
+    return dataclasses.replace(peak, allocator=int(largest_transient + _stream_pools(w, peak) + fitted))
 
 
 def _stream_pools(w: Workload, peak: RankMemory) -> float:

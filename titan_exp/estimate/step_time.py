@@ -40,15 +40,15 @@ from titan_exp.estimate.workload import (
     routed_expert_parameters,
     unit_parameters,
 )
-from titan_exp.parallel.config import ParallelismConfig
+from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 
 # Bubble of a schedule as a fraction of its useful work, with v stages per rank and m microbatches:
 # (pp - 1) / (v·m) for the 1F1B family and GPipe; the zero-bubble schedules fill most of it.
 _ZERO_BUBBLE_SHARE = {"InterleavedZeroBubble": 0.25, "ZBVZeroBubble": 0.25, "DualPipeV": 0.25}
-# Collectives per layer and microbatch under sequence parallelism: an all-gather before attention
-# and the MLP, a reduce-scatter after each, in forward and in backward.
-_TP_COLLECTIVES = 8
+# Under sequence parallelism a layer runs, per microbatch and direction, an all-gather before
+# attention and before the MLP and a reduce-scatter after each: two pairs.
+_TP_PAIRS = 2
 # The share of the hideable TP collectives async TP hides in practice: torchtitan's published async
 # TP runs (torchtitan's benchmarks/asyncTP_*_h100_2025-06) gain 9-16%, about half of what hiding every
 # transfer behind its matmul would give on the same links.
@@ -164,12 +164,34 @@ def _tensor_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: 
         return 0.0
     m = w.model
     activation = w.tokens * m.dim * DTYPE_BYTES[w.param_dtype]
-    collectives = _TP_COLLECTIVES * (1.5 if w.ac.mode == "full" else 1)
+    # Float8 TP (tensorwise: torchao's Float8ColwiseParallel, parallel/tensor_parallel.py) casts a
+    # column-wise linear's input before gathering it: forward (and recomputation) all-gathers move
+    # one byte an element; the reduce-scatters and backward's collectives the param dtype.
+    gathered = w.tokens * m.dim * (1 if w.quantize == "tensorwise" else DTYPE_BYTES[w.param_dtype])
+    # Forward's all-gathers and reduce-scatters, each once more where checkpointing recomputes it:
+    # full AC both; per-op SAC the all-gathers (parallel/activation_checkpoint.py saves the
+    # reduce-scatters' outputs, not the gathered inputs wk and w3 recompute from); every N-th
+    # block both, in one block of N. In backward each all-gather turns into a reduce-scatter and
+    # each reduce-scatter into an all-gather.
+    again = _recomputed_tp_collectives(w.ac)
+    gathers, scatters, backwards = 1 + again[0], 1 + again[1], 1.0
     if m.moe.enabled and w.experts_tp == 1:
         # A MoE layer whose experts EP spreads over the tp ranks routes each rank's sequence slice:
         # no all-gather or reduce-scatter around it, half of a dense layer's.
-        collectives *= 1 - m.num_moe_layers / m.n_layers / 2
-    per_layer = collectives * links.collective(activation, "tp", "all_gather")
+        dense_share = 1 - m.num_moe_layers / m.n_layers / 2
+        gathers, scatters, backwards = gathers * dense_share, scatters * dense_share, dense_share
+    gather, scatter = (links.collective(activation, "tp", kind) for kind in ("all_gather", "reduce_scatter"))
+    fp8_gather = links.collective(gathered, "tp", "all_gather")
+    per_layer = _TP_PAIRS * (gathers * fp8_gather + scatters * scatter + backwards * (gather + scatter))
+    if not (w.async_tp and links.hw.overlaps_communication):
+        # torch's functional collectives gather along the sequence (dim 1) by gathering along dim 0
+        # and re-concatenating, a copy of the whole gathered tensor unless the batch is 1 (then a
+        # view: torch/_utils.py, _maybe_view_chunk_cat), and make a reduce-scatter's input
+        # contiguous the same way, always (_chunk_or_narrow_cat): each copy reads and writes it.
+        # (Async TP's fused matmuls gather and scatter chunk by chunk in place.)
+        gathered_copies = (gathers * gathered + backwards * activation) * (w.microbatch > 1)
+        copied = _TP_PAIRS * (gathered_copies + (scatters + backwards) * activation)
+        per_layer += 2 * copied / (links.hw.memory_gbps * 1e9 * links.hw.memory_efficiency)
     if w.async_tp and links.hw.overlaps_communication:
         # Hidden behind the linears that consume or produce them, split into tp chunks: the first
         # chunk's transfer is never hidden, and the chunked matmuls and the copy engines' traffic
@@ -178,6 +200,17 @@ def _tensor_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: 
         per_layer -= hidden
     head = 2 * links.collective(activation, "tp", "all_gather")
     return microbatches * (layers * per_layer + head)
+
+
+def _recomputed_tp_collectives(ac: ActivationCheckpointConfig) -> tuple[float, float]:
+    """(all-gathers, reduce-scatters) of a layer's forward that checkpointing runs again, as shares."""
+    if ac.mode == "full":
+        return 1.0, 1.0
+    if ac.mode == "selective":
+        if ac.selective_ac_option == "op":
+            return 1.0, 0.0
+        return 1 / int(ac.selective_ac_option), 1 / int(ac.selective_ac_option)
+    return 0.0, 0.0
 
 
 def _context_parallel(w: Workload, links: _Links, layers: int, microbatches: int) -> float:

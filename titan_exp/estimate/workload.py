@@ -37,6 +37,9 @@ class Workload:
     device: str = "cuda"
     # The busiest expert-parallel rank's routed tokens over the mean rank's (plan.expert_load_imbalance).
     expert_load_imbalance: float = 1.0
+    # What the allocator reserves beyond the memory model's count, a share of the live tensors
+    # (the device profile's hardware.allocator_slack).
+    allocator_slack: float = 0.0
 
     @property
     def float8(self) -> bool:

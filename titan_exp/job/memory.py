@@ -40,12 +40,14 @@ def workload(cfg: JobConfig, device: str) -> Workload:
         async_tp=p.enable_async_tensor_parallel,
         device=device,
         expert_load_imbalance=cfg.plan.expert_load_imbalance,
+        # A profile's slack is its device's: a job checked for another device leaves it out.
+        allocator_slack=cfg.hardware.allocator_slack if cfg.hardware.device == device else 0.0,
     )
 
 
 def planned_device(cfg: JobConfig) -> str:
     """The device a plan or a sweep's pruning predicts for: its hardware profile's kind."""
-    return "cpu" if cfg.hardware.name == "cpu" else "cuda"
+    return cfg.hardware.device
 
 
 @dataclass(frozen=True)

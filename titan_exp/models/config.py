@@ -6,7 +6,7 @@ each option of the `model` group names its family's section as its schema (model
 Torch-free: the launching process and the planner read it."""
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.rules import ConfigError, Section, check_positive, label, one_of
@@ -25,6 +25,19 @@ _POSITIVE = (
     "rope_high_freq_factor",
     "rope_original_max_seq_len",
 )
+
+
+class Linear(NamedTuple):
+    """One linear of a block, as the planner times it: its features in and out, and how tensor
+    parallelism splits it (column-wise: its outputs; row-wise: its inputs; None: left whole)."""
+
+    fan_in: int
+    fan_out: int
+    split: str | None
+
+    @property
+    def parameters(self) -> int:
+        return self.fan_in * self.fan_out
 
 
 @dataclass
@@ -126,10 +139,20 @@ class ModelConfig(Section):
         """Each head's width in attention's two matmuls, on average (q·k, then the values)."""
         return self.head_dim
 
+    def attention_linears(self) -> dict[str, Linear]:
+        """The attention's linears in the order a block runs them: q, k and v column-wise over
+        n_heads (kv_heads) × head_dim, the output row-wise."""
+        q, kv = self.n_heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "wq": Linear(self.dim, q, "column"),
+            "wk": Linear(self.dim, kv, "column"),
+            "wv": Linear(self.dim, kv, "column"),
+            "wo": Linear(q, self.dim, "row"),
+        }
+
     def attention_parameters(self) -> int:
-        """One layer's attention weights: q and the output projection over n_heads × head_dim, k
-        and v over kv_heads × head_dim."""
-        return 2 * self.dim * self.n_heads * self.head_dim + 2 * self.dim * self.kv_heads * self.head_dim
+        """One layer's attention weights: its linears' (a family adds its norms' weights)."""
+        return sum(linear.parameters for linear in self.attention_linears().values())
 
     def attention_kept_per_token(self, norm_kept: int, cpu: bool, seq_len: int) -> tuple[float, float]:
         """(elements per token attention keeps for its backward whole on every tp rank, and split
@@ -141,7 +164,7 @@ class ModelConfig(Section):
     def whole_under_tensor_parallel_parameters(self) -> int:
         """One layer's weights that tensor parallelism leaves whole on every tp rank, whose
         matmuls each rank then runs over the gathered sequence (grouped-query attention: none)."""
-        return 0
+        return sum(linear.parameters for linear in self.attention_linears().values() if linear.split is None)
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe.enabled and layer >= self.moe.n_dense_layers

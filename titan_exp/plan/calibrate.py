@@ -1,6 +1,8 @@
 """A device profile's figures fitted to measured runs (torch-free): the planner's model kept, only
 the figures a profile states as "reachable fractions" or "measured here" moved, each within what
-the hardware allows, to make the predicted tokens/s per device of the runs come out as measured.
+the hardware allows, to make the predicted tokens/s per device of the runs come out as measured;
+and, apart (memory does not depend on them), the allocator's slack that brings the predicted
+reserved peaks to the measured ones.
 
 The fit minimises the mean squared log error of the predicted TPS (a run 10% slow weighs as one
 10% fast; squared, so that figures which trade off meet in one smooth valley) by coordinate
@@ -17,18 +19,22 @@ from dataclasses import dataclass
 
 from titan_exp.config.job import ResolvedJob
 from titan_exp.estimate.config import HardwareConfig
+from titan_exp.estimate.memory import rank_memory
 from titan_exp.estimate.step_time import ComputeTimes
+from titan_exp.job.memory import workload
 from titan_exp.plan.predict import predict_step
+from titan_exp.units import GIB
 
 # What a fit may move on a GPU profile, and the bounds no real kernel leaves: a dense GEMM of
 # training's shapes sustains between a tenth of the vendor's peak and all of it less the clocks'
-# droop under load (cuBLAS on H100 peaks near 0.8 of the data-sheet figure); flash attention's
-# forward between 5% and 90% of the matmul peak; elementwise kernels between 40% and 95% of the
-# memory bandwidth (STREAM-like copies reach ~90%).
+# droop under load (cuBLAS on H100 peaks near 0.8 of the data-sheet figure); causal flash
+# attention's forward at training's head widths between a fifth of the matmul peak and 0.8
+# (FlashAttention-2, Dao 2023: 35-73% on A100 and H100; FlashAttention-3, Shah et al. 2024: ~75% on
+# H100); elementwise kernels between 40% and 95% of the memory bandwidth (STREAM-like copies ~90%).
 GPU_FIGURES: dict[str, tuple[float, float]] = {
     "matmul_efficiency": (0.1, 0.9),
     "float8_matmul_efficiency": (0.1, 0.9),
-    "attention_efficiency": (0.05, 0.9),
+    "attention_efficiency": (0.2, 0.8),
     "memory_efficiency": (0.4, 0.95),
 }
 # On CPU ranks the compute is measured; what a fit moves is gloo's per-call cost and bandwidth,
@@ -40,6 +46,9 @@ CPU_FIGURES: dict[str, tuple[float, float]] = {
     "intra_node_gbps": (0.1, 100.0),
     "time_sharing_cost": (1.0, 2.0),
 }
+# The allocator's slack (hardware.allocator_slack): from none to most of the live tensors again
+# (fragmentation beyond that is a bug to fix, not a figure to plan with).
+SLACK_BOUNDS = (0.0, 0.9)
 # Rounds over the figures until none moves by more than 0.1% (figures that trade off, as the
 # matmuls' and attention's efficiencies do, take several).
 _MAX_ROUNDS, _CONVERGED = 30, 1e-3
@@ -59,11 +68,19 @@ class Observation:
     tps: float
     compute: ComputeTimes | None = None
     oversubscription: float = 1.0
+    reserved_gib: float | None = None  # the measured peak (CUDA: max reserved; CPU: resident set)
 
     def predicted_tps(self, figures: dict[str, float] | None = None) -> float:
         """With `figures` (name → value) in place of its profile's."""
         hw = dataclasses.replace(self.hw, **(figures or {}))
         return predict_step(self.job, hw, self.compute, self.oversubscription)[1]
+
+    def predicted_reserved_gib(self, slack: float | None = None) -> float:
+        """The busiest rank's reserved peak, with the allocator's slack `slack` (None: the profile's)."""
+        w = workload(self.job.config, self.hw.device)
+        if slack is not None:
+            w = dataclasses.replace(w, allocator_slack=slack)
+        return rank_memory(w).reserved / GIB
 
 
 def tps_error_pct(observations: Sequence[Observation], figures: dict[str, float] | None = None) -> float:
@@ -101,6 +118,19 @@ def fit(
         if all(abs(math.log(values[name] / before[name])) < _CONVERGED for name in movable):
             break
     return values
+
+
+def fit_allocator_slack(observations: Sequence[Observation]) -> float | None:
+    """The allocator's slack (within SLACK_BOUNDS) that brings the runs' predicted reserved peaks
+    closest to the measured ones (mean squared log error); None without a run that measured one."""
+    measured = [o for o in observations if o.reserved_gib]
+    if not measured:
+        return None
+
+    def log_error(slack: float) -> float:
+        return statistics.mean(math.log(o.predicted_reserved_gib(slack) / o.reserved_gib) ** 2 for o in measured)
+
+    return _golden_section(log_error, *SLACK_BOUNDS)
 
 
 def _golden_section(error: Callable[[float], float], low: float, high: float) -> float:

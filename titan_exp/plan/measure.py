@@ -88,8 +88,9 @@ def _gloo_link() -> dict[str, float]:
         mp.start_processes(_gloo_rank, args=(port, out), nprocs=2, start_method="spawn")
         seconds = dict(out[0])
     gather, scatter = seconds[_GLOO_SIZES[0]]
-    # each rank's half crosses the link
-    rates = [size / 2 / max(seconds[size][0] - gather, 1e-9) / 1e9 for size in _GLOO_SIZES[1:]]
+    # Each rank sends its `size` bytes, the half of the gathered 2·size the other rank lacks
+    # ((g-1)/g of the buffer: the traffic estimate/collectives.py prices).
+    rates = [size / max(seconds[size][0] - gather, 1e-9) / 1e9 for size in _GLOO_SIZES[1:]]
     return {
         "collective_latency_us": gather * 1e6,
         "reduce_latency_us": scatter * 1e6,
@@ -101,7 +102,8 @@ def cpu_profile(threads: int, cache_dir: str) -> dict[str, float]:
     """This machine's figures for a rank with `threads` threads (gloo's between two single-thread
     ranks), measured once and cached under cache_dir."""
     path = Path(cache_dir) / "cpu_profile.json"
-    link = cached(path, f"{cpu_name()}|gloo", _gloo_link)
+    # "gloo link": figures cached under "gloo" counted half of each rank's send; measured again.
+    link = cached(path, f"{cpu_name()}|gloo link", _gloo_link)
 
     def measure() -> dict[str, float]:
         with _threads(threads):

@@ -35,7 +35,7 @@ def plan_one(job: ResolvedJob) -> Prediction:
     a rank's compute, and (plan.measure) rank 0's memory by the dry run's fake pass, the memory
     model's cross-check."""
     cfg = job.config
-    if not cfg.plan.measure and cfg.hardware.name != "cpu":
+    if not cfg.plan.measure and cfg.hardware.device != "cpu":
         return predict(job, cfg.hardware, compute=None)  # all modelled: no torch to load
     from titan_exp.plan import measure  # torch: measuring is this command's job
 
@@ -48,7 +48,7 @@ def step_inputs(job: ResolvedJob) -> tuple[HardwareConfig, ComputeTimes | None, 
     here), a rank's compute (measured on `cpu`; None: modelled per op) and how much ranks sharing
     cores stretch (1.0 off `cpu`)."""
     cfg, hw = job.config, job.config.hardware
-    if hw.name != "cpu":
+    if hw.device != "cpu":
         return hw, None, 1.0
     from titan_exp.plan import measure  # torch: measuring is this command's job
 

@@ -84,7 +84,7 @@ def resolve_for_plan(cfg: JobConfig) -> ResolvedJob:
     degrees = cfg.parallelism.degrees().values()
     if cfg.launcher.nproc_per_node == -1 and min(degrees) > 0:
         cfg.launcher.nproc_per_node = math.prod(degrees) // cfg.launcher.nodes
-    elif cfg.launcher.nproc_per_node == -1 and cfg.hardware.name == "cpu":
+    elif cfg.launcher.nproc_per_node == -1 and cfg.hardware.device == "cpu":
         cfg.launcher.nproc_per_node = DEFAULT_CPU_RANKS
     return resolve(cfg, place=False)
 
@@ -94,7 +94,7 @@ def memory_budget(cfg: JobConfig, hw: HardwareConfig) -> Budget:
     profile, this machine's available memory, shared by its ranks)."""
     if hw.memory_gib < 0:  # to be measured: what this machine has available now
         hw = dataclasses.replace(hw, memory_gib=(available_memory() or 0) / GIB)
-    return Budget.of(cfg, hw.memory_gib * GIB, hw.name == "cpu", f"hardware={hw.name}")
+    return Budget.of(cfg, hw.memory_gib * GIB, hw.device == "cpu", f"hardware={hw.name}")
 
 
 def predict(
@@ -151,7 +151,7 @@ def check_plannable(job: ResolvedJob) -> None:
         raise ConfigError(
             "quantize", quantize, f"hardware={hw.name} has no MX float8 matmuls; plan it on hardware=b200 or gb200"
         )
-    if quantize == "float8" and hw.name != "cpu" and hw.peak_tflops_float8 <= hw.peak_tflops_bfloat16:
+    if quantize == "float8" and hw.device != "cpu" and hw.peak_tflops_float8 <= hw.peak_tflops_bfloat16:
         raise ConfigError(
             "quantize", quantize, f"hardware={hw.name} has no float8 matmuls (torchao needs sm89+); use quantize=none"
         )

@@ -4,7 +4,7 @@ MoE layers after dense ones, shared experts, grouped sigmoid routing) are the sh
 
 from dataclasses import dataclass, field
 
-from titan_exp.models.config import ModelConfig, output_copies
+from titan_exp.models.config import Linear, ModelConfig, output_copies
 from titan_exp.rules import Section, check_at_least, check_positive
 
 
@@ -53,15 +53,26 @@ class DeepSeekV3Config(ModelConfig):
         """The query-key width and the value width differ: their mean."""
         return (self.mla.qk_head_dim + self.mla.v_head_dim) / 2
 
-    def attention_parameters(self) -> int:
-        """The query path, the key-value latent and its norm, the heads' up-projection, the output."""
+    def attention_linears(self) -> dict[str, Linear]:
+        """The query path (one projection, or a down-projection left whole by TP and an up one),
+        the key-value latent with the rotary key (whole), the heads' keys and values from it, the
+        output."""
         mla, dim, heads = self.mla, self.dim, self.n_heads
-        query = dim * heads * mla.qk_head_dim
+        query = {"wq": Linear(dim, heads * mla.qk_head_dim, "column")}
         if mla.q_lora_rank:
-            query = dim * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * heads * mla.qk_head_dim
-        latent = dim * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
-        up = mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
-        return query + latent + up + heads * mla.v_head_dim * dim
+            query = {
+                "wq_a": Linear(dim, mla.q_lora_rank, None),
+                "wq_b": Linear(mla.q_lora_rank, heads * mla.qk_head_dim, "column"),
+            }
+        return query | {
+            "wkv_a": Linear(dim, mla.kv_lora_rank + mla.qk_rope_head_dim, None),
+            "wkv_b": Linear(mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), "column"),
+            "wo": Linear(heads * mla.v_head_dim, dim, "row"),
+        }
+
+    def attention_parameters(self) -> int:
+        """The linears', and the norms of the latents (q's where it has one)."""
+        return super().attention_parameters() + self.mla.kv_lora_rank + self.mla.q_lora_rank
 
     def attention_kept_per_token(self, norm_kept: int, cpu: bool, seq_len: int) -> tuple[float, float]:
         """The latents (normed, read by wq_b and wkv_b: whole, as TP does not split their
@@ -75,8 +86,3 @@ class DeepSeekV3Config(ModelConfig):
             return latents, heads * (2 * mla.qk_head_dim + 2 * mla.v_head_dim + seq_len)
         keys_values = heads * (2 * mla.qk_head_dim + mla.qk_nope_head_dim + mla.v_head_dim)
         return latents, keys_values + output_copies(cpu) * heads * mla.v_head_dim
-
-    def whole_under_tensor_parallel_parameters(self) -> int:
-        """The down-projections to the latents (wq_a, wkv_a), which TP leaves whole."""
-        mla = self.mla
-        return self.dim * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim)

@@ -77,8 +77,12 @@ def linear_shapes(w: Workload) -> dict[str, tuple[float, float]]:
     ones are timed as one grouped GEMM on top, `_routed_experts`)."""
     m, tp = w.model, w.parallelism.tensor_parallel_degree
     split = {"column": (1, tp), "row": (tp, 1), None: (1, 1)}
-    # A MoE layer's shared experts are dense SwiGLUs (split by TP as one); its routed ones are not here.
-    ffn = m.moe.num_shared_experts * m.moe.hidden_dim if m.moe.enabled else m.ffn_hidden_dim
+    # The dense SwiGLU: a dense layer's, or a MoE layer's shared experts (split by TP as one; its
+    # routed ones are not here), their mean width over the layers where the two mix.
+    ffn = m.ffn_hidden_dim
+    if m.moe.enabled:
+        share = m.num_moe_layers / m.n_layers
+        ffn = (1 - share) * m.ffn_hidden_dim + share * m.moe.num_shared_experts * m.moe.hidden_dim
     linears = m.attention_linears() | {
         "w1": Linear(m.dim, ffn, "column"),
         "w3": Linear(m.dim, ffn, "column"),

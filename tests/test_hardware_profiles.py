@@ -96,7 +96,10 @@ def test_a_profile_in_the_users_config_folder_is_an_option_of_hardware(tmp_path)
     (tmp_path / "hardware").mkdir()
     (tmp_path / "hardware" / "h100_ours.yaml").write_text(yaml.safe_dump(mine))
     show = [sys.executable, "-m", "titan_exp", "show", "hardware=h100_ours", "model=llama3_8b"]
-    for folder, said in ((tmp_path, "hardware=h100_ours"), (tmp_path / "missing", "Could not find 'hardware/h100_ours'")):
+    for folder, said in (
+        (tmp_path, "hardware=h100_ours"),
+        (tmp_path / "missing", "Could not find 'hardware/h100_ours'"),
+    ):
         env = {**os.environ, "TITAN_EXP_CONFIG_DIR": str(folder)}
         shown = subprocess.run(show, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert said in shown.stdout + shown.stderr, shown.stdout[-2000:] + shown.stderr[-2000:]

@@ -4,15 +4,24 @@ where the op is one formula, and the directions the options move it (float8, com
 import dataclasses
 
 import pytest
-from conftest import compose_config
 from layouts import layout
 from omegaconf import OmegaConf
 
-from titan_exp.estimate.gpu_compute import _gemm, _linear, block_seconds, gpu_compute, head_seconds, linear_shapes, recomputed_by_op_ac
+from titan_exp.estimate.gpu_compute import (
+    _gemm,
+    _linear,
+    block_seconds,
+    gpu_compute,
+    head_seconds,
+    linear_shapes,
+    recomputed_by_op_ac,
+)
 from titan_exp.estimate.hardware_profiles import hardware_profiles
 from titan_exp.estimate.workload import Workload
 from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig
+
+from conftest import compose_config
 
 H100 = hardware_profiles()["h100"]
 # Llama 3 8B's shapes, FSDP 8, one microbatch of 2 × 8192 tokens in bfloat16.

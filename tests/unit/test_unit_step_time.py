@@ -71,7 +71,15 @@ def step(
     dtype = {4: "float32", 2: "bfloat16"}[param_bytes]
     ac = ActivationCheckpointConfig()
     w = Workload(
-        m, p, ac, batch, 256, accumulation, param_dtype=dtype, quantize=quantize, async_tp=async_tp,
+        m,
+        p,
+        ac,
+        batch,
+        256,
+        accumulation,
+        param_dtype=dtype,
+        quantize=quantize,
+        async_tp=async_tp,
         expert_load_imbalance=imbalance,
     )
     return step_time(w, hw, COMPUTE, oversubscription)

@@ -13,7 +13,7 @@ from pathlib import Path
 from titan_exp.compare.report import compare_sweep, write_report
 from titan_exp.compare.runs import experiment_training_runs, latest_sweep, summarize
 from titan_exp.tracking.config import Store, TrackingConfig, masked
-from titan_exp.tracking.store import client, not_a_store
+from titan_exp.tracking.store import open_experiment
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,21 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
 
     try:
-        store = Store.parse(args.uri)
+        mlflow_client, experiment = open_experiment(args.uri, args.experiment)
     except ValueError as err:
-        return _fail(f"--uri={masked(args.uri)}: {err}")
-    uri = store.uri
-    if store.db is not None and not store.db.exists():
-        return _fail(f"--uri={args.uri}: no MLflow store there; train something first or point --uri at your store")
-    if store.db is not None and (why := not_a_store(store.db)):
-        return _fail(f"--uri={args.uri}: {why}")
-    mlflow_client = client(uri)
-    experiment = mlflow_client.get_experiment_by_name(args.experiment)
-    if experiment is None:
-        return _fail(
-            f"--experiment={args.experiment}: no such experiment in {masked(uri)}; "
-            "pass the name you set as tracking.experiment"
-        )
+        return _fail(str(err))
+    uri = Store.parse(args.uri).uri
     if args.all:
         summaries = [
             summarize(mlflow_client, run) for run in experiment_training_runs(mlflow_client, experiment.experiment_id)

@@ -204,7 +204,9 @@ def _attention(hw: HardwareConfig, w: Workload) -> tuple[float, float]:
 def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:
     """One block's forward, backward and recomputation for one microbatch on one rank, seconds."""
     tokens = w.tokens
-    linears = {name: _linear(hw, w, tokens, *shape) for name, shape in linear_shapes(w).items() if shape[1] and shape[0]}
+    linears = {
+        name: _linear(hw, w, tokens, *shape) for name, shape in linear_shapes(w).items() if shape[1] and shape[0]
+    }
     for name, (forward, backward) in _routed_experts(hw, w).items():
         dense = linears.get(name, (0.0, 0.0))
         linears[name] = (dense[0] + forward, dense[1] + backward)

@@ -29,9 +29,9 @@ from titan_exp.config.schema import register_schema
 from titan_exp.estimate.hardware_profiles import hardware_profiles
 from titan_exp.plan.calibrate import CPU_FIGURES, GPU_FIGURES, Observation, fit, fit_allocator_slack
 from titan_exp.plan.point import compose_point, step_inputs
-from titan_exp.tracking.config import Store, TrackingConfig, masked
+from titan_exp.tracking.config import TrackingConfig, masked
 from titan_exp.tracking.run import DEVICE_PROFILE_PARAM
-from titan_exp.tracking.store import client
+from titan_exp.tracking.store import open_experiment
 
 # Fewer runs than this leave the figures a fit moves underdetermined.
 MIN_RUNS = 3
@@ -51,7 +51,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs", default="", help="run ids to fit on, comma-separated (default: every finished run)")
     parser.add_argument("--evaluate", default="", help="run ids to predict with the fitted profile, never fitted on")
     parser.add_argument("--name", help="the fitted profile's option name (default <hardware>_calibrated)")
-    parser.add_argument("--out", type=Path, help="the profile's YAML (default: <user config folder>/hardware/<name>.yaml)")
+    parser.add_argument(
+        "--out", type=Path, help="the profile's YAML (default: <user config folder>/hardware/<name>.yaml)"
+    )
     return parser.parse_args(argv)
 
 
@@ -61,8 +63,14 @@ def main(argv: list[str]) -> int:
     name = args.name or f"{args.hardware}_calibrated"
     try:
         if name in hardware_profiles():
-            raise Refused(f"--name={name}: a profile shipped with titan_exp has that name; give the fit a name of its own")
-        mlflow_client, experiment_id = _open(args.uri, args.experiment)
+            raise Refused(
+                f"--name={name}: a profile shipped with titan_exp has that name; give the fit a name of its own"
+            )
+        try:
+            mlflow_client, experiment = open_experiment(args.uri, args.experiment)
+        except ValueError as err:
+            raise Refused(str(err)) from None
+        experiment_id = experiment.experiment_id
         wanted = [run_id for run_id in args.runs.split(",") if run_id]
         held_out = [run_id for run_id in args.evaluate.split(",") if run_id]
         to_fit = _select(mlflow_client, experiment_id, args.hardware, wanted, exclude=held_out)
@@ -99,27 +107,15 @@ def main(argv: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     # Its own name; the device kind (hw.device) and every figure not fitted as they were.
     profile = asdict(hw) | figures | {"name": name, "device_names": []}
-    origin = f"# titan_exp plan calibrate on {len(fitted_runs)} runs of hardware={args.hardware} in {masked(args.uri)}\n"
+    origin = (
+        f"# titan_exp plan calibrate on {len(fitted_runs)} runs of hardware={args.hardware} in {masked(args.uri)}\n"
+    )
     out.write_text(origin + yaml.safe_dump(profile))
     print(f"profile: {out}")
     if args.out is None:
         print(f"use it: hardware={name}")
     print(f"apply it: hardware={args.hardware} " + " ".join(f"hardware.{k}={v:.6g}" for k, v in figures.items()))
     return 0
-
-
-def _open(uri: str, experiment: str):
-    try:
-        store = Store.parse(uri)
-    except ValueError as err:
-        raise Refused(f"--uri={masked(uri)}: {err}") from None
-    if store.db is not None and not store.db.exists():
-        raise Refused(f"--uri={uri}: no MLflow store there; train something first or point --uri at your store")
-    mlflow_client = client(store.uri)
-    found = mlflow_client.get_experiment_by_name(experiment)
-    if found is None:
-        raise Refused(f"--experiment={experiment}: no such experiment in {masked(uri)}")
-    return mlflow_client, found.experiment_id
 
 
 def _select(mlflow_client, experiment_id: str, hardware: str, wanted: list[str], exclude=()) -> list:

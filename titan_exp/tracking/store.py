@@ -171,6 +171,27 @@ def not_a_store(db: Path) -> str | None:
     return None
 
 
+def open_experiment(uri: str, experiment: str):
+    """(client, experiment) of an existing store for a command that reads it (compare, plan
+    calibrate); each way it cannot be opened is a ValueError saying so in one line, naming the flag."""
+    try:
+        store = Store.parse(uri)
+    except ValueError as err:
+        raise ValueError(f"--uri={masked(uri)}: {err}") from None
+    if store.db is not None and not store.db.exists():
+        raise ValueError(f"--uri={uri}: no MLflow store there; train something first or point --uri at your store")
+    if store.db is not None and (why := not_a_store(store.db)):
+        raise ValueError(f"--uri={uri}: {why}")
+    mlflow_client = client(store.uri)
+    found = mlflow_client.get_experiment_by_name(experiment)
+    if found is None:
+        raise ValueError(
+            f"--experiment={experiment}: no such experiment in {masked(store.uri)}; "
+            "pass the name you set as tracking.experiment"
+        )
+    return mlflow_client, found
+
+
 def is_store_busy(err: Exception) -> bool:
     return "database is locked" in str(err)
 

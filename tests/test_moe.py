@@ -33,10 +33,9 @@ REFERENCE = "parallelism=single"
 FSDP_EP = "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2 parallelism.expert_parallel_degree=2"
 # By run: (model, experiment, layouts by name).
 RUNS = {
-    # The layouts experiment=loss_parity_moe runs (its own list): EP beside FSDP in the default
-    # suite, the others beyond it (EP beside TP, PP and CP; TP splitting the experts; 4 oversubscribed
-    # ranks). Their gradients are held against one device's in tests/test_expert_parallel.py, but for
-    # pp2·ep2 and cp2·ep2.
+    # The layouts experiment=loss_parity_moe runs (its own list): EP beside FSDP, then the others
+    # (EP beside TP, PP and CP; TP splitting the experts; 4 oversubscribed ranks). Their gradients
+    # are held against one device's in tests/test_expert_parallel.py, but for pp2·ep2 and cp2·ep2.
     "qwen3_moe_debug": ("qwen3_moe_debug", "loss_parity_moe", [REFERENCE, FSDP_EP]),
     "qwen3_moe_debug·others": (
         "qwen3_moe_debug",
@@ -62,11 +61,12 @@ RUNS = {
     # heads' ranks).
     "qwen3_debug": ("qwen3_debug", "loss_parity", [REFERENCE, "parallelism=tp launcher.nproc_per_node=2"]),
 }
-# Beyond the default suite. DeepSeek-V3's run (about 70 s): its MoE and latent attention's gradients
-# under tp2·ep2 are held per parameter in the default suite (tests/test_expert_parallel.py). The
-# dense Qwen3's: its q/k norms' gradients under TP are held in the default suite below, and tensor
-# parallel trains to the same loss there in test_parity.py.
-SLOW = ("qwen3_moe_debug·others", "deepseek_v3_debug", "qwen3_debug")
+# Beyond the default suite (which stays under 10 minutes on 2 cores), every run: each takes 40-70 s
+# of real training. What the default suite holds instead: every parameter's gradient against one
+# device's under fsdp4·ep2, tp2·ep2, fsdp2·tp2·ep2·etp2 and DeepSeek-V3's tp2·ep2
+# (tests/test_expert_parallel.py), the dense Qwen3's q/k norms' gradients under TP (below), and
+# tensor parallel training to the same loss (tests/test_parity.py).
+SLOW = tuple(RUNS)
 
 
 def parity_curves(run: str, folder: Path) -> tuple[dict[str, list[float]], dict[str, list[float]]]:

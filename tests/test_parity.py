@@ -282,9 +282,10 @@ TINY_MODEL = [
 # terms and over the tokens of the loss; torchtitan's float8 curves stay within ~1% of bf16. We allow 1%.
 FLOAT8_RTOL = 1e-2
 # CPU ranks emulate the float8 matmuls (torch's CPU kernel took minutes a step, thousands of times
-# fp32's): a step within 20× the full-precision one, measured side by side. On this tiny model the
-# casts and scales dominate: 5-7× is usual, more on a busy machine.
-FLOAT8_STEP_TIMES = 20
+# fp32's): a step within 200× the full-precision one, measured side by side, tells the two apart. On
+# this tiny model the casts and scales dominate: 5-7× is usual, but one step of a busy machine took
+# 73× (0.99 s beside 14 ms), so the bound stays far from the usual and far below the kernel's.
+FLOAT8_STEP_TIMES = 200
 
 
 def test_float8_stays_close_to_full_precision_in_this_process(in_process):

@@ -1,5 +1,5 @@
 """The planner against published measured GPU runs of Llama 3 and of two MoE models (torch-free;
-about 4 minutes, most of it the leave-one-source-out fits): for each run, predicted vs published
+about 10 minutes, most of it the leave-one-source-out fits): for each run, predicted vs published
 peak memory per GPU and TPS per GPU with the errors, and whether the order of published TPS inside
 each family of runs (compile > eager, float8 > bf16, async TP > plain TP, Interleaved1F1B > 1F1B) is
 kept. Targets (issue 23): memory within 15%, TPS/GPU within 20%, every order kept. Published memory

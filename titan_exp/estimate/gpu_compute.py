@@ -47,9 +47,10 @@ _ROWWISE_GEMM = 0.85
 _CAST_BYTES = {False: 2 + 2 + 1, True: 1 + 1}
 
 
-def _waves(hw: HardwareConfig, rows: float, cols: float) -> float:
-    """The share of a GEMM's SM-time that does work: its tiles over whole waves of SMs."""
-    tiles = math.ceil(rows / _TILE[0]) * math.ceil(cols / _TILE[1])
+def _waves(hw: HardwareConfig, rows: float, cols: float, groups: float = 1) -> float:
+    """The share of a GEMM's SM-time that does work: its tiles (each of `groups` GEMMs of one
+    grouped kernel tiled on its own) over whole waves of SMs."""
+    tiles = groups * math.ceil(rows / _TILE[0]) * math.ceil(cols / _TILE[1])
     return tiles / (math.ceil(tiles / hw.sm_count) * hw.sm_count)
 
 
@@ -73,8 +74,8 @@ def _bandwidth(hw: HardwareConfig) -> float:
 def linear_shapes(w: Workload) -> dict[str, tuple[float, float]]:
     """Each block linear's (in, out) features on one rank, in the order the block runs them: the
     family's attention linears (models/: latent attention's differ from grouped-query's), then the
-    SwiGLU's over the hidden width a token goes through (a MoE layer's active experts: its routed
-    ones are timed as one grouped GEMM on top, `_routed_experts`)."""
+    dense SwiGLU's (a MoE model's routed experts are timed apart, as a grouped GEMM:
+    `_routed_experts`)."""
     m, tp = w.model, w.parallelism.tensor_parallel_degree
     split = {"column": (1, tp), "row": (tp, 1), None: (1, 1)}
     # The dense SwiGLU: a dense layer's, or a MoE layer's shared experts (split by TP as one; its
@@ -121,10 +122,8 @@ def _routed_experts(hw: HardwareConfig, w: Workload) -> dict[str, tuple[float, f
 def _grouped_gemm(hw: HardwareConfig, groups: float, m: float, n: float, k: float, dtype: str, w: Workload) -> float:
     """Seconds of `groups` (m×k)·(k×n) GEMMs in one grouped kernel: one tile shape for every group,
     so each group's last row of tiles runs partly empty, and the waves are counted over all tiles."""
-    row_tiles = math.ceil(m / _TILE[0])
-    tiles = groups * row_tiles * math.ceil(n / _TILE[1])
-    filled = m / (row_tiles * _TILE[0])
-    rate = hw.peak_flops(dtype) * hw.matmul_efficiency * filled * tiles / (math.ceil(tiles / hw.sm_count) * hw.sm_count)
+    filled = m / (math.ceil(m / _TILE[0]) * _TILE[0])
+    rate = hw.peak_flops(dtype) * hw.matmul_efficiency * filled * _waves(hw, m, n, groups)
     element = DTYPE_BYTES[w.param_dtype]
     traffic = groups * ((m * k + k * n) * element + m * n * element)
     return max(2 * groups * m * n * k / rate, traffic / _bandwidth(hw))

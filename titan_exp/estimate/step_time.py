@@ -167,7 +167,7 @@ def _tensor_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: 
     # Float8 TP (tensorwise: torchao's Float8ColwiseParallel, parallel/tensor_parallel.py) casts a
     # column-wise linear's input before gathering it: forward (and recomputation) all-gathers move
     # one byte an element; the reduce-scatters and backward's collectives the param dtype.
-    gathered = w.tokens * m.dim * (1 if w.quantize == "tensorwise" else DTYPE_BYTES[w.param_dtype])
+    gathered_bytes = w.tokens * m.dim * (1 if w.quantize == "tensorwise" else DTYPE_BYTES[w.param_dtype])
     # Forward's all-gathers and reduce-scatters, each once more where checkpointing recomputes it:
     # full AC both; per-op SAC the all-gathers (parallel/activation_checkpoint.py saves the
     # reduce-scatters' outputs, not the gathered inputs wk and w3 recompute from); every N-th
@@ -181,7 +181,7 @@ def _tensor_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: 
         dense_share = 1 - m.num_moe_layers / m.n_layers / 2
         gathers, scatters, backwards = gathers * dense_share, scatters * dense_share, dense_share
     gather, scatter = (links.collective(activation, "tp", kind) for kind in ("all_gather", "reduce_scatter"))
-    fp8_gather = links.collective(gathered, "tp", "all_gather")
+    fp8_gather = links.collective(gathered_bytes, "tp", "all_gather")
     per_layer = _TP_PAIRS * (gathers * fp8_gather + scatters * scatter + backwards * (gather + scatter))
     if not (w.async_tp and links.hw.overlaps_communication):
         # torch's functional collectives gather along the sequence (dim 1) by gathering along dim 0
@@ -189,7 +189,7 @@ def _tensor_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: 
         # view: torch/_utils.py, _maybe_view_chunk_cat), and make a reduce-scatter's input
         # contiguous the same way, always (_chunk_or_narrow_cat): each copy reads and writes it.
         # (Async TP's fused matmuls gather and scatter chunk by chunk in place.)
-        gathered_copies = (gathers * gathered + backwards * activation) * (w.microbatch > 1)
+        gathered_copies = (gathers * gathered_bytes + backwards * activation) * (w.microbatch > 1)
         copied = _TP_PAIRS * (gathered_copies + (scatters + backwards) * activation)
         per_layer += 2 * copied / (links.hw.memory_gbps * 1e9 * links.hw.memory_efficiency)
     if w.async_tp and links.hw.overlaps_communication:

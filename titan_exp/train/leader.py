@@ -176,10 +176,8 @@ def _placement_facts(device: torch.device) -> dict[str, str]:
         facts["derived/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
         name = torch.cuda.get_device_name(device)
         facts["derived/device_name"] = name
-        try:
-            facts[DEVICE_PROFILE_PARAM] = profile_for_device(name).name
-        except KeyError:
-            pass  # a GPU no profile lists: its MFU already says so
+        # Found: a GPU no profile lists stopped the run already, at its MFU peak (metrics/peak_flops.py).
+        facts[DEVICE_PROFILE_PARAM] = profile_for_device(name).name
     return facts
 
 

@@ -324,7 +324,9 @@ def main() -> int:
     if not args.dry:  # the same runs fed to the profile's calibration (titan_exp plan calibrate)
         calibrate_profile = ["plan", "calibrate", "--hardware", hardware, "--uri", f"sqlite:///{out / 'mlflow.db'}"]
         calibrate_profile += ["--out", str(out / f"{hardware}_calibrated.yaml")]
-        subprocess.run([sys.executable, "-m", "titan_exp", *calibrate_profile], cwd=REPO, check=False)
+        # Its refusal (too few finished runs, say) is its own line on stderr; the summary says whether it wrote one.
+        done = subprocess.run([sys.executable, "-m", "titan_exp", *calibrate_profile], cwd=REPO, check=False)
+        summary["profile_calibrated"] = done.returncode == 0
     print(json.dumps({"hardware": hardware, "dry": args.dry, "out": str(out), **summary}))
     return 1 if summary["failed"] else 0
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 import yaml
 
+from titan_exp.config.tree import group_options, option_schema
 from titan_exp.estimate.config import GLOO_ONLY
 from titan_exp.estimate.hardware_profiles import hardware_profiles, profile_for_device
 from titan_exp.metrics.peak_flops import gpu_peak_flops
@@ -104,3 +105,15 @@ def test_a_profile_in_the_users_config_folder_is_an_option_of_hardware(tmp_path)
         shown = subprocess.run(show, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert said in shown.stdout + shown.stderr, shown.stdout[-2000:] + shown.stderr[-2000:]
         assert "is not available" not in shown.stderr  # Hydra's warning for a missing search-path folder
+
+
+def test_the_users_profiles_are_listed_as_options_of_hardware(tmp_path, monkeypatch):
+    """The help page and every refusal that lists a group's options read the user's folder too."""
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "h100_ours.yaml").write_text("name: h100_ours\n")
+    monkeypatch.setenv("TITAN_EXP_CONFIG_DIR", str(tmp_path / "missing"))
+    assert "h100_ours" not in group_options()["hardware"]
+    monkeypatch.setenv("TITAN_EXP_CONFIG_DIR", str(tmp_path))
+    assert "h100_ours" in group_options()["hardware"]
+    assert "h100" in group_options()["hardware"]
+    assert option_schema("hardware", "h100_ours") is None

@@ -1,18 +1,36 @@
-"""The config tree on disk (titan_exp/conf/): its groups, their options and the defaults
-config.yaml picks, read without composing anything. Torch-free."""
+"""The config tree on disk (titan_exp/conf/, then the user's folder: titan_exp.user_conf_dir()): its
+groups, their options and the defaults config.yaml picks, read without composing anything. Torch-free."""
+
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from titan_exp import CONF_DIR
+from titan_exp import CONF_DIR, user_conf_dir
 
 # Groups whose options are not picked one at a time (Hydra's own).
 HIDDEN_GROUPS = ("hydra",)
 
 
 def group_options() -> dict[str, list[str]]:
-    """Every config group and its options."""
-    groups = sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in HIDDEN_GROUPS)
-    return {group.name: sorted(option.stem for option in group.glob("*.yaml")) for group in groups}
+    """Every config group and its options: the shipped ones and, in a group the project ships, the
+    user's own (as Hydra's search path finds them: hydra_plugins/titan_exp_user_conf)."""
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in HIDDEN_GROUPS)
+    return {
+        group: sorted({option.stem for folder in _folders() for option in (folder / group).glob("*.yaml")})
+        for group in groups
+    }
+
+
+def _folders() -> list[Path]:
+    return [CONF_DIR, user_conf_dir()]
+
+
+def _option_file(group: str, option: str) -> Path:
+    """The file Hydra composes for `group=option`: the shipped one first, as on its search path."""
+    return next(
+        (f for folder in _folders() if (f := folder / group / f"{option}.yaml").is_file()),
+        CONF_DIR / group / f"{option}.yaml",
+    )
 
 
 def default_options() -> dict[str, str]:
@@ -27,7 +45,7 @@ def default_options() -> dict[str, str]:
 def option_schema(group: str, option: str) -> str | None:
     """The schema an option builds on (`- /<group>_schema/<name>@_here_` in its defaults list:
     config/schema.py's option_schemas), None where it builds on its group's section alone."""
-    entries = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")).get("defaults", [])
+    entries = OmegaConf.to_container(OmegaConf.load(_option_file(group, option))).get("defaults", [])
     marker = f"/{group}_schema/"
     for entry in entries:
         if isinstance(entry, str) and entry.startswith(marker):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import SMALL_MODEL, mlflow_runs, run_cli
+from conftest import SMALL_MODEL, loss_curve, mlflow_runs, run_cli
 
 
 def test_cfg_job_prints_the_composed_config_without_training(tmp_path, new_store):
@@ -123,3 +123,28 @@ def test_a_sweep_with_a_duplicate_or_too_many_points_starts_nothing(tmp_path, ne
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and said in lines[0], result.stderr
     assert not db.exists() and not (tmp_path / "multirun").exists()  # nor Hydra's multirun.yaml
+
+
+def test_a_sweep_over_layouts_trains_every_point_on_the_same_tokens_per_step(tmp_path, store):
+    """`local_batch_size` is per data-parallel rank: tp2 beside fsdp2 would train half the sequences a
+    step. The sweep holds the first point's tokens per step (job/held_batch.py), says so, and tp2
+    accumulates two microbatches to train them: the same data, so the same losses."""
+    uri, db = store
+    result = run_cli(
+        ["tracking=mlflow", uri, "launcher.device=cpu", "parallelism=fsdp,tp", "training.steps=3", *SMALL_MODEL],
+        tmp_path,
+        flags=("-m",),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "every point trains 2,048 tokens a step" in result.stdout
+    assert re.search(
+        r"parallelism=tp: global batch 8 = local batch 4 × 1 data-parallel ranks × accumulation 2", result.stdout
+    )
+    runs = {run.data.tags["layout"]: run for run in mlflow_runs(db)}
+    assert {layout: run.data.params["derived/global_batch_tokens"] for layout, run in runs.items()} == {
+        "fsdp2": "2048",
+        "tp2": "2048",
+    }
+    assert runs["tp2"].data.params["derived/gradient_accumulation_steps"] == "2"
+    fsdp, tp = (loss_curve(db, runs[layout].info.run_id) for layout in ("fsdp2", "tp2"))
+    assert fsdp and len(fsdp) == len(tp) and all(abs(a - b) < 1e-4 for a, b in zip(fsdp, tp)), (fsdp, tp)

@@ -262,3 +262,33 @@ def test_cpu_ranks_sharing_cores_stretch_by_their_share_and_the_profiles_time_sh
     job = plan_point.compose_point([*point, "parallelism=fsdp", f"hardware.time_sharing_cost={cost}", "tracking=none"])
     assert job.placement.threads_per_rank == 1
     assert plan_point.cpu_ranks(job) == (1, pytest.approx(stretch))
+
+
+def test_a_grid_over_tp_degrees_trains_the_same_tokens_per_step_at_every_point(tmp_path, plan):
+    """The first point's tokens per step held across the grid (job/held_batch.py), shown as columns:
+    each TP degree halves the data-parallel ranks and doubles the accumulation."""
+    args = ["-m", "model=llama3_8b", *H100_96GB, *SEQ_8K, "launcher.nproc_per_node=8", "plan.measure=false"]
+    args += ["parallelism=fsdp_tp", "parallelism.tensor_parallel_degree=1,2,4,8", "training.local_batch_size=2"]
+    out, rows = plan([*args, "tracking=none"], tmp_path)
+    assert "every point trains 131,072 tokens a step (16 sequences of 8192" in out
+    by_tp = {r["overrides"]: r for r in rows}
+    assert {r["global batch"] for r in rows} == {"16"} and {r["tokens/step"] for r in rows} == {"131,072"}
+    assert [by_tp[f"parallelism.tensor_parallel_degree={tp}"]["accumulation"] for tp in (1, 2, 4, 8)] == [
+        "1", "2", "4", "8"
+    ]  # fmt: skip
+    # Each keeping its local batch instead: the global batch follows the data-parallel degree.
+    out, rows = plan([*args, "tracking=none", "sweep.batch=local"], tmp_path / "local")
+    assert "every point keeps its local batch (sweep.batch=local)" in out
+    assert sorted(int(r["global batch"]) for r in rows) == [2, 4, 8, 16] and {r["accumulation"] for r in rows} == {"1"}
+
+
+def test_a_grid_point_that_cannot_train_the_held_batch_is_refused_naming_the_nearest(tmp_path, capsys):
+    args = ["-m", "launcher.nproc_per_node=2,3", "plan.measure=false", "tracking=none", "hardware=h100"]
+    args += ["training.local_batch_size=4"]
+    assert plan_cli.main(["--out", str(tmp_path / "plan"), *args]) == 2
+    said = capsys.readouterr().err
+    assert (
+        "training.global_batch_size=8: 8 sequences a step do not split over this point's 3 data-parallel ranks" in said
+    )
+    assert "every point can train 6 or 12 (set it)" in said and "(grid point: launcher.nproc_per_node=3)" in said
+    assert not (tmp_path / "plan").exists()

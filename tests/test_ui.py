@@ -65,7 +65,8 @@ def test_busy_port_is_refused_in_one_line_and_starts_nothing(tmp_path):
 
 
 def _sweep(db: Path) -> None:
-    """A sweep as `compare` finds one: a parent run and two points with the strategy tags and metrics."""
+    """A sweep as `compare` finds one: a parent run and two points with the strategy tags, metrics and
+    batch params."""
     store = mlflow_client(db)
     experiment = store.create_experiment("titan_exp")
     parent = store.create_run(experiment, run_name="sweep: parallelism=ddp,fsdp", tags={ROLE_TAG: "sweep"})
@@ -76,6 +77,9 @@ def _sweep(db: Path) -> None:
         metrics |= {key: 0.4567891234 for key, _ in MEMORY_KEYS}
         for key, value in metrics.items():
             store.log_metric(run.info.run_id, key, value)
+        batch = {"training.global_batch_size": 8, "derived/global_batch_tokens": 2048}
+        for key, value in (batch | {"derived/gradient_accumulation_steps": 1 + i}).items():
+            store.log_param(run.info.run_id, key, value)
         store.set_terminated(run.info.run_id)
 
 

@@ -37,6 +37,10 @@ class SweepConfig(Section):
     # its last logged value of this metric (the worst value if it failed); the sweeper must go
     # the metric's way (for throughput: hydra.sweeper.direction=maximize, Nevergrad's optim.maximize=true).
     objective: str = one_of(*OBJECTIVES)
+    # What the points of a sweep or a plan grid hold fixed (job/held_batch.py): `global`, the tokens per
+    # optimizer step (each point's local batch and accumulation derived from its data-parallel
+    # degree), so that layouts are compared on the same work; `local`, each point's local batch.
+    batch: str = one_of("global", "local")
 
 
 class PointReturn(float):

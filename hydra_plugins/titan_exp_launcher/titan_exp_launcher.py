@@ -17,6 +17,9 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from titan_exp.config.compose import check_label_overrides, to_job_config
+from titan_exp.config.resolve import resolve
+from titan_exp.config.schema import JobConfig
+from titan_exp.job.held_batch import describe, hold_global_batch
 from titan_exp.job.outcome import forget_folder, say
 from titan_exp.job.sweep import active_sweep
 from titan_exp.job.sweep_points import SweepPoint, check_every_point, label_points, prepare_point, run_points
@@ -39,6 +42,7 @@ ConfigStore.instance().store(group="hydra/launcher", name="titan_exp", node=Tita
 class TitanExpLauncher(Launcher):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
+        self.tokens_per_step: int | None = None  # what every point trains (job/held_batch.py), once known
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         """One batch of points: the whole sweep under Hydra's basic sweeper, one batch of trials
@@ -53,7 +57,8 @@ class TitanExpLauncher(Launcher):
             if optimising:
                 _check_optimising(self.config)
         configs = [self._point_config(overrides, initial_job_idx + i) for i, overrides in enumerate(job_overrides)]
-        points, pruned = _prepare_points(job_overrides, configs, sweep_dir)
+        tasks = self._hold_global_batch(job_overrides, configs)
+        points, pruned = _prepare_points(job_overrides, configs, tasks, sweep_dir)
         if optimising:  # a trial the config refuses fails alone: the sampler proposed it, not the user
             _fail_refused(points)
         else:
@@ -70,6 +75,25 @@ class TitanExpLauncher(Launcher):
         if to_run := [point for point in points if point.state == "queued"]:
             run_points(to_run, parent, launcher.max_parallel)
         return [self._report(point, config, optimising) for point, config in zip(points, configs)]
+
+    def _hold_global_batch(
+        self, job_overrides: Sequence[Sequence[str]], configs: list[DictConfig]
+    ) -> list[JobConfig | ConfigError]:
+        """The points' configs, each training the sweep's tokens per step (job/held_batch.py): the
+        first batch's first point sets it, for the batches an optimising sweeper sends next too. A
+        point's saved config (.hydra/config.yaml) says the batch it trains."""
+        tasks = [_task(config) for config in configs]
+        labels = _labels(job_overrides, configs)
+        held, found = hold_global_batch(tasks, labels, resolve, self.tokens_per_step)
+        if len(held) > 1 and self.tokens_per_step is None:
+            print(f"titan_exp: {describe(found, tasks[0].training.seq_len)}", flush=True)
+        self.tokens_per_step = found.tokens_per_step
+        for config, task in zip(configs, held):
+            if isinstance(task, JobConfig):
+                with read_write(config), open_dict(config):
+                    config.training.local_batch_size = task.training.local_batch_size
+                    config.training.global_batch_size = task.training.global_batch_size
+        return held
 
     def _point_config(self, overrides: Sequence[str], number: int) -> DictConfig:
         config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -96,16 +120,26 @@ class TitanExpLauncher(Launcher):
         return result
 
 
+def _labels(job_overrides: Sequence[Sequence[str]], configs: list[DictConfig]) -> list[str]:
+    points = [SweepPoint(config.hydra.job.num, list(o), Path()) for o, config in zip(job_overrides, configs)]
+    label_points(points)
+    return [f"[{point.number}] {point.label}" for point in points]
+
+
 def _prepare_points(
-    job_overrides: Sequence[Sequence[str]], configs: list[DictConfig], sweep_dir: Path
+    job_overrides: Sequence[Sequence[str]],
+    configs: list[DictConfig],
+    tasks: list[JobConfig | ConfigError],
+    sweep_dir: Path,
 ) -> tuple[list[SweepPoint], dict[int, Pruned]]:
     """Each point resolved and checked (or pruned: plan.prune=true, predicted not to fit; not started)."""
     points, pruned = [], {}
-    for overrides, config in zip(job_overrides, configs):
+    for overrides, config, task in zip(job_overrides, configs, tasks):
         job_dir = sweep_dir / str(config.hydra.sweep.subdir)
-        task = _task(config)
         point = SweepPoint(config.hydra.job.num, list(overrides), job_dir)
-        if found := prune(task):
+        if isinstance(task, ConfigError):  # it cannot train the sweep's tokens per step
+            point.refused = task
+        elif found := prune(task):
             point.state, point.detail, pruned[point.number] = "pruned", found.reason, found
         else:
             point = prepare_point(point.number, point.overrides, job_dir, task)

@@ -22,6 +22,11 @@ def summary(name: str, world_size: int = 2, tps: float | None = 1000.0, **fields
         peak_memory_gib=3.14159,
         memory_kind="active",
         final_loss=2.718281,
+        params={
+            "training.global_batch_size": "16",
+            "derived/global_batch_tokens": "4096",
+            "derived/gradient_accumulation_steps": "2",
+        },
     )
     return RunSummary(**(values | fields))
 
@@ -112,7 +117,7 @@ def test_markdown_header_separator_rows_and_escaping() -> None:
     assert lines[0] == "| " + " | ".join(COLUMNS) + " |"
     assert lines[1] == "|" + "---|" * len(COLUMNS)
     assert len(lines) == 2 + len(rows)
-    assert lines[2].startswith("| a\\|b | 2 | 1,000 | n/a | 41.26 |")
+    assert lines[2].startswith("| a\\|b | 2 | 16 | 4,096 | 2 | 1,000 | n/a | 41.26 |")
     # Every row has as many unescaped separators as the header.
     assert {line.replace("\\|", "").count("|") for line in lines} == {len(COLUMNS) + 1}
 

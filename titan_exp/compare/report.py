@@ -23,6 +23,9 @@ EXPERT_LOAD_COLUMN = "experts max/mean"
 COLUMNS = [
     "strategy",
     "world size",
+    "global batch",
+    "tokens/step",
+    "accumulation",
     "TPS/device",
     "predicted TPS/device",
     "MFU %",
@@ -83,6 +86,7 @@ def table(summaries: list[RunSummary], varying: list[str] = ()) -> list[list[str
                 s.name,
                 *(s.params.get(key, "") if s.reads(key) else NOT_READ for key in varying),
                 str(s.world_size),
+                *s.batch,
                 tps,
                 predicted(s.predicted_tps_per_device, s.tps_per_device, ",.0f"),
                 number(s.mfu_pct, ".2f"),
@@ -133,6 +137,9 @@ def to_html(rows: list[list[str]], title: str, columns: list[str] = COLUMNS, not
 CSV_COLUMNS = [
     "strategy",
     "world_size",
+    "global_batch",
+    "tokens_per_step",
+    "accumulation",
     "tps_per_device",
     "oversubscribed",
     "predicted_tps_per_device",
@@ -161,6 +168,7 @@ def write_csv(summaries: list[RunSummary], path: Path, varying: list[str] = ()) 
                     # Empty where the run's layout does not read the key, as the tables' dash.
                     *(s.params.get(key, "") if s.reads(key) else "" for key in varying),
                     s.world_size,
+                    *(value.replace(",", "") for value in s.batch),
                     s.tps_per_device,
                     s.oversubscribed,
                     s.predicted_tps_per_device,

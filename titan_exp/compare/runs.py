@@ -32,6 +32,7 @@ SHOWN_ELSEWHERE = (
     "parallelism.expert_parallel_degree",
     "launcher.nproc_per_node",
     "launcher.nodes",
+    "training.global_batch_size",
 )
 
 
@@ -61,6 +62,18 @@ class RunSummary:
     predicted_peak_memory_gib: float | None = None
     # A MoE run's expert load at its last step: the worst layer's busiest expert over the mean.
     expert_load_imbalance: float | None = None
+
+    @property
+    def batch(self) -> tuple[str, str, str]:
+        """(global batch, tokens per optimizer step, accumulation) as the run logged them: what makes
+        two runs' losses and throughputs comparable."""
+        p = self.params
+        tokens = p.get("derived/global_batch_tokens", "")
+        return (
+            p.get("training.global_batch_size", ""),
+            f"{int(tokens):,}" if tokens.isdigit() else tokens,
+            p.get("derived/gradient_accumulation_steps", ""),
+        )
 
     @property
     def data_parallel_size(self) -> int:

@@ -27,16 +27,18 @@ from hydra.errors import HydraException
 
 from titan_exp.compare.report import to_html, to_markdown
 from titan_exp.config.job import ResolvedJob
-from titan_exp.config.schema import register_schema
+from titan_exp.config.schema import JobConfig, register_schema
+from titan_exp.job import held_batch
 from titan_exp.job.outcome import composition_error
 from titan_exp.job.preflight import preflight
 from titan_exp.plan import calibrate_cli
-from titan_exp.plan.point import compose_point, plan_one
+from titan_exp.plan.point import compose_config, plan_one
 from titan_exp.plan.predict import (
     MEASURED,
     Prediction,
     check_plannable,
     planned_shapes,
+    resolve_for_plan,
 )
 from titan_exp.progress import Progress
 from titan_exp.rules import ConfigError
@@ -48,6 +50,9 @@ COLUMNS = [
     "rank",
     "layout",
     "world size",
+    "global batch",
+    "tokens/step",
+    "accumulation",
     "peak GiB/rank",
     "budget GiB",
     "fits",
@@ -73,6 +78,18 @@ def grid(overrides: list[str]) -> list[list[str]]:
     return [list(point) for point in itertools.product(*choices)]
 
 
+def _hold_global_batch(points: list[list[str]]) -> tuple[list[JobConfig], held_batch.HeldBatch]:
+    """The grid's points, each training the first one's tokens per step (job/held_batch.py); a point
+    that cannot is refused, naming it."""
+    shared = set.intersection(*map(set, points)) if len(points) > 1 else set()
+    labels = [" ".join(o for o in point if o not in shared) or "(defaults)" for point in points]
+    held, found = held_batch.hold_global_batch([compose_config(point) for point in points], labels, resolve_for_plan)
+    for cfg, label in zip(held, labels):
+        if isinstance(cfg, ConfigError):
+            raise ConfigError(cfg.key, cfg.value, f"{cfg.fix} (grid point: {label})")
+    return held, found
+
+
 def _plan_all(jobs: list[ResolvedJob]) -> list[Prediction]:
     """Each point planned, a grid's progress on stderr (stdout gets the table)."""
     predictions, progress = [], Progress("planned", len(jobs), sys.stderr)
@@ -83,12 +100,15 @@ def _plan_all(jobs: list[ResolvedJob]) -> list[Prediction]:
     return predictions
 
 
-def _row(rank: int, prediction: Prediction, point: list[str]) -> list[str]:
-    p = prediction
+def _row(rank: int, prediction: Prediction, job: ResolvedJob, point: list[str]) -> list[str]:
+    p, t = prediction, job.config.training
     return [
         str(rank),
         p.layout,
         str(p.world_size),
+        str(t.global_batch_size),
+        f"{t.global_batch_size * t.seq_len:,}",
+        str(job.accumulation),
         f"{p.peak_gib:.2f}",
         f"{p.memory_budget_gib:.1f}",
         "yes" if p.fits else "no",
@@ -175,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     register_schema()
     try:
         points = grid(args.overrides)
-        jobs = [compose_point(point) for point in points]
+        held, found = _hold_global_batch(points)
+        jobs = [resolve_for_plan(cfg) for cfg in held]
         for job in jobs:
             check_plannable(job)
             preflight(job, memory=False)  # the points' files, folders and store, as a run's
@@ -188,12 +209,16 @@ def main(argv: list[str] | None = None) -> int:
             "note: no training.* override given: these are the debug training shapes, not a real run's; "
             "give yours, e.g. training.seq_len=8192 training.local_batch_size=2 training.mixed_precision_param=bfloat16"
         )
+    if len(points) > 1:
+        print(held_batch.describe(found, jobs[0].config.training.seq_len))
     predictions = _plan_all(jobs)
     if len(points) == 1:
         print(describe(predictions[0]))
     ranked = sorted(range(len(points)), key=lambda i: (not predictions[i].fits, -predictions[i].tps_per_device))
     shared = set.intersection(*map(set, points)) if len(points) > 1 else set()  # the table shows what varies
-    rows = [_row(n + 1, predictions[i], [o for o in points[i] if o not in shared]) for n, i in enumerate(ranked)]
+    rows = [
+        _row(n + 1, predictions[i], jobs[i], [o for o in points[i] if o not in shared]) for n, i in enumerate(ranked)
+    ]
     out = args.out or Path("outputs") / "plans" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     title = "plan: " + " ".join(args.overrides)

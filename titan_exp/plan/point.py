@@ -7,6 +7,7 @@ from launchers.devices import cpu_cores
 from titan_exp import CONF_DIR
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.job import ResolvedJob
+from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.step_time import ComputeTimes
 from titan_exp.estimate.workload import local_parameters
@@ -16,11 +17,15 @@ from titan_exp.plan.predict import Prediction, predict, resolve_for_plan
 
 def compose_point(point: list[str]) -> ResolvedJob:
     """The point's job, resolved for planning (predict.resolve_for_plan)."""
+    return resolve_for_plan(compose_config(point))
+
+
+def compose_config(point: list[str]) -> JobConfig:
+    """The point's config, composed as the command line would."""
     # Hydra's own keys place a run's outputs: nothing to place here.
     point = [override for override in point if not override.startswith("hydra.")]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        composed = compose(config_name="config", overrides=point)
-    return resolve_for_plan(to_job_config(composed))
+        return to_job_config(compose(config_name="config", overrides=point))
 
 
 def cpu_ranks(job: ResolvedJob) -> tuple[int, float]:

@@ -111,9 +111,13 @@ class StagesOnce:
 
 
 def dry_run_step(job: ResolvedJob, mesh: ParallelMesh, model: ModelParts) -> TrainStep:
-    """The training step (train/step.py) of rank 0's parts on random tokens, for fake tensors.
-    Context parallelism gathers K and V (torch's ring attention cannot run on the fake group)."""
-    job = job.replaced(parallelism={"context_parallel_impl": "allgather"})
+    """The training step (train/step.py) of rank 0's parts on random tokens, for fake tensors, on
+    one microbatch: accumulated ones repeat it (and torch's MemTracker tracks one pass of each
+    module). Context parallelism gathers K and V (torch's ring attention cannot run on the fake group)."""
+    one_microbatch = job.config.training.local_batch_size * job.dims.dp
+    job = job.replaced(
+        parallelism={"context_parallel_impl": "allgather"}, training={"global_batch_size": one_microbatch}
+    )
     cfg, dims = job.config, job.dims
     t = cfg.training
     source = RandomTokens(cfg.model.vocab_size, t.seq_len, cfg.debug.seed)

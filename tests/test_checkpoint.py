@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMALL_MODEL, loss_curve, mlflow_runs, run_cli
+from conftest import SMALL_MODEL, loss_curve, mlflow_client, mlflow_runs, run_cli
 
 RUN = [
     "data=synthetic",
@@ -76,3 +76,49 @@ def test_a_save_cut_short_is_not_taken_for_a_checkpoint(tmp_path):
             (folder / ".metadata").write_bytes(b"")
     assert complete_steps(str(tmp_path)) == [5]
     assert saving_dir(str(tmp_path), 10).name == "step-10.saving" and step_dir(str(tmp_path), 10).name == "step-10"
+
+
+def lrs(db: Path, run_id: str) -> dict[int, float]:
+    from titan_exp.compare.runs import loss_curve as history
+
+    return dict(history(mlflow_client(db), run_id, "lr"))
+
+
+@pytest.mark.slow  # five one-rank jobs
+def test_a_resume_checks_the_model_first_leaves_a_finished_run_as_it_is_and_follows_the_new_schedule(tmp_path, store):
+    """Another model's job pointed at a checkpoint folder is refused before any rank starts, naming the
+    key; the same model resuming with more steps goes on in a new run (the finished one keeps its
+    record) at the LR an uninterrupted run of the new length has; by default each run keeps its
+    checkpoints in its own folder."""
+    uri, db = store
+    one_rank = [*RUN, *SMALL_MODEL, "parallelism=single", "lr_scheduler.warmup_steps=2", uri]
+    first = run_cli([*one_rank, *periodic(tmp_path / "ckpt", 10)], tmp_path / "first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (finished,) = mlflow_runs(db)
+    history = lrs(db, finished.info.run_id)
+
+    other = run_cli([*one_rank, *periodic(tmp_path / "ckpt", 15), "model.dim=32"], tmp_path / "other")
+    assert other.returncode == 2
+    assert other.stderr.strip().splitlines() == [
+        f"titan_exp: config error: model.dim=32: the checkpoint in {tmp_path}/ckpt/step-10 has 64; "
+        "train that model (model.dim=64) or point checkpoint.folder elsewhere"
+    ]
+    assert len(mlflow_runs(db)) == 1
+
+    resumed = run_cli([*one_rank, *periodic(tmp_path / "ckpt", 15)], tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {tmp_path}/ckpt in a new MLflow run: run {finished.info.run_id} finished" in resumed.stdout
+    whole = run_cli([*one_rank, "training.steps=15"], tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    before, after, uninterrupted = mlflow_runs(db)
+    assert before.info.status == "FINISHED" and lrs(db, before.info.run_id) == history
+    assert after.info.run_id != before.info.run_id and after.info.status == "FINISHED"
+    went_on, straight = lrs(db, after.info.run_id), lrs(db, uninterrupted.info.run_id)
+    assert sorted(went_on) == list(range(11, 16))
+    assert all(abs(went_on[step] / straight[step] - 1) < 1e-6 for step in went_on), (went_on, straight)
+
+    own = run_cli(
+        [*RUN, *SMALL_MODEL, "parallelism=single", "checkpoint=periodic", "training.steps=2", uri], tmp_path / "own"
+    )
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert (tmp_path / "own" / "run" / "checkpoints" / "step-2" / "model.json").is_file()

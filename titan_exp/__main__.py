@@ -77,7 +77,7 @@ def _task(composed: DictConfig) -> PointReturn:
             if not run_parity(cfg, list(hydra_cfg.overrides.task), job_dir):
                 raise RuntimeError(f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}")
             return point_return(cfg.sweep.objective, None)
-        job = resolve(cfg)
+        job = resolve(cfg, job_dir=job_dir)
         preflight(job)
         for caution in cautions(cfg, job.dims):
             say(caution)

@@ -63,7 +63,7 @@ def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 def test_a_genuine_seed_checkpoint_loads(tmp_path: Path) -> None:
     saved, loaded = model(0), model(1)
-    load_model(loaded, str(save_model(saved, str(tmp_path))))
+    load_model(loaded, str(save_model(saved, str(tmp_path), ModelConfig())))
     assert_same_weights(saved, loaded)
 
 
@@ -86,7 +86,7 @@ def test_a_payload_in_metadata_is_refused_without_running(tmp_path: Path, kind: 
     payload = Payload(os.system, f"touch {marker}")
     if kind == "builtins.exec":
         payload = Payload(exec, f"open({str(marker)!r}, 'w').close()")
-    folder = save_model(model(0), str(tmp_path / "ckpt"))
+    folder = save_model(model(0), str(tmp_path / "ckpt"), ModelConfig())
     (folder / ".metadata").write_bytes(pickle.dumps(payload))
     refused = f"{'posix.system' if kind == 'os.system' else kind}, {REFUSED}"
     with pytest.raises(UntrustedCheckpointError) as err:

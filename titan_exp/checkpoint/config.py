@@ -5,12 +5,18 @@ from typing import Optional
 
 from titan_exp.rules import ConfigError, Section, check_positive
 
+# checkpoint.folder's default: the job's folder's `checkpoints` (config/resolve.py fills it in).
+OWN_FOLDER = ""
+OWN_FOLDER_NAME = "checkpoints"
+
 
 @dataclass
 class CheckpointConfig(Section):
-    # Save every `interval` steps and at the last step, and resume from the newest step in `folder`.
+    # Save every `interval` steps and at the last step, and resume from the newest step in `folder`:
+    # by default the job's own (<job folder>/checkpoints: a requeued Slurm job finds it again); name
+    # a folder to share it, e.g. to go on from another run's checkpoints (its model checked first).
     enable: bool = False
-    folder: str = "outputs/checkpoints"
+    folder: str = OWN_FOLDER
     interval: int = 100
     # Keep only the newest k step folders (0 keeps all).
     keep_latest_k: int = 0
@@ -25,8 +31,6 @@ class CheckpointConfig(Section):
     last_save_in_hf: bool = False
 
     def check(self, key: str) -> None:
-        if (self.enable or self.create_seed_checkpoint) and not self.folder:
-            raise ConfigError(f"{key}.folder", "''", "must name a folder")
         check_positive(f"{key}.interval", self.interval)
         if self.initial_load_in_hf and not self.initial_load_path:
             raise ConfigError(

@@ -24,25 +24,35 @@ from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.checkpoint.errors import UntrustedCheckpointError, unwrapped
 from titan_exp.checkpoint.hf import save_hf
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, complete_steps, saving_dir, step_dir
+from titan_exp.checkpoint.model_record import write_model_record
 from titan_exp.checkpoint.space import SpaceCheckingPlanner
 from titan_exp.checkpoint.trusted import load_trusted, open_checkpoint
 from titan_exp.data.loader import BatchLoader
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 from titan_exp.models.config import ModelConfig
+from titan_exp.optim.lr_schedule import follow_this_schedule
 
 
 def save_whole(
-    state: dict, folder: str, step: int, is_writer: bool, also: Callable[[Path], None] | None = None
+    state: dict,
+    folder: str,
+    step: int,
+    model: ModelConfig,
+    is_writer: bool,
+    also: Callable[[Path], None] | None = None,
 ) -> None:
     """Save `state` as step-N of `folder` (every rank takes part), written under another name and
     renamed by the writer once DCP has finished (its .metadata last): a save cut short is never
     taken for a checkpoint. A save the disk cannot hold is refused before anything is written
-    (space.py); one that fails leaves no step-N.saving behind. `also` writes more into the folder
-    before it is complete (the weights in Hugging Face's format)."""
+    (space.py); one that fails leaves no step-N.saving behind. Beside the tensors, `model`'s record
+    (model_record.py); `also` writes more into the folder before it is complete (the weights in
+    Hugging Face's format)."""
     partial, done = saving_dir(folder, step), step_dir(folder, step)
     try:
         ignore_unavoidable_warnings()  # DCP's in a process alone (a seed checkpoint)
         dcp.save(state, checkpoint_id=str(partial), planner=SpaceCheckingPlanner(folder))
+        if is_writer:
+            write_model_record(partial, model)
         if also:
             also(partial)
     except (Exception, CheckpointException) as err:  # DCP's is a BaseException
@@ -60,9 +70,9 @@ def save_whole(
         os.replace(partial, done)
 
 
-def save_model(model: torch.nn.Module, folder: str) -> Path:
+def save_model(model: torch.nn.Module, folder: str, cfg: ModelConfig) -> Path:
     """Weights only, keyed by the unwrapped parameter names, as step-0 (a seed checkpoint)."""
-    save_whole(get_model_state_dict(model), folder, 0, is_writer=True)
+    save_whole(get_model_state_dict(model), folder, 0, cfg, is_writer=True)
     return step_dir(folder, 0)
 
 
@@ -160,6 +170,7 @@ class TrainCheckpointer:
             )
         for scheduler in self.schedulers:
             scheduler.load_state_dict(state["lr_scheduler"])
+            follow_this_schedule(scheduler)
         if self.data is not None:
             self.data.resume(state["dataloader"])
         return int(state["step"])
@@ -176,7 +187,7 @@ class TrainCheckpointer:
         step's weights go into its folder in Hugging Face's format too with checkpoint.last_save_in_hf."""
         export = last and self.cfg.last_save_in_hf
         also = functools.partial(save_hf, self.parts, cfg=self.model, is_writer=is_writer) if export else None
-        save_whole(self._merged(self._part_states(), step), self.cfg.folder, step, is_writer, also)
+        save_whole(self._merged(self._part_states(), step), self.cfg.folder, step, self.model, is_writer, also)
         if is_writer and self.cfg.keep_latest_k > 0:
             for old in complete_steps(self.cfg.folder)[: -self.cfg.keep_latest_k]:
                 shutil.rmtree(step_dir(self.cfg.folder, old), ignore_errors=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from launchers.base import Placement, PlacementRequest
 from launchers.devices import cpu_cores, threads_per_rank
 from launchers.env import external_launcher
+from titan_exp.checkpoint.config import OWN_FOLDER, OWN_FOLDER_NAME
 from titan_exp.config import check
 from titan_exp.config.aliases import apply_aliases
 from titan_exp.config.job import ResolvedJob
@@ -24,9 +25,10 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.rules import ConfigError
 
 
-def resolve(cfg: JobConfig, place: bool = True) -> ResolvedJob:
+def resolve(cfg: JobConfig, place: bool = True, job_dir: Path | None = None) -> ResolvedJob:
     """The resolved job of `cfg`; raises ConfigError before anything starts. `place=False` (the
-    planner's): resolved as for a dry run, the world as the launcher spells it out, placed nowhere."""
+    planner's): resolved as for a dry run, the world as the launcher spells it out, placed nowhere.
+    `job_dir`: the job's folder, where its own checkpoints go (none: a job that is not run)."""
     cfg = copy.deepcopy(cfg)
     apply_aliases(cfg)
     _model_from_hf(cfg)
@@ -34,7 +36,7 @@ def resolve(cfg: JobConfig, place: bool = True) -> ResolvedJob:
     cfg.check()
     placement = _place(cfg) if place and cfg.debug.comm_mode == "real" else _place_nowhere(cfg)
     dims = ParallelDims.resolve(cfg.parallelism, placement.world_size)
-    _fill_in(cfg, placement, dims)
+    _fill_in(cfg, placement, dims, job_dir)
     check.check_job(cfg, dims, placement, placed=place)
     if place and cfg.debug.comm_mode == "real":
         cfg.launcher.engine().check_room(placement, cfg.launcher.oversubscribe)
@@ -91,7 +93,7 @@ def _place_nowhere(cfg: JobConfig) -> Placement:
     return Placement(None, "cpu", launcher.nproc_per_node, launcher.nodes, threads)
 
 
-def _fill_in(cfg: JobConfig, placement: Placement, dims: ParallelDims) -> None:
+def _fill_in(cfg: JobConfig, placement: Placement, dims: ParallelDims, job_dir: Path | None) -> None:
     """The config as a record of what was resolved (it is logged with the run): no -1, no auto."""
     launcher = cfg.launcher
     launcher.nproc_per_node, launcher.nodes = placement.nproc_per_node, placement.nodes
@@ -103,7 +105,10 @@ def _fill_in(cfg: JobConfig, placement: Placement, dims: ParallelDims) -> None:
     if cfg.training.global_batch_size == -1:
         cfg.training.global_batch_size = cfg.training.local_batch_size * dims.dp
     cfg.data.cache_dir = str(Path(cfg.data.cache_dir).resolve())
-    cfg.checkpoint.folder = str(Path(cfg.checkpoint.folder).resolve())
+    if cfg.checkpoint.folder != OWN_FOLDER:
+        cfg.checkpoint.folder = str(Path(cfg.checkpoint.folder).resolve())
+    elif job_dir is not None:
+        cfg.checkpoint.folder = str((job_dir / OWN_FOLDER_NAME).resolve())
     if cfg.checkpoint.initial_load_path:
         cfg.checkpoint.initial_load_path = str(Path(cfg.checkpoint.initial_load_path).resolve())
     if cfg.tracking.enable:

@@ -12,7 +12,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from titan_exp.checkpoint.config import OWN_FOLDER
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, folder_bytes, latest_step, step_dir
+from titan_exp.checkpoint.model_record import check_same_model
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.data.documents import SAVED_DATASET_MARK, SUFFIXES, expand, first_record_fields
@@ -132,11 +134,15 @@ def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:
     """Folders that can be written, a resume with steps left, an initial load that is a checkpoint;
     `room`: and the space for one checkpoint."""
     c = cfg.checkpoint
-    if c.enable or c.create_seed_checkpoint:
+    # A job that is not run (show) has no folder of its own yet.
+    saves = (c.enable or c.create_seed_checkpoint) and c.folder != OWN_FOLDER
+    if saves:
         _writable_folder("checkpoint.folder", c.folder)
-    resumes_at = latest_step(c.folder) if c.enable else None
-    if room and (c.enable or c.create_seed_checkpoint):
+    resumes_at = latest_step(c.folder) if saves and c.enable else None
+    if room and saves:
         _room_for_a_checkpoint(cfg, resumes_at)
+    if resumes_at is not None:
+        check_same_model(step_dir(c.folder, resumes_at), cfg.model, "checkpoint.folder")
     if resumes_at is not None and resumes_at >= cfg.training.steps:
         raise ConfigError(
             "training.steps",
@@ -146,12 +152,14 @@ def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:
         )
     if c.initial_load_in_hf:
         _hf_checkpoint(cfg, c.initial_load_path, "checkpoint.initial_load_path")
-    elif c.initial_load_path is not None and not (Path(c.initial_load_path) / ".metadata").is_file():
-        raise ConfigError(
-            "checkpoint.initial_load_path",
-            c.initial_load_path,
-            "not a checkpoint folder (no .metadata); point it at a step-N folder, e.g. a seed checkpoint's step-0",
-        )
+    elif c.initial_load_path is not None:
+        if not (Path(c.initial_load_path) / ".metadata").is_file():
+            raise ConfigError(
+                "checkpoint.initial_load_path",
+                c.initial_load_path,
+                "not a checkpoint folder (no .metadata); point it at a step-N folder, e.g. a seed checkpoint's step-0",
+            )
+        check_same_model(Path(c.initial_load_path), cfg.model, "checkpoint.initial_load_path")
 
 
 def _hf_checkpoint(cfg: JobConfig, folder: str, key: str) -> None:

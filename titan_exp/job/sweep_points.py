@@ -80,7 +80,7 @@ def prepare_point(number: int, overrides: list[str], job_dir: Path, cfg: JobConf
     """A point, its job resolved and checked here, before any point starts, to know what room it needs."""
     point = SweepPoint(number, list(overrides), job_dir, threads_follow_cores=cfg.launcher.cpu_threads_per_rank == -1)
     try:
-        point.job = resolve(cfg)
+        point.job = resolve(cfg, job_dir=job_dir)
         preflight(point.job)
     except ConfigError as err:
         point.refused = err

@@ -27,3 +27,13 @@ def lr_factor(step: int, steps: int, cfg: LRSchedulerConfig) -> float:
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, cfg: LRSchedulerConfig) -> LambdaLR:
     return LambdaLR(optimizer, lambda step: lr_factor(step, steps, cfg))
+
+
+def follow_this_schedule(scheduler: LambdaLR) -> None:
+    """After a resume: the LR of the step the schedule is at, from this job's schedule. The
+    optimizer's saved state sets the saved job's LR (from a schedule over its training.steps), which
+    would stand for one step and then jump to this job's (a resume with more steps)."""
+    lrs = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports, as LambdaLR.step() would have set it

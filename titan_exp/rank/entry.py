@@ -18,11 +18,13 @@ from launchers.env import RankEnv, export_external_environment
 from launchers.registry import LAUNCHERS
 from launchers.signals import StopRequested
 from titan_exp.checkpoint.layout import latest_step, run_id_beside
+from titan_exp.checkpoint.model_record import NOT_WEIGHTS
 from titan_exp.config.job import ResolvedJob
 from titan_exp.job.context import RunContext
 from titan_exp.job.result import JobStopped, RankResult
 from titan_exp.metrics import startup
 from titan_exp.rank.tracked_run import LeaveRunOpen, tracked_run
+from titan_exp.tracking.run import why_not_go_on_in
 
 
 def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
@@ -37,7 +39,8 @@ def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
     startup.mark("rank_imports")
     tracking = env.rank == 0 and job.store is not None
     try:
-        defer, resumed = _ranks_take_every_core(job, env), _run_to_resume(job, ctx, engine)
+        defer = _ranks_take_every_core(job, env)
+        resumed = _run_to_resume(job, ctx, engine) if tracking else None
         with tracked_run(job, ctx, resumed, defer) if tracking else contextlib.nullcontext() as tracker:
             startup.mark("writer_start")
             if job.placement.device == "cuda" and not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & set(
@@ -100,10 +103,26 @@ def _after_stop(
 def _run_to_resume(job: ResolvedJob, ctx: RunContext, engine: Launcher) -> str | None:
     """The MLflow run a job goes on writing: the first run's of a job its engine started again (a
     requeue; not under torchrun or srun, whose restarts the engine does not know of), a job that
-    resumes from a checkpoint the run that saved it (if the store has it; otherwise a new run)."""
+    resumes from a checkpoint the run that saved it where that run may go on (why_not_go_on_in;
+    otherwise a new run). Rank 0's, with tracking."""
     if ctx.started_by == engine.name and engine.restarted() and ctx.run_id_file.exists():
         return ctx.run_id_file.read_text().strip()
     folder = job.config.checkpoint.folder
     if job.config.checkpoint.enable and latest_step(folder) is not None and run_id_beside(folder).exists():
-        return run_id_beside(folder).read_text().strip()
+        run_id = run_id_beside(folder).read_text().strip()
+        if (why_not := why_not_go_on_in(job.store.uri, run_id, _resume_expects(job))) is None:
+            return run_id
+        print(f"titan_exp: resuming from {folder} in a new MLflow run: {why_not}", flush=True)
     return None
+
+
+def _resume_expects(job: ResolvedJob) -> dict[str, object]:
+    """What the run of a checkpoint this job resumes from logged as the job has it: the folder, and
+    each model key that shapes the weights (checkpoint/model_record.py)."""
+    not_weights = tuple(f"model.{name}" for name in NOT_WEIGHTS)
+    params = job.params()
+    return {
+        k: v
+        for k, v in params.items()
+        if k == "checkpoint.folder" or k.startswith("model.") and not k.startswith(not_weights)
+    }

@@ -124,6 +124,25 @@ class MlflowRun:
         with_retries(lambda: self.client.set_terminated(self.run_id, status=status, end_time=end_ms))
 
 
+def why_not_go_on_in(uri: str, run_id: str, expects: dict[str, object]) -> str | None:
+    """Why a job may not go on writing run `run_id` (None: it may): only a run that did not finish
+    and logged each of `expects` as this job has it (its checkpoint folder, its model) is the run
+    of the job's checkpoint. A run-id file beside a checkpoint proves nothing (it may be copied, or
+    crafted), and a finished run's record stays as it ended."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = with_retries(lambda: client(uri).get_run(run_id))
+    except MlflowException:
+        return f"the store has no run {run_id}"
+    if found.info.status == "FINISHED":
+        return f"run {run_id} finished; its record stays as it is"
+    for key, value in expects.items():
+        if (logged := found.data.params.get(key)) != str(value)[:_MAX_PARAM_LENGTH]:
+            return f"run {run_id} logged {key}={logged}, this job has {value}"
+    return None
+
+
 def now_ms() -> int:
     """The time as MLflow keeps it (ms since the epoch)."""
     return int(time.time() * 1000)

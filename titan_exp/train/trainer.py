@@ -110,7 +110,9 @@ class Trainer:
         materialize(model, job.config, device)
         startup.mark("model")
         if job.config.checkpoint.create_seed_checkpoint:
-            path = save_model(model.parts[0], job.config.checkpoint.folder)  # one rank, one part (config/check.py)
+            path = save_model(
+                model.parts[0], job.config.checkpoint.folder, job.config.model
+            )  # one rank, one part (config/check.py)
             leader.say(f"seed checkpoint written to {path}; load it with checkpoint.initial_load_path={path}")
             return {}
         return cls(job, env, device, model, mesh, job_dir, leader).train()

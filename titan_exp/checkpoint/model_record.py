@@ -1,0 +1,67 @@
+"""Which model a checkpoint holds, in a file beside its tensors: step-N/model.json, the model section of
+the job that saved it. A job that resumes from a checkpoint or loads its weights is checked against
+it before any rank starts, naming the first key that differs (a rank would only fail later, with
+a size mismatch deep in DCP). JSON, not DCP's pickled .metadata: the launching process neither
+imports torch nor unpickles what a folder holds. Torch-free."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+from titan_exp.models.config import ModelConfig
+from titan_exp.rules import ConfigError
+
+MODEL_FILE = "model.json"
+# Keys that change no tensor of the checkpoint: labels, the longest sequence (the rotary table is
+# rebuilt, not saved), and the rotary embedding's and norms' constants (a long-context run goes on
+# from a short one's weights).
+NOT_WEIGHTS = ("name", "flavor", "hf_path", "max_seq_len", "norm_eps", "rope_")
+# Larger than any model section: a file beyond it is not one of ours.
+_MAX_BYTES = 1 << 20
+
+
+def write_model_record(step_folder: Path, model: ModelConfig) -> None:
+    (step_folder / MODEL_FILE).write_text(json.dumps({"model": dataclasses.asdict(model)}, indent=1))
+
+
+def check_same_model(step_folder: Path, model: ModelConfig, key: str) -> None:
+    """Refuse a checkpoint whose model differs from `model` in a key that shapes its tensors (`key`:
+    the config key that led to it). A checkpoint without the record (saved elsewhere) is not checked."""
+    record = step_folder / MODEL_FILE
+    if not record.is_file():
+        return
+    try:
+        if record.stat().st_size > _MAX_BYTES:
+            raise ValueError(f"larger than {_MAX_BYTES} bytes")
+        theirs = json.loads(record.read_text())["model"]
+        if not isinstance(theirs, dict):
+            raise ValueError("no model section")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(
+            key, str(step_folder), f"its {MODEL_FILE} cannot be read ({err}); point {key} elsewhere"
+        ) from None
+    ours = _flat(json.loads(json.dumps(dataclasses.asdict(model))))  # tuples as the record holds them
+    saved = _flat(theirs)
+    if saved.get("name") != ours["name"]:
+        raise ConfigError(
+            key, str(step_folder), f"holds a {saved.get('name')} model, not {ours['name']}; point {key} elsewhere"
+        )
+    for name in [*ours, *(name for name in saved if name not in ours)]:
+        if name.startswith(NOT_WEIGHTS) or ours.get(name) == saved.get(name):
+            continue
+        raise ConfigError(
+            f"model.{name}",
+            ours.get(name),
+            f"the checkpoint in {step_folder} has {saved.get(name)}; train that model (model.{name}={saved.get(name)}) "
+            f"or point {key} elsewhere",
+        )
+
+
+def _flat(section: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for name, value in section.items():
+        if isinstance(value, dict):
+            flat |= _flat(value, f"{prefix}{name}.")
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat

@@ -25,10 +25,11 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.rules import ConfigError
 
 
-def resolve(cfg: JobConfig, place: bool = True, job_dir: Path | None = None) -> ResolvedJob:
+def resolve(cfg: JobConfig, place: bool = True, job_dir: Path | None = None, room: bool = True) -> ResolvedJob:
     """The resolved job of `cfg`; raises ConfigError before anything starts. `place=False` (the
     planner's): resolved as for a dry run, the world as the launcher spells it out, placed nowhere.
-    `job_dir`: the job's folder, where its own checkpoints go (none: a job that is not run)."""
+    `job_dir`: the job's folder, where its own checkpoints go (none: a job that is not run).
+    `room=False`: placed without asking whether this machine has room for it (`show`)."""
     cfg = copy.deepcopy(cfg)
     apply_aliases(cfg)
     _model_from_hf(cfg)
@@ -38,7 +39,7 @@ def resolve(cfg: JobConfig, place: bool = True, job_dir: Path | None = None) -> 
     dims = ParallelDims.resolve(cfg.parallelism, placement.world_size)
     _fill_in(cfg, placement, dims, job_dir)
     check.check_job(cfg, dims, placement, placed=place)
-    if place and cfg.debug.comm_mode == "real":
+    if place and room and cfg.debug.comm_mode == "real":
         cfg.launcher.engine().check_room(placement, cfg.launcher.oversubscribe)
     cfg.freeze()
     return ResolvedJob(cfg, dims, placement)

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = compose_job_config(args.overrides)
-        job = resolve(cfg)
+        job = resolve(cfg, room=False)  # shown whether or not this machine could run it
     except ConfigError as err:
         print(f"titan_exp: config error: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -72,6 +72,10 @@ def main(argv: list[str]) -> int:
     print(summary(job))
     for caution in cautions(cfg, job.dims):
         print(f"caution: {caution}")
+    try:
+        job.launcher.check_room(job.placement, cfg.launcher.oversubscribe)
+    except ConfigError as err:
+        print(f"caution: not here as it is: {err}")
     if not args.summary:
         print("\n# the resolved config\n" + OmegaConf.to_yaml(OmegaConf.structured(job.config)), end="")
     return 0

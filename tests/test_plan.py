@@ -277,8 +277,8 @@ def test_a_grid_over_tp_degrees_trains_the_same_tokens_per_step_at_every_point(t
         "1", "2", "4", "8"
     ]  # fmt: skip
     # Each keeping its local batch instead: the global batch follows the data-parallel degree.
-    out, rows = plan([*args, "tracking=none", "sweep.batch=local"], tmp_path / "local")
-    assert "every point keeps its local batch (sweep.batch=local)" in out
+    out, rows = plan([*args, "tracking=none", "sweep.batch=per_rank"], tmp_path / "local")
+    assert "every point keeps its local batch (sweep.batch=per_rank)" in out
     assert sorted(int(r["global batch"]) for r in rows) == [2, 4, 8, 16] and {r["accumulation"] for r in rows} == {"1"}
 
 

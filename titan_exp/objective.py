@@ -39,8 +39,8 @@ class SweepConfig(Section):
     objective: str = one_of(*OBJECTIVES)
     # What the points of a sweep or a plan grid hold fixed (job/held_batch.py): `global`, the tokens per
     # optimizer step (each point's local batch and accumulation derived from its data-parallel
-    # degree), so that layouts are compared on the same work; `local`, each point's local batch.
-    batch: str = one_of("global", "local")
+    # degree), so that layouts are compared on the same work; `per_rank`, each point's local batch.
+    batch: str = one_of("global", "per_rank")
 
 
 class PointReturn(float):

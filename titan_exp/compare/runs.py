@@ -22,7 +22,13 @@ PLACEMENT = ("launcher.", "checkpoint.folder", "data.cache_dir", "profiling.save
 # What changes with the data-parallel size alone when a layout is scaled out (strong or weak), and
 # a key read or not by that size (FSDP's resharding: nothing is sharded on one device).
 DATA_PARALLEL_DEGREES = ("parallelism.data_parallel_shard_degree", "parallelism.data_parallel_replicate_degree")
-DATA_PARALLEL_KEYS = (*DATA_PARALLEL_DEGREES, "training.global_batch_size", "parallelism.fsdp_reshard_after_forward")
+# Under a held global batch (job/held_batch.py) the local batch follows the data-parallel size too.
+DATA_PARALLEL_KEYS = (
+    *DATA_PARALLEL_DEGREES,
+    "training.global_batch_size",
+    "training.local_batch_size",
+    "parallelism.fsdp_reshard_after_forward",
+)
 # Params the strategy table shows in columns of their own (the run's name gives the degrees).
 SHOWN_ELSEWHERE = (
     *DATA_PARALLEL_DEGREES,

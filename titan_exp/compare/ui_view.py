@@ -26,11 +26,11 @@ STRATEGY_COLUMNS = (
     "tags.`layout`",
     "tags.`world_size`",
     "tags.`mesh`",
+    *(f"metrics.`{key}`" for key in (names.TPS_MEAN, names.MFU_MEAN, *(key for key, _ in MEMORY_KEYS), names.LOSS)),
     # The work per optimizer step: layouts compare only where it is the same (job/held_batch.py).
     "params.`training.global_batch_size`",
     "params.`derived/global_batch_tokens`",
     "params.`derived/gradient_accumulation_steps`",
-    *(f"metrics.`{key}`" for key in (names.TPS_MEAN, names.MFU_MEAN, *(key for key, _ in MEMORY_KEYS), names.LOSS)),
     "tags.`status`",
 )
 # A MoE run's expert load, after the memory (MLflow shows no column for a metric no run has).

@@ -10,7 +10,7 @@ trains that many tokens: its global batch from its seq_len, its local batch the 
 its share and is no larger than the one it sets (the per-rank memory the user chose), the rest
 accumulated (a pipelined point, which cannot accumulate, takes its whole share per microstep). A point
 that sets training.global_batch_size trains that. Points that set different local batches keep them
-(the sweep compares batches), as `sweep.batch=local` keeps every point's: each global batch then
+(the sweep compares batches), as `sweep.batch=per_rank` keeps every point's: each global batch then
 follows its data-parallel degree. Torch-free."""
 
 import copy
@@ -46,7 +46,7 @@ def hold_global_batch(
     (a ConfigError naming the nearest batch every point can train). A point that does not resolve
     is passed on as it is: its own refusal comes when it is resolved."""
     if configs[0].sweep.batch != "global":
-        return list(configs), HeldBatch(None, [], "sweep.batch=local")
+        return list(configs), HeldBatch(None, [], "sweep.batch=per_rank")
     if len({cfg.training.local_batch_size for cfg in configs}) > 1:  # holding would undo what is swept
         return list(configs), HeldBatch(None, [], "the points set their own training.local_batch_size")
     resolved = [_dims_of(cfg, resolver) for cfg in configs]
@@ -101,7 +101,7 @@ def _batch_for(job: ResolvedJob, tokens_per_step: int, every_dp: int) -> tuple[i
     """(local batch, global batch) for `job` to train `tokens_per_step` tokens a step; `every_dp`,
     the least global batch that splits over every point's data-parallel ranks (for the refusal)."""
     t, dp = job.config.training, job.dims.dp
-    key, escape = "training.global_batch_size", "or sweep.batch=local keeps each point's local batch"
+    key, escape = "training.global_batch_size", "or sweep.batch=per_rank keeps each point's local batch"
     if tokens_per_step % t.seq_len:
         why = f"{tokens_per_step:,} tokens a step are not whole sequences of this point's seq_len {t.seq_len}"
         raise ConfigError(key, tokens_per_step / t.seq_len, f"{why}; set training.global_batch_size, {escape}")
@@ -130,6 +130,6 @@ def describe(held: HeldBatch, seq_len: int) -> str:
         )
     head = (
         f"every point trains {held.tokens_per_step:,} tokens a step ({held.tokens_per_step // seq_len} sequences of "
-        f"{seq_len} for the first; sweep.batch=local keeps each point's local batch instead)"
+        f"{seq_len} for the first; sweep.batch=per_rank keeps each point's local batch instead)"
     )
     return "\n".join([head, *(f"  {change}" for change in held.changes)])

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TextIO
 
 from launchers.devices import visible_gpu_ids
+from titan_exp.checkpoint.config import OWN_FOLDER, OWN_FOLDER_NAME
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
@@ -99,12 +100,21 @@ def check_every_point(points: list[SweepPoint]) -> None:
     for point in points:
         if point.job is None:  # pruned before it was resolved
             continue
-        if (first := seen.setdefault(repr(point.job.config), point)) is not point:
+        if (first := seen.setdefault(repr(_as_any_point(point)), point)) is not point:
             raise ConfigError(
                 "sweep",
                 f"[{first.number}] {' '.join(first.overrides)}, [{point.number}] {' '.join(point.overrides)}",
                 "these points are the same job; drop one of them",
             )
+
+
+def _as_any_point(point: SweepPoint) -> JobConfig:
+    """The point's config, what is its own for being this point left out: its checkpoint folder
+    under its job folder (the default)."""
+    own = str((point.job_dir / OWN_FOLDER_NAME).resolve())
+    if point.job.config.checkpoint.folder != own:
+        return point.job.config
+    return point.job.replaced(checkpoint={"folder": OWN_FOLDER}).config
 
 
 def label_points(points: list[SweepPoint]) -> None:

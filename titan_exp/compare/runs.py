@@ -88,14 +88,20 @@ class RunSummary:
     @property
     def family(self) -> tuple:
         """What runs that differ only in their data-parallel size share: every choice of the config
-        that the layout reads but where the ranks ran, and the device kind. Scaling efficiency is
-        measured within a family."""
+        that the layout reads but where the ranks ran, the device kind, and what the sweep held
+        fixed as the size changed: the tokens per step (strong scaling: a sweep's default,
+        job/held_batch.py) or the local batch (weak scaling: sweep.batch=per_rank, and runs that
+        logged no such choice). Scaling efficiency is measured within a family."""
         kept = (
             (key, value)
             for key, value in self.params.items()
             if not key.startswith(NOT_CHOICES + PLACEMENT) and key not in DATA_PARALLEL_KEYS and self.reads(key)
         )
-        return (self.device, *sorted(kept))
+        if self.params.get("sweep.batch") == "global":
+            held = ("tokens/step", self.params.get("derived/global_batch_tokens", ""))
+        else:
+            held = ("local batch", self.params.get("training.local_batch_size", ""))
+        return (self.device, held, *sorted(kept))
 
     def reads(self, key: str) -> bool:
         """Whether the run's layout reads this config key (runs logged before we recorded it: all)."""

@@ -292,3 +292,37 @@ def test_a_grid_point_that_cannot_train_the_held_batch_is_refused_naming_the_nea
     )
     assert "every point can train 6 or 12 (set it)" in said and "(grid point: launcher.nproc_per_node=3)" in said
     assert not (tmp_path / "plan").exists()
+
+
+def test_a_cpu_peak_measured_low_is_measured_again(tmp_path, plan):
+    """A cached peak taken on a busy machine would put a plan's MFU above 100%: the plan measures it
+    again and caches what beat it."""
+    import json
+
+    from titan_exp.metrics.peak_flops import cpu_name
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    low = {f"{cpu_name()}|torch.float32|threads=1": 1e6}  # 1 MFLOP/s: any timing beats it
+    (cache / "cpu_peak_flops.json").write_text(json.dumps(low))
+    args = ["launcher.nproc_per_node=2", "tracking=none", "plan.measure=false", f"data.cache_dir={cache}"]
+    _, [row] = plan(args, tmp_path)
+    assert 0 < float(row["MFU %"]) <= 100
+    assert json.loads((cache / "cpu_peak_flops.json").read_text())[next(iter(low))] > 1e9
+
+
+def test_compute_timed_without_the_cores_is_said_to_be_slow():
+    """What the plan's timing got of its threads' time: a wait (another process on the core) is not
+    work, and below 80% the plan says its compute figures are too slow."""
+    import time
+
+    from titan_exp.plan.measure import _CpuShare, busy_caution
+
+    with _CpuShare(threads=1) as waited:
+        time.sleep(0.3)
+    with _CpuShare(threads=1) as worked:
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.3:
+            pass
+    assert waited.share < 0.2 and "plan again on an idle machine" in busy_caution(waited.share)
+    assert worked.share > waited.share + 0.3 and busy_caution(1.0) is None  # (beside other tests' ranks)

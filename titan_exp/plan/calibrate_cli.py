@@ -168,7 +168,7 @@ def _observation(mlflow_client, run, hardware: str) -> Observation:
     path = mlflow_client.download_artifacts(run.info.run_id, OVERRIDES_ARTIFACT)
     overrides = yaml.safe_load(Path(path).read_text()) or []
     job = compose_point([*overrides, f"hardware={hardware}", "plan.measure=false", "tracking=none"])
-    hw, compute, oversubscription = step_inputs(job)
+    hw, compute, oversubscription, _ = step_inputs(job)
     tps = run.data.metrics[names.TPS_MEAN]
     reserved = run.data.metrics.get(names.MAX_RESERVED_GIB) or run.data.metrics.get(names.CPU_RSS_PEAK_GIB)
     return Observation(run.info.run_name, job, hw, tps, compute, oversubscription, reserved)

@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerow(COLUMNS)
         writer.writerows(rows)
     print(to_markdown(rows, COLUMNS), end="")
+    for caution in dict.fromkeys(caution for p in predictions for caution in p.cautions):
+        print(f"caution: {caution}")
     print(f"table: {out}/plan.md (.csv, .html); figures measured on this machine: "
           f"{sorted({k for p in predictions for k, v in p.sources.items() if v == MEASURED}) or 'none'}")  # fmt: skip
     _record(jobs, predictions, points, out, title)

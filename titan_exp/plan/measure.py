@@ -31,7 +31,7 @@ from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.memory import RankMemory, pipeline_chunks_in_flight
 from titan_exp.estimate.step_time import ComputeTimes
 from titan_exp.estimate.workload import DTYPE_BYTES, whole_under_tensor_parallel
-from titan_exp.metrics.peak_flops import cached, cpu_name, cpu_peak_flops
+from titan_exp.metrics.peak_flops import cached, cpu_name, cpu_peak_flops, raise_cpu_peak
 from titan_exp.optim.optimizer import Optimizers
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.mesh import ParallelMesh
@@ -132,29 +132,71 @@ def resolve_hardware(hw: HardwareConfig, threads: int, cache_dir: str) -> Hardwa
 
 def measured_compute(
     cfg: JobConfig, tokens: tuple[int, int], dims: ParallelDims, local_params: float, threads: int
-) -> ComputeTimes:
+) -> tuple[ComputeTimes, float]:
     """Times one layer (forward + backward, recomputation included), the output head with the loss,
     and the optimizer step over `local_params` parameters, for a microbatch of `tokens` = (samples,
     sequence length on this rank), on this machine with `threads` threads; the matmuls' share
     divided by tp, whose shards split them. Under tensor parallelism a layer also pays DTensor's
     dispatch: measured as the layer over a one-rank tp mesh (no communication; the MoE layer's
-    path as `dims` splits its experts) against the plain one."""
+    path as `dims` splits its experts) against the plain one. With the share of its threads' time
+    the timing got (_CpuShare)."""
     tp = dims.tp
-    with _threads(threads):
+    with _threads(threads), _CpuShare(threads) as got:
         layer, head, optimizer = _timed_parts(cfg, tokens, local_params, tensor_parallel=False)
-        if tp == 1:
-            return ComputeTimes(layer=layer, head=head, optimizer=optimizer)
-        with _one_rank_world():
-            tp_layer, tp_head, _ = _timed_parts(
-                cfg, tokens, local_params, tensor_parallel=True, experts_split=dims.experts_tp > 1
-            )
+        if tp > 1:
+            with _one_rank_world():
+                tp_layer, tp_head, _ = _timed_parts(
+                    cfg, tokens, local_params, tensor_parallel=True, experts_split=dims.experts_tp > 1
+                )
+    if tp == 1:
+        return ComputeTimes(layer=layer, head=head, optimizer=optimizer), got.share
     # What TP splits runs 1/tp as long; latent attention's down-projections run whole on every rank.
     whole = whole_under_tensor_parallel(cfg.model, cfg.training.seq_len)
-    return ComputeTimes(
+    times = ComputeTimes(
         layer=layer * (whole + (1 - whole) / tp) + max(0.0, tp_layer - layer),
         head=head / tp + max(0.0, tp_head - head),
         optimizer=optimizer,
     )
+    return times, got.share
+
+
+# The share of its threads' wall time below which a timing was taken on a busy machine (the
+# process is never scheduled all of it: the interpreter's own pauses, allocation).
+_BUSY_BELOW = 0.8
+
+
+class _CpuShare:
+    """The share of its threads' wall time this process got while inside: below _BUSY_BELOW other
+    processes took the cores, and what was timed runs slower than on this machine alone."""
+
+    def __init__(self, threads: int):
+        self.threads, self.share = threads, 1.0
+
+    def __enter__(self) -> "_CpuShare":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = max((time.perf_counter() - self.wall) * self.threads, 1e-9)
+        self.share = (time.process_time() - self.cpu) / wall
+
+
+def busy_caution(share: float) -> str | None:
+    """What a plan says of compute timed while its process got `share` of its threads' time."""
+    if share >= _BUSY_BELOW:
+        return None
+    return (
+        f"compute was timed while other processes took the cores (this one got {share:.0%} of its threads' "
+        "time): its step times are too slow; plan again on an idle machine"
+    )
+
+
+def raised_peak(hw: HardwareConfig, dtype: str, threads: int, cache_dir: str, beaten_by: float) -> HardwareConfig:
+    """`hw` with the CPU's peak for `dtype` measured again, at least `beaten_by` (FLOP/s a timing
+    reached): the cached one was measured on a busy machine (metrics/peak_flops.py)."""
+    with _threads(threads):
+        peak = raise_cpu_peak(getattr(torch, dtype), cache_dir, beaten_by)
+    return dataclasses.replace(hw, **{f"peak_tflops_{dtype}": peak / 1e12})
 
 
 @contextlib.contextmanager

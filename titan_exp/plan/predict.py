@@ -43,6 +43,8 @@ class Prediction:
     fake_pass: RankMemory | None = None
     # Where it does not fit: the nearest changes that fit by the same model (job/memory.py).
     fixes: tuple[str, ...] = ()
+    # What its figures rest on that a reader must know (compute timed on a busy machine).
+    cautions: tuple[str, ...] = ()
 
     @property
     def peak_gib(self) -> float:

@@ -4,6 +4,7 @@ rank it is."""
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,15 +80,32 @@ class Leader(Follower):
 
     is_writer = True
 
-    def __init__(self, tracker: BackgroundTracker | None, peak_flops: float, job_dir: Path | None = None):
-        """`job_dir`: where the job's events go (job/events.py); None: nowhere."""
+    def __init__(
+        self,
+        tracker: BackgroundTracker | None,
+        peak_flops: float,
+        job_dir: Path | None = None,
+        raise_peak: Callable[[float], float] | None = None,
+    ):
+        """`job_dir`: where the job's events go (job/events.py); None: nowhere. `raise_peak`: the
+        device's peak measured again once the run beats it (a CPU's: metrics/peak_flops.py)."""
         self.tracker, self.peak_flops, self.job_dir = tracker, peak_flops, job_dir
+        self.raise_peak = raise_peak
         self.meter: ThroughputMeter | None = None
         self.last: dict[str, object] = {}
         self.tokens_per_step = 0
 
     def say(self, text: str) -> None:
         print(text, flush=True)
+
+    def _peak_beaten(self, achieved: float) -> float:
+        peak = self.raise_peak(achieved)
+        self.say(
+            f"titan_exp: this run's {achieved / 1e12:.3f} TFLOP/s beat the device's peak "
+            f"{self.peak_flops / 1e12:.3f} (measured while the machine was busy): measured again, {peak / 1e12:.3f}"
+        )
+        self.peak_flops = peak
+        return peak
 
     def start(self, facts: RunFacts) -> None:
         """The job's facts, printed and tracked; the meter started."""
@@ -117,7 +135,9 @@ class Leader(Follower):
                 self.tracker.log_text(json.dumps(facts.host_grid), MESH_HOSTS_ARTIFACT)
         # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
         mfu_peak = None if job.config.quantize.low_precision else self.peak_flops
-        self.meter = ThroughputMeter(per_token, mfu_peak, dims.non_data_parallel_size, facts.device)
+        self.meter = ThroughputMeter(
+            per_token, mfu_peak, dims.non_data_parallel_size, facts.device, self.raise_peak and self._peak_beaten
+        )
         self.tokens_per_step = t.local_batch_size * t.seq_len * job.accumulation
 
     def count(self, step: int, outcome: StepOutcome, audit_metrics: dict[str, float]) -> None:

@@ -6,10 +6,11 @@ tracks; every rank takes part in the collectives. A validation pass belongs besi
 run from `train` every so many steps."""
 
 import contextlib
+import functools
 import gc
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.data.text import prepare_tokens
 from titan_exp.metrics import startup
-from titan_exp.metrics.peak_flops import cpu_peak_flops, gpu_peak_flops
+from titan_exp.metrics.peak_flops import cpu_peak_flops, gpu_peak_flops, raise_cpu_peak
 from titan_exp.models.common.moe.balance import ExpertBalance
 from titan_exp.optim.optimizer import Optimizers
 from titan_exp.parallel.mesh import ParallelMesh, set_collective_timeout
@@ -93,7 +94,7 @@ class Trainer:
             # On CPU, measured while nothing else runs: the other ranks wait in the rendezvous and
             # rank 0's MLflow writer is paused.
             with tracker.paused() if tracker else contextlib.nullcontext():
-                leader = Leader(tracker, _peak_flops(job, device), job_dir)
+                leader = Leader(tracker, _peak_flops(job, device), job_dir, _raise_peak(job, device))
         startup.mark("peak_flops")
         with _process_group(env, device, job.config.comm.init_timeout_seconds):
             startup.mark("process_group")
@@ -220,6 +221,14 @@ def _peak_flops(job: ResolvedJob, device: torch.device) -> float:
     if device.type == "cuda":
         return gpu_peak_flops(torch.cuda.get_device_name(device))
     return cpu_peak_flops(getattr(torch, job.config.training.mixed_precision_param), job.config.data.cache_dir)
+
+
+def _raise_peak(job: ResolvedJob, device: torch.device) -> Callable[[float], float] | None:
+    """A CPU's measured peak is measured again when the run beats it; a GPU's is its profile's."""
+    if device.type == "cuda":
+        return None
+    dtype = getattr(torch, job.config.training.mixed_precision_param)
+    return functools.partial(raise_cpu_peak, dtype, job.config.data.cache_dir)
 
 
 @contextlib.contextmanager

@@ -257,11 +257,13 @@ class SlurmLauncher(Launcher):
             raise ConfigError("launcher.nodes", request.nodes, "must be > 0")
         if request.nproc_per_node == -1 and o.gpus_per_node <= 0:
             if request.degrees_product is None:
+                # With gpus_per_node=0 (CPU nodes) there are no GPUs to count ranks by.
+                by_gpus = "" if o.gpus_per_node == 0 else "launcher.gpus_per_node, or "
                 raise ConfigError(
                     "launcher.nproc_per_node",
                     -1,
                     "launcher=slurm cannot count a node's devices from here; set launcher.nproc_per_node "
-                    "(or launcher.gpus_per_node, or every parallel degree)",
+                    f"(or {by_gpus}every parallel degree)",
                 )
             if request.degrees_product % request.nodes:
                 raise ConfigError(

@@ -2,7 +2,10 @@
 sweep going on past a point that fails (a run whose gradients stop being finite fails naming the
 step: test_sweep_objective.py's study)."""
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -148,3 +151,25 @@ def test_a_sweep_over_layouts_trains_every_point_on_the_same_tokens_per_step(tmp
     assert runs["tp2"].data.params["derived/gradient_accumulation_steps"] == "2"
     fsdp, tp = (loss_curve(db, runs[layout].info.run_id) for layout in ("fsdp2", "tp2"))
     assert fsdp and len(fsdp) == len(tp) and all(abs(a - b) < 1e-4 for a, b in zip(fsdp, tp)), (fsdp, tp)
+
+
+def test_a_reader_that_stops_early_ends_show_and_help_quietly(tmp_path):
+    """`titan_exp show | head`: no BrokenPipeError traceback, the status of a process SIGPIPE ended."""
+    for command in ("titan_exp show | head -1", "titan_exp --help | head -1"):
+        done = subprocess.run(
+            ["bash", "-c", f"{command}; echo status ${{PIPESTATUS[0]}} >&2"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert done.stdout.count("\n") == 1 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+        assert done.stderr.strip().splitlines()[-1] in ("status 0", "status 141"), done.stderr
+
+
+def test_matplotlibs_first_use_says_nothing_in_a_runs_console(tmp_path):
+    """Its font cache, built on first use, is logged at INFO: a job's console (Hydra logs INFO) stays clean."""
+    code = "import logging; logging.basicConfig(level=logging.INFO); from titan_exp.pyplot import pyplot; pyplot()"
+    env = {**os.environ, "MPLCONFIGDIR": str(tmp_path / "fresh")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "fontManager" not in done.stdout + done.stderr, done.stderr
+    assert (tmp_path / "fresh").is_dir()  # the cache was built, quietly

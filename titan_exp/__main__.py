@@ -4,6 +4,7 @@ sync); `titan_exp --help`: the project's page (help_page.py).
 
 Nothing here (nor anything it imports) loads torch: the ranks do (tests/test_architecture.py)."""
 
+import contextlib
 import os
 import signal
 import sys
@@ -105,14 +106,28 @@ def _complete_subcommands() -> None:
         print(" ".join(name for name in _SUBCOMMANDS if name.startswith(partial)))
 
 
+@contextlib.contextmanager
+def _reader_may_leave():
+    """`titan_exp show ... | head`: the reader closing the pipe ends the command quietly, with the
+    status of a process SIGPIPE ended (no traceback; Python's documented way, on stdout's flush too)."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + signal.SIGPIPE)
+
+
 def main() -> None:
     startup.mark("python_imports")
     if len(sys.argv) > 1 and sys.argv[1] in _SUBCOMMANDS:
-        sys.exit(_SUBCOMMANDS[sys.argv[1]][0](sys.argv[2:]))
+        with _reader_may_leave():
+            sys.exit(_SUBCOMMANDS[sys.argv[1]][0](sys.argv[2:]))
     if sys.argv[1:3] == ["-sc", "query=bash"]:
         _complete_subcommands()
     if len(sys.argv) > 1 and sys.argv[1] in ("--help", "-h"):
-        sys.stdout.write(help_page.page({name: summary for name, (_, summary) in _SUBCOMMANDS.items()}))
+        with _reader_may_leave():
+            sys.stdout.write(help_page.page({name: summary for name, (_, summary) in _SUBCOMMANDS.items()}))
         return
     register_schema()
     # Hydra then raises a config it cannot compose to us (one line below) rather than printing

@@ -104,9 +104,18 @@ def table(summaries: list[RunSummary], varying: list[str] = ()) -> list[list[str
     return rows
 
 
+EXPERT_LOAD_NOTE = (
+    f"{EXPERT_LOAD_COLUMN}: at the last logged step, the worst MoE layer's busiest expert over the mean "
+    "expert's tokens; a run's expert_load.png sums the tokens over the whole run, where one step's busy "
+    "experts are another's idle ones, so its per-layer figures are lower."
+)
+
+
 def notes(summaries: list[RunSummary], varying: list[str]) -> list[str]:
     """What a reader needs to read the table right: the lines under it."""
     lines = [SCALING_NOTE] if any(s.scaling_efficiency is not None for s in summaries) else []
+    if has_experts(summaries):
+        lines.append(EXPERT_LOAD_NOTE)
     if any(not s.reads(key) for s in summaries for key in varying):
         lines.append(f"{NOT_READ}: a key the run's layout does not read.")
     if any(s.oversubscribed for s in summaries):

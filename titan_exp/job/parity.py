@@ -13,7 +13,7 @@ from pathlib import Path
 from hydra import compose
 
 from titan_exp import metric_names as names
-from titan_exp.compare.plots import overlay
+from titan_exp.compare.plots import parity
 from titan_exp.compare.runs import loss_curve
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.resolve import resolve
@@ -45,7 +45,8 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
     ]
     check_every_point(points)
     layouts = {"parity.layouts": " | ".join(cfg.parity.layouts)}
-    sweep = Sweep(cfg.tracking, "loss_parity", job_dir, layouts, own_parent=True)
+    label = experiment[0].removeprefix("experiment=")  # loss_parity, loss_parity_moe: the parent run's name
+    sweep = Sweep(cfg.tracking, label, job_dir, layouts, own_parent=True)
     try:
         run_points(points, sweep.open(), cfg.launcher.max_parallel)
         for point in points:
@@ -113,12 +114,7 @@ def _report(curves: dict[str, list[float]], held_out: dict[str, list[float]], rt
         )
     table = "\n".join(lines)
     (job_dir / "loss_parity.md").write_text(table + "\n")
-    overlay(
-        {name: list(enumerate(curve, start=1)) for name, curve in curves.items()},
-        job_dir / "loss_parity.png",
-        "Loss parity across layouts (same seed checkpoint)",
-        "loss (global average)",
-    )
+    parity(curves, rtol, job_dir / "loss_parity.png", "Loss parity across layouts (same seed checkpoint)")
     print(table, flush=True)
     print(f"overlay plot: {job_dir / 'loss_parity.png'}", flush=True)
     return passed

@@ -7,6 +7,7 @@ import html
 import io
 from dataclasses import dataclass
 
+from titan_exp.pyplot import pyplot
 from titan_exp.units import GIB, MIB
 
 # torch's MemTracker categories (_MemRefType), in the order they are stacked, and their colors.
@@ -99,14 +100,10 @@ allocation and free of the step; its own peak: {audit.tracked_peak / MIB:,.1f} M
 
 
 def _timeline_png(audit: MemoryAudit) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     colors = dict(CATEGORIES.values())
     names = [name for name, sizes in audit.by_category.items() if any(sizes)]
-    figure, axes = plt.subplots(figsize=(10, 4.5), dpi=100)
+    figure, axes = plt.subplots(figsize=(10, 4.5), dpi=100, layout="constrained")
     stacked = [[size / MIB for size in audit.by_category[name]] for name in names]
     axes.stackplot(audit.times_ms, *stacked, labels=names, colors=[colors[name] for name in names])
     if audit.times_ms:
@@ -114,8 +111,7 @@ def _timeline_png(audit: MemoryAudit) -> str:
     axes.set_xlabel("ms into the step")
     axes.set_ylabel("MiB")
     axes.set_title(f"step {audit.step}, rank {audit.rank}: memory by category (peak {audit.peak / MIB:,.1f} MiB)")
-    axes.legend(loc="upper left", fontsize=8)
-    figure.tight_layout()
+    figure.legend(loc="outside right upper", fontsize=8, frameon=False)  # beside the areas, over none
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     plt.close(figure)

@@ -128,6 +128,7 @@ def test_a_sweep_with_a_duplicate_or_too_many_points_starts_nothing(tmp_path, ne
     assert not db.exists() and not (tmp_path / "multirun").exists()  # nor Hydra's multirun.yaml
 
 
+@pytest.mark.slow  # a 2-point sweep; by default: a grid's batches (test_plan.py), a sweep's (test_tracking.py)
 def test_a_sweep_over_layouts_trains_every_point_on_the_same_tokens_per_step(tmp_path, store):
     """`local_batch_size` is per data-parallel rank: tp2 beside fsdp2 would train half the sequences a
     step. The sweep holds the first point's tokens per step (job/held_batch.py), says so, and tp2

@@ -184,3 +184,38 @@ def test_mesh_tags_read_back_into_degrees():
     # Whatever ParallelDims writes into the `mesh` tag reads back as its degrees.
     dims = ParallelDims(pp=8, dp_replicate=2, dp_shard=16, cp=2, tp=8)
     assert parse_mesh(dims.describe()) == dims.mesh_shape()
+
+
+def _share_of_color(png, color: str) -> float:
+    """The share of the image's pixels within a small distance of `color` (a matplotlib colour)."""
+    import matplotlib.colors
+    import matplotlib.image
+    import numpy as np
+
+    pixels = matplotlib.image.imread(png)[..., :3]
+    target = np.array(matplotlib.colors.to_rgb(color))
+    return float((np.abs(pixels - target).max(axis=-1) < 0.08).mean())
+
+
+def test_equal_curves_both_stay_visible(tmp_path):
+    """fsdp and ddp train the same loss: the second curve drawn must not hide the first."""
+    from titan_exp.compare.plots import overlay
+
+    curve = [(step, 8.0 - 0.1 * step) for step in range(1, 31)]
+    overlay({"fsdp2": curve, "ddp2": curve}, tmp_path / "loss.png", "Loss curves", "loss")
+    assert _share_of_color(tmp_path / "loss.png", "C0") > 0.001 and _share_of_color(tmp_path / "loss.png", "C1") > 0.001
+
+
+def test_the_parity_plot_shows_each_layouts_deviation_against_the_tolerance_band(tmp_path):
+    """What parity is about: deviations from the reference inside the band ±rtol, drawn so (its green
+    band), beside the curves; a legend of nine long names fits the image."""
+    from titan_exp.compare.plots import parity
+
+    curve = [8.0 - 0.1 * step for step in range(30)]
+    layouts = {f"fsdp2·tp2·ep2·etp2 layout number {n}": [v * (1 + 1e-7 * n) for v in curve] for n in range(9)}
+    parity(layouts, 1e-5, tmp_path / "parity.png", "Loss parity")
+    import matplotlib.colors
+
+    green = matplotlib.colors.to_rgb("green")
+    band = tuple(1 - 0.12 * (1 - c) for c in green)  # the band over white, at its alpha 0.12
+    assert _share_of_color(tmp_path / "parity.png", band) > 0.05

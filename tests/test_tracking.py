@@ -227,6 +227,13 @@ def test_local_sweep_runs_its_points_side_by_side_and_compares_them_into_the_par
     cores = {run.data.params["derived/cpu_set"] for run in points}
     assert len(cores) == 2 and all(re.fullmatch(r"\d+", core) for core in cores)  # one core each, not the same
     assert {run.data.params["launcher.cpu_threads_per_rank"] for run in points} == {"1"}
+    # The same work a step at both sizes (job/held_batch.py): the 2-rank point halves its local batch.
+    params = [run.data.params for run in points]
+    assert len({p["derived/global_batch_tokens"] for p in params}) == 1
+    assert [(p["training.local_batch_size"], p["parallelism.data_parallel_shard_degree"]) for p in params] == [
+        ("2", "1"),
+        ("1", "2"),
+    ]
     # Two jobs writing to one store at once lose nothing: every step of every metric (the
     # throughput means from the second step, where the start-up went once at the first), and no
     # word of retries that succeeded.

@@ -27,6 +27,7 @@ register_schema()
 # (pyproject.toml's addopts: --no-loadscope-reorder), and a long one handed out last would run alone
 # at the end. Measured on 2 cores, the default suite's over 30 s, then the marked runs'.
 LONGEST_MODULES = (
+    "test_readme.py",  # marked only: every README command, about 5 minutes
     "test_launcher.py",
     "test_parity.py",
     "test_moe.py",

@@ -21,7 +21,7 @@ from titan_exp.models.registry import build_model
 from titan_exp.parallel.tensor_parallel import apply_tensor_parallel
 from titan_exp.tracking.journal import RUN_ID_FILE
 
-from conftest import loss_curve, mlflow_client, run_cli
+from conftest import loss_curve, mlflow_client, mlflow_runs, run_cli
 
 STEPS = 6
 LOAD = "moe/load_imbalance"  # the worst MoE layer's routed tokens per expert, max over mean
@@ -85,6 +85,8 @@ def parity_curves(run: str, folder: Path) -> tuple[dict[str, list[float]], dict[
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    [parent] = mlflow_runs(db, sweeps=True)
+    assert parent.info.run_name == experiment  # loss_parity_moe's, named so
     client = mlflow_client(db)
     run_ids = {layout: (folder / "run" / layout_folder(layout) / RUN_ID_FILE).read_text().strip() for layout in layouts}
     assert {client.get_run(run_id).data.tags["model"] for run_id in run_ids.values()} == {model}

@@ -139,3 +139,17 @@ def test_a_point_run_in_the_sweeps_own_process_returns_its_objective(tmp_path, s
     assert children[1e30].info.status == "FAILED"
     best = OmegaConf.load(tmp_path / "multirun" / "optimization_results.yaml")
     assert best.best_value == children[1e-3].data.metrics["loss/global_avg"]
+
+
+def test_a_study_of_the_batch_keeps_each_trials_batch():
+    """An optimising sweeper searching the batch (on the command line or in its params) compares
+    batches: its trials are not held to the first one's tokens per step (job/held_batch.py)."""
+    from hydra_plugins.titan_exp_launcher.titan_exp_launcher import _searched
+    from titan_exp.job.held_batch import BATCH_KEYS
+
+    def study(task: list[str], params: dict) -> set[str]:
+        return _searched(OmegaConf.create({"hydra": {"sweeper": {"params": params}, "overrides": {"task": task}}}))
+
+    assert study(["training.local_batch_size=choice(2,4,8)", "training.steps=3"], {}) & set(BATCH_KEYS)
+    assert study([], {"training.global_batch_size": "choice(8,16)"}) & set(BATCH_KEYS)
+    assert not study(["optimizer.lr=choice(1e-3,3e-3)", "training.local_batch_size=2"], {}) & set(BATCH_KEYS)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
@@ -19,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from titan_exp.config.compose import check_label_overrides, to_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
-from titan_exp.job.held_batch import describe, hold_global_batch
+from titan_exp.job.held_batch import BATCH_KEYS, describe, hold_global_batch
 from titan_exp.job.outcome import forget_folder, say
 from titan_exp.job.sweep import active_sweep
 from titan_exp.job.sweep_points import SweepPoint, check_every_point, label_points, prepare_point, run_points
@@ -83,6 +84,8 @@ class TitanExpLauncher(Launcher):
         first batch's first point sets it, for the batches an optimising sweeper sends next too. A
         point's saved config (.hydra/config.yaml) says the batch it trains."""
         tasks = [_task(config) for config in configs]
+        if self.config.hydra.sweeper._target_ != BASIC_SWEEPER and _searched(self.config) & set(BATCH_KEYS):
+            return tasks  # a study of the batch itself: each trial trains the batch it was given
         labels = _labels(job_overrides, configs)
         held, found = hold_global_batch(tasks, labels, resolve, self.tokens_per_step)
         if len(held) > 1 and self.tokens_per_step is None:
@@ -118,6 +121,15 @@ class TitanExpLauncher(Launcher):
         result.return_value = point_return(config.sweep.objective, value, ok)
         self.hydra_context.callbacks.on_job_end(config=config, job_return=result)
         return result
+
+
+def _searched(config: DictConfig) -> set[str]:
+    """The keys an optimising sweeper searches: its own params and the command line's sweeps."""
+    keys = set(OmegaConf.to_container(config.hydra.sweeper).get("params") or {})
+    for override in OverridesParser.create().parse_overrides(list(config.hydra.overrides.task)):
+        if override.is_sweep_override():
+            keys.add(override.get_key_element())
+    return keys
 
 
 def _labels(job_overrides: Sequence[Sequence[str]], configs: list[DictConfig]) -> list[str]:

@@ -23,6 +23,8 @@ from titan_exp.config.schema import JobConfig
 from titan_exp.rules import ConfigError
 
 _UNSET = -1  # training.global_batch_size's default: the local batch × data-parallel degree
+# What a sweep that varies them compares: then each point keeps its own.
+BATCH_KEYS = ("training.local_batch_size", "training.global_batch_size")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -99,3 +99,15 @@ class Section:
                 f"{type(self).__name__}.{name}: a resolved job is frozen; derive a new one (dataclasses.replace)"
             )
         object.__setattr__(self, name, value)
+
+
+def dotted_keys(tree: dict, prefix: str = "") -> dict[str, object]:
+    """A nested section as its dotted keys and their values ({"moe": {"top_k": 2}} → {"moe.top_k": 2}),
+    as the command line and MLflow's params name them."""
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(dotted_keys(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

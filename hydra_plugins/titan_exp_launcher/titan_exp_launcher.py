@@ -23,7 +23,7 @@ from titan_exp.config.schema import JobConfig
 from titan_exp.job.held_batch import BATCH_KEYS, describe, hold_global_batch
 from titan_exp.job.outcome import forget_folder, say
 from titan_exp.job.sweep import active_sweep
-from titan_exp.job.sweep_points import SweepPoint, check_every_point, label_points, prepare_point, run_points
+from titan_exp.job.sweep_points import SweepPoint, check_every_point, label_points, labels, prepare_point, run_points
 from titan_exp.objective import SweepConfig, check_sweeper, logged_value, point_return
 from titan_exp.plan.prune import Pruned, prune, record_pruned
 from titan_exp.rules import ConfigError
@@ -133,9 +133,8 @@ def _searched(config: DictConfig) -> set[str]:
 
 
 def _labels(job_overrides: Sequence[Sequence[str]], configs: list[DictConfig]) -> list[str]:
-    points = [SweepPoint(config.hydra.job.num, list(o), Path()) for o, config in zip(job_overrides, configs)]
-    label_points(points)
-    return [f"[{point.number}] {point.label}" for point in points]
+    named = labels([list(o) for o in job_overrides])
+    return [f"[{config.hydra.job.num}] {label}" for config, label in zip(configs, named)]
 
 
 def _prepare_points(

@@ -1,13 +1,18 @@
 """The `checkpoint` config group (torchtitan's key names)."""
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from titan_exp.rules import ConfigError, Section, check_positive
 
-# checkpoint.folder's default: the job's folder's `checkpoints` (config/resolve.py fills it in).
+# checkpoint.folder's default: the job's own folder, own_folder(job_dir) (config/resolve.py fills it in).
 OWN_FOLDER = ""
-OWN_FOLDER_NAME = "checkpoints"
+
+
+def own_folder(job_dir: Path) -> str:
+    """Where a job keeps its checkpoints unless checkpoint.folder names a folder."""
+    return str((job_dir / "checkpoints").resolve())
 
 
 @dataclass

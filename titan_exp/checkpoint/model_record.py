@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from titan_exp.models.config import ModelConfig
-from titan_exp.rules import ConfigError
+from titan_exp.rules import ConfigError, dotted_keys
 
 MODEL_FILE = "model.json"
 # Keys that change no tensor of the checkpoint: labels, the longest sequence (the rotary table is
@@ -40,8 +40,8 @@ def check_same_model(step_folder: Path, model: ModelConfig, key: str) -> None:
         raise ConfigError(
             key, str(step_folder), f"its {MODEL_FILE} cannot be read ({err}); point {key} elsewhere"
         ) from None
-    ours = _flat(json.loads(json.dumps(dataclasses.asdict(model))))  # tuples as the record holds them
-    saved = _flat(theirs)
+    ours = dotted_keys(json.loads(json.dumps(dataclasses.asdict(model))))  # tuples as the record holds them
+    saved = dotted_keys(theirs)
     if saved.get("name") != ours["name"]:
         raise ConfigError(
             key, str(step_folder), f"holds a {saved.get('name')} model, not {ours['name']}; point {key} elsewhere"
@@ -55,13 +55,3 @@ def check_same_model(step_folder: Path, model: ModelConfig, key: str) -> None:
             f"the checkpoint in {step_folder} has {saved.get(name)}; train that model (model.{name}={saved.get(name)}) "
             f"or point {key} elsewhere",
         )
-
-
-def _flat(section: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for name, value in section.items():
-        if isinstance(value, dict):
-            flat |= _flat(value, f"{prefix}{name}.")
-        else:
-            flat[f"{prefix}{name}"] = value
-    return flat

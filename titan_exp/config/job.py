@@ -14,6 +14,7 @@ from launchers.registry import environment_tags
 from titan_exp.config.schema import JobConfig
 from titan_exp.config.unread import unread_keys
 from titan_exp.parallel.dims import ParallelDims
+from titan_exp.rules import dotted_keys
 from titan_exp.tracking.config import Store
 
 
@@ -130,7 +131,7 @@ class ResolvedJob:
 
     def params(self) -> dict[str, object]:
         """The resolved config as MLflow params: {'training.steps': 50, ...}."""
-        return _flatten(OmegaConf.to_container(OmegaConf.structured(self.config)))
+        return dotted_keys(OmegaConf.to_container(OmegaConf.structured(self.config)))
 
 
 def changed_config(cfg: JobConfig, **sections: dict[str, object]) -> JobConfig:
@@ -140,13 +141,3 @@ def changed_config(cfg: JobConfig, **sections: dict[str, object]) -> JobConfig:
     if cfg._frozen:
         changed.freeze()
     return changed
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

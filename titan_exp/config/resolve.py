@@ -14,7 +14,7 @@ from pathlib import Path
 from launchers.base import Placement, PlacementRequest
 from launchers.devices import cpu_cores, threads_per_rank
 from launchers.env import external_launcher
-from titan_exp.checkpoint.config import OWN_FOLDER, OWN_FOLDER_NAME
+from titan_exp.checkpoint.config import OWN_FOLDER, own_folder
 from titan_exp.config import check
 from titan_exp.config.aliases import apply_aliases
 from titan_exp.config.job import ResolvedJob
@@ -109,7 +109,7 @@ def _fill_in(cfg: JobConfig, placement: Placement, dims: ParallelDims, job_dir: 
     if cfg.checkpoint.folder != OWN_FOLDER:
         cfg.checkpoint.folder = str(Path(cfg.checkpoint.folder).resolve())
     elif job_dir is not None:
-        cfg.checkpoint.folder = str((job_dir / OWN_FOLDER_NAME).resolve())
+        cfg.checkpoint.folder = own_folder(job_dir)
     if cfg.checkpoint.initial_load_path:
         cfg.checkpoint.initial_load_path = str(Path(cfg.checkpoint.initial_load_path).resolve())
     if cfg.tracking.enable:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TextIO
 
 from launchers.devices import visible_gpu_ids
-from titan_exp.checkpoint.config import OWN_FOLDER, OWN_FOLDER_NAME
+from titan_exp.checkpoint.config import OWN_FOLDER, own_folder
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
@@ -111,17 +111,26 @@ def check_every_point(points: list[SweepPoint]) -> None:
 def _as_any_point(point: SweepPoint) -> JobConfig:
     """The point's config, what is its own for being this point left out: its checkpoint folder
     under its job folder (the default)."""
-    own = str((point.job_dir / OWN_FOLDER_NAME).resolve())
-    if point.job.config.checkpoint.folder != own:
+    if point.job.config.checkpoint.folder != own_folder(point.job_dir):
         return point.job.config
     return point.job.replaced(checkpoint={"folder": OWN_FOLDER}).config
 
 
 def label_points(points: list[SweepPoint]) -> None:
     """Name each point by the overrides that vary across the sweep (all of them for a lone point)."""
-    shared = set.intersection(*(set(p.overrides) for p in points)) if len(points) > 1 else set()
-    for point in points:
-        point.label = " ".join(o for o in point.overrides if o not in shared) or "(defaults)"
+    for point, label in zip(points, labels([p.overrides for p in points])):
+        point.label = label
+
+
+def labels(points: list[list[str]]) -> list[str]:
+    """Each point's name: its overrides that vary across the points, or "(defaults)"."""
+    return [" ".join(mine) or "(defaults)" for mine in varying(points)]
+
+
+def varying(points: list[list[str]]) -> list[list[str]]:
+    """Each point's overrides that vary across the points (all of them for a lone point)."""
+    shared = set.intersection(*map(set, points)) if len(points) > 1 else set()
+    return [[o for o in point if o not in shared] for point in points]
 
 
 @dataclass

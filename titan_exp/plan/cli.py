@@ -31,6 +31,7 @@ from titan_exp.config.schema import JobConfig, register_schema
 from titan_exp.job import held_batch
 from titan_exp.job.outcome import composition_error
 from titan_exp.job.preflight import preflight
+from titan_exp.job.sweep_points import labels, varying
 from titan_exp.plan import calibrate_cli
 from titan_exp.plan.point import compose_config, plan_one
 from titan_exp.plan.predict import (
@@ -81,10 +82,9 @@ def grid(overrides: list[str]) -> list[list[str]]:
 def _hold_global_batch(points: list[list[str]]) -> tuple[list[JobConfig], held_batch.HeldBatch]:
     """The grid's points, each training the first one's tokens per step (job/held_batch.py); a point
     that cannot is refused, naming it."""
-    shared = set.intersection(*map(set, points)) if len(points) > 1 else set()
-    labels = [" ".join(o for o in point if o not in shared) or "(defaults)" for point in points]
-    held, found = held_batch.hold_global_batch([compose_config(point) for point in points], labels, resolve_for_plan)
-    for cfg, label in zip(held, labels):
+    named = labels(points)
+    held, found = held_batch.hold_global_batch([compose_config(point) for point in points], named, resolve_for_plan)
+    for cfg, label in zip(held, named):
         if isinstance(cfg, ConfigError):
             raise ConfigError(cfg.key, cfg.value, f"{cfg.fix} (grid point: {label})")
     return held, found
@@ -215,10 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(points) == 1:
         print(describe(predictions[0]))
     ranked = sorted(range(len(points)), key=lambda i: (not predictions[i].fits, -predictions[i].tps_per_device))
-    shared = set.intersection(*map(set, points)) if len(points) > 1 else set()  # the table shows what varies
-    rows = [
-        _row(n + 1, predictions[i], jobs[i], [o for o in points[i] if o not in shared]) for n, i in enumerate(ranked)
-    ]
+    shown = varying(points)  # the table shows what varies
+    rows = [_row(n + 1, predictions[i], jobs[i], shown[i]) for n, i in enumerate(ranked)]
     out = args.out or Path("outputs") / "plans" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     title = "plan: " + " ".join(args.overrides)

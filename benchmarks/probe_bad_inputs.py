@@ -1,12 +1,16 @@
 """Bad inputs as a user (or a careless script) gives them, each run as a command from a fresh folder:
 is each refused cleanly (exit 2, one line on stderr, no traceback, no store written, no run folder
-left)? Prints a line per input and the tally. The inputs are the probe's of issue 24 and more of
-their kind; add yours.
+left), within MEMORY_BOUND and TIME_BOUND_S? Prints a line per input (with its peak memory and
+time) and the tally. The inputs are the probe's of issue 24 and more of their kind, then issue 47's
+crafted files (tests/crafted.py: devices, FIFOs, headers that lie, config.json values of the wrong
+type); add yours.
 
-    python benchmarks/probe_bad_inputs.py            # about 3 minutes on 2 cores
+    python benchmarks/probe_bad_inputs.py            # about 5 minutes on 2 cores
 """
 
 import os
+import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,6 +18,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from crafted import CASES, Case, files_data  # noqa: E402
+
+# No case may take more (the launching process and anything it started, at its peak) ...
+MEMORY_BOUND = 2 << 30
+TIME_BOUND_S = 60
+# ... and none may take the machine down trying: each command runs under this address-space limit.
+_ADDRESS_SPACE = 8 << 30
 # Each: the arguments of `python -m titan_exp`.
 BAD_INPUTS = [
     *(
@@ -84,40 +96,84 @@ BAD_INPUTS = [
 ]
 
 
+def _one_line_of_200_mb(folder: Path) -> list[str]:
+    """Issue 47's: the launcher alone grew to 6.8 GB reading and tokenizing it."""
+    data = folder / "long.jsonl"
+    with open(data, "w") as file:
+        file.write('{"text": "' + "word " * (40 << 20) + '"}\n')
+    return files_data(folder, data)
+
+
+# Here only: each writes 200 MB (tests/unit/test_unit_crafted_inputs.py checks the bound with less).
+PROBE_ONLY = [Case("data file: one line of 200 MB", _one_line_of_200_mb)]
+
+
+def _bounded() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (_ADDRESS_SPACE, _ADDRESS_SPACE))
+    os.setsid()  # its own group: a case past its time is killed whole
+
+
+def run_bounded(command: list[str], folder: Path) -> tuple[int | None, str, str, int, float]:
+    """(exit status, None if killed past TIME_BOUND_S; stdout; stderr; peak memory in bytes of the
+    command and what it waited for; seconds)."""
+    out, err = folder.parent / f"{folder.name}.out", folder.parent / f"{folder.name}.err"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    started = time.monotonic()
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        process = subprocess.Popen(command, cwd=folder, env=env, stdout=stdout, stderr=stderr, preexec_fn=_bounded)
+    status = None
+    while time.monotonic() - started < TIME_BOUND_S:
+        pid, wait_status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            status = os.waitstatus_to_exitcode(wait_status)
+            break
+        time.sleep(0.05)
+    else:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, _, usage = os.wait4(process.pid, 0)
+    process.returncode = status  # reaped here, not by Popen
+    return status, out.read_text(), err.read_text(), usage.ru_maxrss * 1024, time.monotonic() - started
+
+
 def refused_cleanly(args: list[str], folder: Path) -> tuple[bool, str]:
     """(refused cleanly, what it said or why not)."""
     args = [a.replace("EMPTY", str(folder / "empty.txt")).replace("NOTES", str(folder / "notes.db")) for a in args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "titan_exp", *args, f"tracking.uri=sqlite:///{folder}/mlflow.db"]
-        if args[0] not in ("ui", "compare") and not any(a.startswith("tracking.uri=") for a in args)
-        else [sys.executable, "-m", "titan_exp", *args],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    said = done.stderr.strip().splitlines()
+    command = [sys.executable, "-m", "titan_exp", *args]
+    if args[0] not in ("ui", "compare") and not any(a.startswith("tracking.uri=") for a in args):
+        command.append(f"tracking.uri=sqlite:///{folder}/mlflow.db")
+    status, stdout, stderr, peak, seconds = run_bounded(command, folder)
+    said = stderr.strip().splitlines()
     problems = [
-        f"exit {done.returncode}" if done.returncode != 2 else "",
+        f"still running after {TIME_BOUND_S} s" if status is None else f"exit {status}" if status != 2 else "",
+        f"{peak / 2**30:.1f} GiB" if peak > MEMORY_BOUND else "",
         f"{len(said)} lines" if len(said) != 1 else "",
-        "a traceback" if "Traceback" in done.stderr + done.stdout else "",
+        "a traceback" if "Traceback" in stderr + stdout else "",
         "a store written" if (folder / "mlflow.db").exists() else "",
         "a run folder left" if (folder / "outputs" / "runs").exists() else "",
     ]
     problems = [p for p in problems if p]
-    return not problems, "; ".join(problems) + (f" -- {said[-1][:150]}" if said else "") if problems else said[0]
+    measured = f"[{peak / 2**20:4.0f} MiB {seconds:4.1f} s]"
+    if problems:
+        return False, f"{measured} {'; '.join(problems)}" + (f" -- {said[-1][:150]}" if said else "")
+    return True, f"{measured} {said[0]}"
 
 
 def main() -> int:
     clean, started = 0, time.monotonic()
-    for args in BAD_INPUTS:
+    inputs = [(" ".join(args), lambda _, a=args: a) for args in BAD_INPUTS] + [
+        (c.name, c.make) for c in CASES + PROBE_ONLY
+    ]
+    for label, make in inputs:
         with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp)
+            folder = Path(tmp) / "here"
+            folder.mkdir()
             (folder / "empty.txt").write_text("")
             (folder / "notes.db").write_text("these are notes\n")
-            ok, said = refused_cleanly(args, folder)
+            ok, said = refused_cleanly(make(folder), folder)
         clean += ok
-        print(f"{'refused ' if ok else 'NOT CLEAN'}  {' '.join(args)[:70]:70}  {said[:160]}", flush=True)
-    print(f"\n{clean} of {len(BAD_INPUTS)} bad inputs refused cleanly ({time.monotonic() - started:.0f} s)")
-    return 0 if clean == len(BAD_INPUTS) else 1
+        print(f"{'refused ' if ok else 'NOT CLEAN'}  {label[:60]:60}  {said[:170]}", flush=True)
+    print(f"\n{clean} of {len(inputs)} bad inputs refused cleanly ({time.monotonic() - started:.0f} s)")
+    return 0 if clean == len(inputs) else 1
 
 
 if __name__ == "__main__":

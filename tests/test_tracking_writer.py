@@ -102,8 +102,53 @@ def test_a_run_that_ended_is_reopened_running_and_an_unknown_one_is_not(tmp_path
     cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
     run = MlflowRun.create(cfg, "failed", {})
     run.finish("FAILED", "rank 1 failed: killed")
-    reopened = MlflowRun.reopen(cfg.uri, run.run_id)
+    reopened = MlflowRun.reopen(cfg.uri, run.run_id, "a-token")
     found = reopened.client.get_run(run.run_id)
     assert found.info.status == "RUNNING"
     assert found.data.tags["status"] == "running" and "failure_reason" not in found.data.tags
-    assert MlflowRun.reopen(cfg.uri, "0" * 32) is None
+    assert MlflowRun.reopen(cfg.uri, "0" * 32, "a-token") is None
+
+
+def test_a_store_locked_by_another_process_is_ridden_out_from_the_first_call(tmp_path):
+    """Issue 47 item 8: opening a client reads the tables, and failed at once while another process
+    held the store's exclusive lock (the job then exited 1 naming only SQLAlchemy's link). Every call,
+    opening included, waits out the lock; the run is created once it ends."""
+    import subprocess
+    import sys
+    import time
+
+    from titan_exp.tracking.config import TrackingConfig
+    from titan_exp.tracking.run import MlflowRun
+
+    db = tmp_path / "mlflow.db"
+    client(f"sqlite:///{db}")  # the store exists
+    hold = "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+    hold += "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(8); c.execute('COMMIT')"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(db)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    started = time.monotonic()
+    run = MlflowRun.create(TrackingConfig(uri=f"sqlite:///{db}"), "waited", {})
+    waited = time.monotonic() - started
+    assert holder.wait(timeout=30) == 0
+    assert waited > 5 and run.client.get_run(run.run_id).info.run_name == "waited"
+
+
+def test_a_run_id_file_is_written_whole_or_not_at_all(tmp_path):
+    """Issue 47 item 7: a full disk during a save left a 0-byte mlflow_run_id. Here the disk is full
+    for a process whose file-size limit is 0 (writes fail with EFBIG, as with ENOSPC): the id file
+    keeps its old content, and a new one is not left empty."""
+    import subprocess
+    import sys
+
+    (tmp_path / "old").write_text("a" * 32)
+    write = (
+        "import resource, signal, sys; from pathlib import Path; from titan_exp.tracking.run import write_run_id\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
+        "for name in ('old', 'new'):\n"
+        "    try: write_run_id(Path(sys.argv[1]) / name, 'b' * 32)\n"
+        "    except OSError as err: print(name, err.errno)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", write, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["old", "27", "new", "27"], done.stderr  # EFBIG
+    assert (tmp_path / "old").read_text() == "a" * 32
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]

@@ -58,7 +58,8 @@ def test_values_the_store_would_refuse_are_named_and_the_rest_replayed(tmp_path,
     assert {n for n in range(1, 15) if f"line {n}:" in said} == {3, 4, 5, 6, 7, 8, 10, 11, 12, 14}
     store = client(uri)
     run = store.get_run((job / RUN_ID_FILE).read_text())
-    assert run.data.params == {"lr": "0.003"} and run.info.status == "RUNNING"  # its only finish was refused
+    # Its only finish was refused, and no process writes the journal: the job is gone, the run KILLED.
+    assert run.data.params == {"lr": "0.003"} and run.info.status == "KILLED"
     assert [(m.step, m.value) for m in store.get_metric_history(run.info.run_id, "loss")] == [(1, 2.0), (3, 1.5)]
 
 

@@ -2,6 +2,7 @@
 the rest replayed into the job's configured store (tracking/journal.py, tracking/sync.py)."""
 
 import json
+import shutil
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -78,3 +79,70 @@ def test_without_its_config_a_journal_is_synced_only_into_a_store_given_by_hand(
     assert not (tmp_path / "named.db").exists()
     assert sync.main([str(job), "--uri", f"sqlite:///{tmp_path}/given.db"]) == 0
     assert (tmp_path / "given.db").exists() and not (tmp_path / "named.db").exists()
+
+
+def _journal(job: Path, *lines: list, owner: str | None = "token-of-this-job") -> None:
+    created = {"run_name": "r", "tags": {}, "start_ms": 1, **({"owner": owner} if owner else {})}
+    (job / "tracking_journal.jsonl").write_text(
+        "".join(json.dumps(line) + "\n" for line in [["create", created], *lines])
+    )
+
+
+def test_a_crafted_folder_naming_another_run_writes_nothing_into_it(tmp_path, capsys):
+    """Issue 47 item 2: a real .hydra/, a journal whose run-id file names an unrelated FINISHED run,
+    metrics and a `finish FAILED` line. The run carries no tag of the journal's owner token: refused,
+    the victim unchanged (with a token, or without one)."""
+    from titan_exp.tracking.config import TrackingConfig
+    from titan_exp.tracking.run import MlflowRun
+
+    job, db = _job_folder(tmp_path)
+    victim = MlflowRun.create(TrackingConfig(uri=f"sqlite:///{db}"), "victim", {})
+    victim.log_metrics([(1, {"loss/global_avg": 3.0}, 1000)])
+    victim.finish("FINISHED")
+    for owner in ("crafted-token", None):
+        (job / "mlflow_run_id").write_text(victim.run_id)
+        _journal(
+            job,
+            ["log_metrics", [[7, {"loss/global_avg": 9.0}, 5000]]],
+            ["finish", "FAILED", "hijacked", 6000],
+            owner=owner,
+        )
+        assert sync.main([str(job)]) == 1
+        assert "was not written by this job folder" in capsys.readouterr().err
+    found = client(f"sqlite:///{db}").get_run(victim.run_id)
+    assert found.info.status == "FINISHED" and "failure_reason" not in found.data.tags
+    assert [m.step for m in client(f"sqlite:///{db}").get_metric_history(victim.run_id, "loss/global_avg")] == [1]
+
+
+def test_sync_never_changes_how_a_run_ended_and_ends_one_whose_job_is_gone(tmp_path, capsys):
+    """The job's own run: a journal that says FAILED after the run ended FINISHED leaves it FINISHED
+    (its metrics still go in); a journal that stops without a word and that no process holds (its
+    job killed outright mid-save) ends its run KILLED, with the reason; one still held by a living
+    writer, or left open for a requeue, stays RUNNING."""
+    from titan_exp.tracking.journal import GONE_REASON, Journal
+
+    job, db = _job_folder(tmp_path)
+    store = client(f"sqlite:///{db}")
+    _journal(job, ["log_metrics", [[1, {"loss": 2.0}, 1000]]], ["finish", "FINISHED", None, 2000])
+    assert sync.main([str(job)]) == 0
+    run_id = (job / "mlflow_run_id").read_text()
+    _journal(job, ["log_metrics", [[2, {"loss": 1.0}, 3000]]], ["finish", "FAILED", "late word", 4000])
+    assert sync.main([str(job)]) == 0
+    assert "kept its end (FINISHED)" in capsys.readouterr().out
+    found = store.get_run(run_id)
+    assert found.info.status == "FINISHED" and [m.step for m in store.get_metric_history(run_id, "loss")] == [1, 2]
+
+    for name, last in (("held", None), ("requeued", ["leave_open", "requeued"]), ("gone", None)):
+        folder = tmp_path / name
+        shutil.copytree(job / ".hydra", folder / ".hydra")
+        _journal(folder, ["log_metrics", [[1, {"loss": 2.0}, 1000]]], *([last] if last else []), owner=name)
+        writer = Journal(folder / "tracking_journal.jsonl") if name == "held" else None
+        assert sync.main([str(folder)]) == 0
+        if writer:
+            writer.close()
+        found = store.get_run((folder / "mlflow_run_id").read_text())
+        if name == "gone":
+            assert found.info.status == "KILLED" and found.data.tags["failure_reason"] == GONE_REASON
+            assert found.info.end_time == 1000  # as of its last metric
+        else:
+            assert found.info.status == "RUNNING", name

@@ -52,7 +52,7 @@ def save_whole(
         ignore_unavoidable_warnings()  # DCP's in a process alone (a seed checkpoint)
         dcp.save(state, checkpoint_id=str(partial), planner=SpaceCheckingPlanner(folder))
         if is_writer:
-            write_model_record(partial, model)
+            write_model_record(partial, model, data_position="dataloader" in state)
         if also:
             also(partial)
     except (Exception, CheckpointException) as err:  # DCP's is a BaseException

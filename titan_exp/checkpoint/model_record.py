@@ -20,26 +20,52 @@ NOT_WEIGHTS = ("name", "flavor", "hf_path", "max_seq_len", "norm_eps", "rope_")
 _MAX_BYTES = 1 << 20
 
 
-def write_model_record(step_folder: Path, model: ModelConfig) -> None:
-    (step_folder / MODEL_FILE).write_text(json.dumps({"model": dataclasses.asdict(model)}, indent=1))
+def write_model_record(step_folder: Path, model: ModelConfig, data_position: bool) -> None:
+    """`data_position`: the checkpoint holds where a streamed data source stood (data=files)."""
+    record = {"model": dataclasses.asdict(model), "data_position": data_position}
+    (step_folder / MODEL_FILE).write_text(json.dumps(record, indent=1))
+
+
+def check_data_position(step_folder: Path, needed: bool) -> None:
+    """A resume whose data source reads on from a saved position (data=files) from a checkpoint
+    that holds none (saved by a data=text or synthetic run) is refused: its ranks would fail
+    looking for it. A checkpoint without the record is not checked."""
+    saved = _record(step_folder, "checkpoint.folder").get("data_position", needed)
+    if needed and not saved:
+        raise ConfigError(
+            "data.source",
+            "files",
+            f"the checkpoint in {step_folder} was saved by a run of another data source, which kept no "
+            "position in your documents; resume with that source, or point checkpoint.folder elsewhere "
+            "(checkpoint.initial_load_path takes its weights alone)",
+        )
+
+
+def _record(step_folder: Path, key: str) -> dict:
+    """The step folder's record ({} where it has none)."""
+    record = step_folder / MODEL_FILE
+    if not record.is_file():
+        return {}
+    try:
+        if record.stat().st_size > _MAX_BYTES:
+            raise ValueError(f"larger than {_MAX_BYTES} bytes")
+        saved = json.loads(record.read_text())
+        if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+            raise ValueError("no model section")
+        return saved
+    except (OSError, ValueError, RecursionError) as err:
+        raise ConfigError(
+            key, str(step_folder), f"its {MODEL_FILE} cannot be read ({err}); point {key} elsewhere"
+        ) from None
 
 
 def check_same_model(step_folder: Path, model: ModelConfig, key: str) -> None:
     """Refuse a checkpoint whose model differs from `model` in a key that shapes its tensors (`key`:
     the config key that led to it). A checkpoint without the record (saved elsewhere) is not checked."""
-    record = step_folder / MODEL_FILE
-    if not record.is_file():
+    record = _record(step_folder, key)
+    if not record:
         return
-    try:
-        if record.stat().st_size > _MAX_BYTES:
-            raise ValueError(f"larger than {_MAX_BYTES} bytes")
-        theirs = json.loads(record.read_text())["model"]
-        if not isinstance(theirs, dict):
-            raise ValueError("no model section")
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ConfigError(
-            key, str(step_folder), f"its {MODEL_FILE} cannot be read ({err}); point {key} elsewhere"
-        ) from None
+    theirs = record["model"]
     ours = dotted_keys(json.loads(json.dumps(dataclasses.asdict(model))))  # tuples as the record holds them
     saved = dotted_keys(theirs)
     if saved.get("name") != ours["name"]:

@@ -5,11 +5,12 @@ of seq_len+1 tokens across document boundaries (BOS + ids + EOS each, as torchti
 The windows form one stream, in file order (the globs' matches sorted) and record order within a
 file. Sample i is window i, whatever the layout: every rank reads the stream forward and keeps the
 windows its BatchPlan gives it, so the global batch is the same in every layout. Memory holds one
-record batch and one document's tokens, whatever the corpus's size. The position in the stream
+record batch, one record and a piece of its tokens, whatever the corpus's size. The position in the stream
 (file, record, the tokens carried over, the window) is what a checkpoint saves: a resumed run reads
 on from there, without reading again. Torch-free: the pre-flight reads each split's first window."""
 
 import json
+import os
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -24,13 +25,15 @@ class TooFewTokensError(ValueError):
 
 @dataclass
 class Position:
-    """Where the stream stands: the next record to read, the tokens read past the last window, and
-    that window's index (the next sample)."""
+    """Where the stream stands: the record being read and its next piece (a long document is read
+    in pieces: tokenizer.py), the tokens read past the last window, and that window's index (the
+    next sample)."""
 
     file: int = 0
     record: int = 0
     window: int = 0
     carry: list[int] = field(default_factory=list)
+    piece: int = 0
 
 
 class FilesSource:
@@ -58,6 +61,9 @@ class FilesSource:
         self.threshold = 0 if validation_paths else int(held_out * 2**32)
         self.position = Position()
         self._documents: Iterator[list[int]] | None = None
+        # Records without text passed over so far, and the files that had one.
+        self.skipped = 0
+        self._files_skipping: set[int] = set()
 
     def _keeps(self, file: int, record: int) -> bool:
         if not self.threshold:
@@ -69,15 +75,18 @@ class FilesSource:
         """Token ids of the documents from the position on, the position following each, for ever."""
         position = self.position
         while True:
-            whole_pass, tokens = position.file == 0 and position.record == 0, 0
+            whole_pass, tokens = position.file == position.record == position.piece == 0, 0
             for file in range(position.file, len(self.files)):
                 for text in records(self.files[file], self.text_field, position.record):
-                    keep = self._keeps(file, position.record)
-                    position.record += 1
-                    if keep:
-                        ids = self.tokenizer.encode(text)
-                        tokens += len(ids)
-                        yield ids
+                    if text is None:
+                        self._skipped(file, position.record)
+                    elif self._keeps(file, position.record):
+                        for piece, ids in enumerate(self.tokenizer.pieces(text)):
+                            if piece >= position.piece:  # those before were read before a resume
+                                position.piece = piece + 1
+                                tokens += len(ids)
+                                yield ids
+                    position.record, position.piece = position.record + 1, 0
                 position.file, position.record = file + 1, 0
             if whole_pass and tokens < self.window:  # else each pass yields a window at least
                 more = ", raise validation.held_out_fraction" if self.threshold and self.split == "validation" else ""
@@ -86,6 +95,17 @@ class FilesSource:
                     f"training.seq_len+1={self.window}; add documents{more} or lower training.seq_len"
                 )
             position.file = 0  # the stream ran out: the next epoch reads the same documents in the same order
+
+    def _skipped(self, file: int, record: int) -> None:
+        """A record without text is passed over; the first of each file is said in rank 0's log."""
+        self.skipped += 1
+        if file not in self._files_skipping and os.environ.get("RANK", "0") == "0":
+            self._files_skipping.add(file)
+            print(
+                f"data: {self.files[file]}: record {record} has no text in {self.text_field!r}; records "
+                "without text are skipped",
+                flush=True,
+            )
 
     def _next_window(self) -> list[int]:
         position = self.position

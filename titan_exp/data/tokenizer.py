@@ -2,10 +2,17 @@
 and the tokens that open and close a document in it. Torch-free: the pre-flight reads it too."""
 
 import functools
-import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from titan_exp.untrusted import read_json, regular_file
+
+# The largest tokenizer.json read (the tokenizers library parses it whole): published ones are 2-35 MB.
+MAX_TOKENIZER_BYTES = 256 << 20
+# Characters tokenized at a time: a long document goes through the tokenizer in pieces cut before a
+# space (where byte-level BPE's pre-tokenizer cuts too), so what the tokenizer holds stays bounded.
+PIECE_CHARS = 1 << 20
 # Names documents are opened and closed with, by family, where no tokenizer_config.json says.
 _BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
 _EOS_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>")
@@ -25,8 +32,28 @@ class DocumentTokenizer:
         return max(self.tokenizer.get_vocab(with_added_tokens=True).values()) + 1
 
     def encode(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        return ([self.bos] if self.bos is not None else []) + ids + [self.eos]
+        return [token for piece in self.pieces(text) for token in piece]
+
+    def pieces(self, text: str) -> Iterator[list[int]]:
+        """BOS + the document's ids + EOS, tokenized PIECE_CHARS at a time."""
+        start = 0
+        opening = [self.bos] if self.bos is not None else []
+        while True:
+            end = _cut(text, start, start + PIECE_CHARS)
+            ids = self.tokenizer.encode(text[start:end], add_special_tokens=False).ids
+            if end == len(text):
+                yield opening + ids + [self.eos]
+                return
+            yield opening + ids
+            opening, start = [], end
+
+
+def _cut(text: str, start: int, limit: int) -> int:
+    """Where a piece from `start` ends: before the last space up to `limit` (at `limit` if none)."""
+    if limit >= len(text):
+        return len(text)
+    space = text.rfind(" ", start + 1, limit)
+    return space if space > start else limit
 
 
 @functools.cache  # the pre-flight and both splits of a rank read the same file
@@ -34,6 +61,8 @@ def load_tokenizer(path: str) -> DocumentTokenizer:
     """The tokenizer in `path`; ValueError (one line) if it is none or has no end-of-document token."""
     from tokenizers import Tokenizer
 
+    if (size := regular_file(Path(path))) > MAX_TOKENIZER_BYTES:
+        raise ValueError(f"{size:,} bytes, more than the {MAX_TOKENIZER_BYTES:,} a tokenizer.json is read up to")
     try:
         tokenizer = Tokenizer.from_file(path)
     except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
@@ -55,13 +84,18 @@ def load_tokenizer(path: str) -> DocumentTokenizer:
 def _named_specials(path: Path) -> tuple[str | None, str | None]:
     """bos_token and eos_token of the tokenizer_config.json beside `path` (transformers writes one)."""
     config = path.with_name("tokenizer_config.json")
-    if not config.is_file():
+    if not config.exists():
         return None, None
-    values = json.loads(config.read_text())
+    values = read_json(config)
+    if not isinstance(values, dict):
+        raise ValueError(f"{config} holds a {type(values).__name__}, not a table of settings")
 
     def name(key: str) -> str | None:
         token = values.get(key)
-        return token.get("content") if isinstance(token, dict) else token
+        text = token.get("content") if isinstance(token, dict) else token
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"{config} has {key}={str(token)[:40]}, not a token's text")
+        return text
 
     return name("bos_token"), name("eos_token")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from titan_exp.checkpoint.config import OWN_FOLDER
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, folder_bytes, latest_step, step_dir
-from titan_exp.checkpoint.model_record import check_same_model
+from titan_exp.checkpoint.model_record import check_data_position, check_same_model
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.data.documents import SAVED_DATASET_MARK, SUFFIXES, expand, first_record_fields
@@ -76,7 +76,7 @@ def _tokenizer_file(cfg: JobConfig) -> None:
     """A tokenizer.json the tokenizers library reads, with an end-of-document token, whose ids the
     model's embedding holds."""
     path, vocab = cfg.data.tokenizer_path, cfg.model.vocab_size
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise ConfigError("data.tokenizer_path", path, "no such file; point it at a tokenizer.json")
     try:
         tokenizer = load_tokenizer(path)
@@ -111,6 +111,13 @@ def _document_files(key: str, globs: list[str], text_field: str) -> None:
                 raise ConfigError(
                     "data.text_field", text_field, f"{path}'s records have {', '.join(fields) or 'no fields'}; name one"
                 )
+            if fields is not None and not fields[text_field]:
+                texts = ", ".join(name for name, is_text in fields.items() if is_text) or "none"
+                raise ConfigError(
+                    "data.text_field",
+                    text_field,
+                    f"{path}'s first record holds no text there (fields with text: {texts})",
+                )
 
 
 def _one_window_each(cfg: JobConfig) -> None:
@@ -143,6 +150,7 @@ def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:
         _room_for_a_checkpoint(cfg, resumes_at)
     if resumes_at is not None:
         check_same_model(step_dir(c.folder, resumes_at), cfg.model, "checkpoint.folder")
+        check_data_position(step_dir(c.folder, resumes_at), needed=cfg.data.source == "files")
     if resumes_at is not None and resumes_at >= cfg.training.steps:
         raise ConfigError(
             "training.steps",

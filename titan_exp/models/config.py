@@ -25,6 +25,9 @@ _POSITIVE = (
     "rope_high_freq_factor",
     "rope_original_max_seq_len",
 )
+# Deeper than any model published (Llama 3 405B: 126 layers), so a typo or a crafted config.json,
+# not a model: the rules, the planner and a Hugging Face folder's check walk every layer.
+MAX_LAYERS = 10_000
 
 
 class Linear(NamedTuple):
@@ -81,6 +84,8 @@ class ModelConfig(Section):
         width that is not `dim`, a kv-head count of 0 read as "as many as heads")."""
         for name in _POSITIVE:
             check_positive(f"{key}.{name}", getattr(self, name))
+        if self.n_layers > MAX_LAYERS:
+            raise ConfigError(f"{key}.n_layers", self.n_layers, f"more than {MAX_LAYERS:,} layers; no model is so deep")
         super().check(key)
         self.moe.check(f"{key}.moe")
         if self.moe.enabled and self.moe.n_dense_layers >= self.n_layers:

@@ -3,14 +3,14 @@ launching process reads a folder's shape and checks its tensors before any rank 
 family names differently (config keys, parameter names, the rows HF orders its own way) is its
 `HFFormat`, in its folder; the weights move through checkpoint/hf.py."""
 
-import json
 import math
 import re
-import struct
+import typing
 from pathlib import Path
 
 from titan_exp.models.config import ModelConfig
 from titan_exp.rules import ConfigError
+from titan_exp.untrusted import FLOATING_DTYPES, read_json, safetensors_header
 
 CONFIG_FILE = "config.json"
 
@@ -68,14 +68,63 @@ class HFFormat:
 
 
 def read_hf_config(folder: str, key: str) -> dict:
-    """The config.json of a HF checkpoint folder; `key`: the config key that named the folder."""
+    """The config.json of a HF checkpoint folder (a table of settings, read within bounds:
+    untrusted.py); `key`: the config key that named the folder."""
     path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(key, folder, f"no {CONFIG_FILE} there; point it at a Hugging Face model folder")
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(key, folder, f"its {CONFIG_FILE} cannot be read ({err})") from None
+        hf = read_json(path)
+    except ValueError as err:
+        raise ConfigError(key, folder, f"its {CONFIG_FILE} cannot be read: {err}") from None
+    if not isinstance(hf, dict):
+        raise ConfigError(key, folder, f"its {CONFIG_FILE} holds a {_json_kind(hf)}, not a table of settings")
+    return hf
+
+
+_REQUIRED = object()
+
+
+def hf_value(hf: dict, theirs: str, kind: object, refuse, default: object = _REQUIRED, within: str = "") -> object:
+    """config.json's `theirs` (in its table `within`, e.g. rope_parameters), of `kind` (int, float,
+    bool, str, dict; a float may be written as an integer, never a bool as a number); `default`
+    where it is missing (else a refusal)."""
+    named = f"{within}.{theirs}" if within else theirs
+    if theirs not in hf or (hf[theirs] is None and default is not _REQUIRED):
+        if default is _REQUIRED:
+            raise refuse(f"no {named}, which the model needs")
+        return default
+    value = hf[theirs]
+    if kind is float and type(value) is int:
+        value = float(value)
+    if type(value) is not kind or (kind is float and not math.isfinite(value)):
+        raise refuse(f"{named}={_shown(value)}, not {_KIND_NAMES[kind]}")
+    return value
+
+
+def hf_field(hf: dict, theirs: str, ours: str, refuse, default: object = _REQUIRED, within: str = "") -> object:
+    """config.json's `theirs` as our ModelConfig field `ours`, of that field's type."""
+    hint = typing.get_type_hints(ModelConfig)[ours]
+    kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+    return hf_value(hf, theirs, kind, refuse, default, within)
+
+
+_KIND_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "text", dict: "a table"}
+
+
+def _json_kind(value: object) -> str:
+    return {list: "list", dict: "table", str: "text", type(None): "null", bool: "boolean"}.get(type(value), "number")
+
+
+def _shown(value: object) -> str:
+    text = (
+        repr(value)
+        if isinstance(value, str)
+        else f"a {_json_kind(value)}"
+        if isinstance(value, (list, dict))
+        else value
+    )
+    return str(text)[:60]
 
 
 def refusing(key: str, folder: str):
@@ -87,16 +136,22 @@ def refusing(key: str, folder: str):
     return refuse
 
 
-def safetensors_shapes(folder: str) -> dict[str, tuple[int, ...]]:
-    """Each tensor's shape in the folder's *.safetensors files, from their JSON headers alone (the
-    format: an 8-byte little-endian length, then the header)."""
-    shapes: dict[str, tuple[int, ...]] = {}
+def safetensors_tensors(folder: str, key: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each tensor's dtype and shape in the folder's *.safetensors files, from their headers alone,
+    each checked against its file (untrusted.py); a tensor in two files is refused (which would load?)."""
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    where: dict[str, Path] = {}
     for path in sorted(Path(folder).glob("*.safetensors")):
-        with open(path, "rb") as file:
-            (length,) = struct.unpack("<Q", file.read(8))
-            header = json.loads(file.read(length))
-        shapes.update({name: tuple(entry["shape"]) for name, entry in header.items() if name != "__metadata__"})
-    return shapes
+        try:
+            header = safetensors_header(path)
+        except ValueError as err:
+            raise ConfigError(key, folder, str(err)) from None
+        for name, entry in header.items():
+            if name in where:
+                raise ConfigError(key, folder, f"holds {name} twice, in {where[name].name} and {path.name}; keep one")
+            where[name] = path
+            tensors[name] = (entry["dtype"], tuple(entry["shape"]))
+    return tensors
 
 
 def check_hf_checkpoint(cfg: ModelConfig, theirs: ModelConfig, hf: HFFormat, folder: str, key: str) -> None:
@@ -112,14 +167,18 @@ def check_hf_checkpoint(cfg: ModelConfig, theirs: ModelConfig, hf: HFFormat, fol
                 f"the checkpoint in {folder} has {their_value}; add model=hf model.hf_path={folder} "
                 "to take the model's shape from it",
             )
-    found = safetensors_shapes(folder)
+    found = safetensors_tensors(folder, key)
     if not found:
         raise ConfigError(key, folder, "holds no *.safetensors files; point it at a Hugging Face model folder")
     for name, shape in hf.expected_shapes(cfg).items():
         if name not in found:
             raise ConfigError(key, folder, f"has no tensor {name}, which the model needs")
-        if found[name] != shape:
-            raise ConfigError(key, folder, f"holds {name} of shape {list(found[name])}, the model's is {list(shape)}")
+        dtype, their_shape = found[name]
+        if their_shape != shape:
+            raise ConfigError(key, folder, f"holds {name} of shape {list(their_shape)}, the model's is {list(shape)}")
+        if dtype not in FLOATING_DTYPES:
+            kinds = ", ".join(FLOATING_DTYPES)
+            raise ConfigError(key, folder, f"holds {name} as {dtype}; weights are floating point ({kinds})")
 
 
 def _close(a: object, b: object) -> bool:

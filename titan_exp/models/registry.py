@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 from titan_exp.models import deepseek_v3, llama3, qwen3
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.family import ModelFamily
-from titan_exp.models.hf import CONFIG_FILE, read_hf_config, refusing
+from titan_exp.models.hf import CONFIG_FILE, hf_value, read_hf_config, refusing
+from titan_exp.rules import ConfigError
 
 if TYPE_CHECKING:  # torch: imported where the model is built
     from titan_exp.models.common.transformer import Transformer
@@ -36,10 +37,15 @@ def config_from_hf(folder: str, key: str) -> ModelConfig:
     every shape field from the rest; `key` named the folder (a refusal names it)."""
     hf = read_hf_config(folder, key)
     refuse = refusing(key, folder)
-    model_type = hf.get("model_type")
+    model_type = hf_value(hf, "model_type", str, refuse, None)
     readers = {t: family for family in FAMILIES.values() if family.hf for t in family.hf.model_types}
     if model_type not in readers:
         known = ", ".join(f"{t} ({family.name})" for t, family in readers.items())
         raise refuse(f"model_type={model_type}; the {CONFIG_FILE} model types read here: {known}")
     family = readers[model_type]
-    return family.config(name=family.name, hf_path=folder, **family.hf.fields_from_hf(hf, refuse))
+    cfg = family.config(name=family.name, hf_path=folder, **family.hf.fields_from_hf(hf, refuse))
+    try:  # the shape rules (absurd sizes among them) before anything walks the layers
+        cfg.check("model")
+    except ConfigError as err:
+        raise ConfigError(key, folder, f"its {CONFIG_FILE} makes {err}") from None
+    return cfg

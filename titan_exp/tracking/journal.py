@@ -6,8 +6,8 @@ metric values the run holds already (same key, step and timestamp) are skipped, 
 artifacts are written again with the same content."""
 
 import dataclasses
+import fcntl
 import json
-import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import TextIO
 
 from titan_exp.tracking.config import TrackingConfig
-from titan_exp.tracking.run import MlflowRun, outcome
+from titan_exp.tracking.run import ENDED, MlflowRun, now_ms, outcome, owner_tag, write_run_id
 from titan_exp.tracking.store import server_answers
 
 # In a job's folder: the journal, the id of the run it belongs to (written once the run exists),
@@ -27,10 +27,16 @@ RUN_LOG_FILE = "rank0.log"
 
 class Journal:
     """Appends one line per call and flushes it: a rank killed outright loses at most the line it
-    was writing (the operating system holds what was flushed)."""
+    was writing (the operating system holds what was flushed). The writing process holds a lock on
+    the file while it lives (the kernel lets it go when it dies, however it dies): `sync` tells a
+    job that is gone from one still running by it (is_held)."""
 
     def __init__(self, path: Path):
         self._file: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held by a process still writing it (a job started twice in one folder)
+            pass
 
     def record(self, call: str, *args: object) -> None:
         self._file.write(json.dumps([call, *args], default=str) + "\n")
@@ -38,6 +44,17 @@ class Journal:
 
     def close(self) -> None:
         self._file.close()
+
+
+def is_held(path: Path) -> bool:
+    """Whether a living process writes the journal (holds its lock)."""
+    with open(path, encoding="utf-8") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(file, fcntl.LOCK_UN)
+    return False
 
 
 # The calls the writer journals, each with the types of its arguments: a line of any other shape is
@@ -51,6 +68,7 @@ _CALLS: dict[str, tuple[type | tuple[type, ...], ...]] = {
     "log_artifacts": (str, str),
     "set_tag": (str, str),
     "finish": (str, (str, type(None)), int),
+    "leave_open": (str,),  # the job goes on later (a requeue): its run stays open
 }
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
 
@@ -100,6 +118,8 @@ def _malformed(entry: object) -> str | None:
         return f"finish: status {args[0]!r} is none of {', '.join(_STATUSES)}, or no time"
     if call == "create" and not (isinstance(args[0].get("run_name"), str) and isinstance(args[0].get("tags"), dict)):
         return "create: no run_name or tags"
+    if call == "create" and not isinstance(args[0].get("owner"), str | None):
+        return "create: an owner token that is not text"
     return None
 
 
@@ -157,11 +177,12 @@ class Replayed:
     run_id: str
     metric_values_added: int
     metric_values_present: int
-    ended: str | None  # the status the journal ended the run with, if it did and `end` was asked
+    ended: str | None  # the status the run was ended with here, if it was
     skipped: list[str]  # "line N: why" for each line not replayed
+    kept: str | None = None  # the status an ended run kept, where the journal would have ended it too
 
     def describe(self) -> str:
-        ended = f", ended {self.ended}" if self.ended else ""
+        ended = f", ended {self.ended}" if self.ended else f", kept its end ({self.kept})" if self.kept else ""
         skipped = f"; {len(self.skipped)} line(s) not replayed: {'; '.join(self.skipped)}" if self.skipped else ""
         return (
             f"run {self.run_id}: {self.metric_values_added} metric value(s) added, "
@@ -169,11 +190,18 @@ class Replayed:
         )
 
 
+# Why a run is ended by `sync` when its job is gone without ending it.
+GONE_REASON = "the job stopped without ending its run (its processes were killed outright); ended by titan_exp sync"
+
+
 def replay(journal: Path, cfg: TrackingConfig, end: bool = True) -> Replayed:
     """Write what `journal` records into its run in the store and experiment `cfg` names (the job's,
     never one the journal names), creating the run if it never reached the store; `end`: also end it
-    as the journal did. A journal is data, not instructions: no `mlflow.*` tag of its own, artifacts
-    only from inside its job folder, and each line it will not replay named in `skipped`."""
+    as the journal did, or KILLED when no process writes the journal any more and it neither ended
+    the run nor left it open for a requeue. A journal is data, not instructions: it writes only
+    into a run that carries its owner token's tag (run.py), never changes the end of a run that has
+    ended, sets no `mlflow.*` tag of its own, brings artifacts only from inside its job folder, and
+    each line it will not replay is named in `skipped`."""
     lines = read(journal)
     skipped = list(lines.skipped)
     created = next((args[0] for _, call, args in reversed(lines.calls) if call == "create"), None)
@@ -184,7 +212,8 @@ def replay(journal: Path, cfg: TrackingConfig, end: bool = True) -> Replayed:
     run_cfg = dataclasses.replace(cfg, parent_run_id=parent if isinstance(parent, str) and parent.isalnum() else None)
     start_ms = created.get("start_ms")
     start_ms = start_ms if isinstance(start_ms, int) and 0 <= start_ms <= _INT64_MAX else None
-    run = _open_run(journal.parent / RUN_ID_FILE, run_cfg, created["run_name"], tags, start_ms)
+    owner = created.get("owner")
+    run = _open_run(journal.parent / RUN_ID_FILE, run_cfg, created["run_name"], tags, owner, start_ms)
     calls = lines.calls
     params = {str(k): str(v) for _, call, args in calls if call == "log_params" for k, v in args[0].items()}
     if params:
@@ -197,12 +226,27 @@ def replay(journal: Path, cfg: TrackingConfig, end: bool = True) -> Replayed:
     if missing:
         run.log_metrics(missing)
     skipped += _replay_artifacts(run, calls, journal.parent)
-    finish = next((args for _, call, args in reversed(calls) if call == "finish"), None) if end else None
-    if finish:
+    finish = _end(journal, calls, records) if end else None
+    kept = run.status_and_tags()[0] if finish else None
+    if kept in ENDED:
+        finish = None
+    elif finish:
         run.finish(*finish)
+        kept = None
     added = sum(len(metrics) for _, metrics, _ in missing)
     total = sum(len(metrics) for _, metrics, _ in records)
-    return Replayed(run.run_id, added, total - added, finish[0] if finish else None, skipped)
+    return Replayed(run.run_id, added, total - added, finish[0] if finish else None, skipped, kept)
+
+
+def _end(journal: Path, calls: list[tuple[int, str, list]], records: list[tuple]) -> list | None:
+    """How the run ends: as the journal ended it; KILLED where its job is gone without a word (as of
+    its last metric); None where it is left open or its job still runs."""
+    last = next((args for _, call, args in reversed(calls) if call in ("finish", "leave_open")), None)
+    if last is not None:
+        return last if len(last) == 3 else None
+    if is_held(journal):
+        return None
+    return ["KILLED", GONE_REASON, max((record[2] for record in records), default=now_ms())]
 
 
 def _replay_artifacts(run: MlflowRun, calls: list[tuple[int, str, list]], job_dir: Path) -> list[str]:
@@ -239,21 +283,33 @@ def _leaves(path: Path, job_dir: Path) -> bool:
 
 
 def _open_run(
-    run_id_file: Path, cfg: TrackingConfig, run_name: str, tags: dict[str, str], start_ms: int | None = None
+    run_id_file: Path,
+    cfg: TrackingConfig,
+    run_name: str,
+    tags: dict[str, str],
+    owner: str | None,
+    start_ms: int | None = None,
 ) -> MlflowRun:
-    """The run `run_id_file` names, or a new one (its id then written there). Never through a link:
-    one planted there would have us write the id wherever it points."""
+    """The run `run_id_file` names, if it carries the tag of the journal's `owner` token (else a
+    refusal: a folder from someone else may name any run), or a new one (its id then written there).
+    Never through a link: one planted there would have us write the id wherever it points."""
     if run_id_file.is_symlink():
         raise ValueError(f"{run_id_file} is a symbolic link; remove it (it should hold a run id)")
     if run_id_file.exists():
         run_id = run_id_file.read_text(encoding="utf-8", errors="replace").strip()
         if not (run_id.isascii() and run_id.isalnum() and len(run_id) <= 64):
             raise ValueError(f"{run_id_file} holds no run id")
-        return MlflowRun(cfg.uri, run_id)
+        run = MlflowRun(cfg.uri, run_id)
+        if owner is None or owner_tag(owner) not in run.status_and_tags()[1]:
+            raise ValueError(
+                f"run {run_id} was not written by this job folder (it carries no tag of its journal's owner "
+                "token); sync writes a journal only into its own run"
+            )
+        return run
+    if owner is not None:
+        tags = {**tags, owner_tag(owner): "1"}
     run = MlflowRun.create(cfg, run_name, tags, start_ms)
-    fd = os.open(run_id_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w") as file:
-        file.write(run.run_id)
+    write_run_id(run_id_file, run.run_id)
     return run
 
 
@@ -280,10 +336,15 @@ def close_run_from_outside(
     if cfg.store.is_server and (down := server_answers(cfg.uri)):
         raise ConnectionError(down)  # rather than MLflow's minutes of retries
     journal, run_id_file, run_log = (job_dir / name for name in (JOURNAL_FILE, RUN_ID_FILE, RUN_LOG_FILE))
+    owner = None
     if journal.exists():
         replay(journal, cfg, end=False)  # opens (or creates) the run and names it in run_id_file
-    run = _open_run(run_id_file, cfg, run_name, tags)
+        owner = next((args[0].get("owner") for _, call, args in read(journal).calls if call == "create"), None)
+    run = _open_run(run_id_file, cfg, run_name, tags, owner)
     if run_log.exists():
         run.log_artifact(run_log, "logs")
+    if (ended := run.status_and_tags()[0]) in ENDED:  # rank 0's writer got there first
+        err.add_note(f"run {run.run_id} ended {ended}")
+        return
     run.finish(status, reason)
     err.add_note(f"run {run.run_id} ended {status}")

@@ -3,8 +3,11 @@
 
 import functools
 import getpass
+import hashlib
+import os
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +29,29 @@ UNREAD_KEYS_PARAM = "derived/unread_keys"
 # The param of a training run on a GPU naming the hardware profile that stands for its device
 # (`hardware` itself names what a plan predicts for, `cpu` unless told).
 DEVICE_PROFILE_PARAM = "derived/device_profile"
+# A run's owners: each job that wrote it keeps a random token in its journal (tracking/journal.py) and
+# tags the run with the token's hash under this prefix. `sync` writes a job folder's journal only
+# into a run that carries its token's tag: a crafted folder naming another run proves nothing.
+OWNER_TAG_PREFIX = "titan_exp.owner."
+# A run that has ended keeps its end: nothing replayed later changes it.
+ENDED = ("FINISHED", "FAILED", "KILLED")
+
+
+def owner_tag(token: str) -> str:
+    return OWNER_TAG_PREFIX + hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+def write_run_id(path: Path, run_id: str) -> None:
+    """The id file, written whole or not at all (a full disk leaves the old one or none, never an
+    empty one), and never through a link planted there."""
+    fd, draft = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(run_id)
+        os.replace(draft, path)
+    except BaseException:
+        Path(draft).unlink(missing_ok=True)
+        raise
 
 
 def git_commit() -> str:
@@ -49,9 +75,10 @@ class MlflowRun:
         self.run_id = run_id
 
     @classmethod
-    def reopen(cls, uri: str, run_id: str) -> "MlflowRun | None":
+    def reopen(cls, uri: str, run_id: str, owner: str) -> "MlflowRun | None":
         """That run of this store, RUNNING again if it had ended (a job resumed from its checkpoint
-        after a failure goes on in the run that saved it); None if the store has no such run."""
+        after a failure goes on in the run that saved it), tagged as written by the job of token
+        `owner` too; None if the store has no such run."""
         from mlflow.exceptions import MlflowException
 
         run = cls(uri, run_id)
@@ -59,6 +86,7 @@ class MlflowRun:
             found = with_retries(lambda: run.client.get_run(run_id))
         except MlflowException:
             return None
+        run.set_tag(owner_tag(owner), "1")  # first: this job's journal may be replayed into it from now on
         if found.info.status != "RUNNING":
             with_retries(lambda: run.client.update_run(run_id, status="RUNNING"))
             run.set_tag("status", "running")
@@ -114,6 +142,10 @@ class MlflowRun:
 
     def set_tag(self, key: str, value: str) -> None:
         with_retries(lambda: self.client.set_tag(self.run_id, key, value[:_MAX_TAG_LENGTH]))
+
+    def status_and_tags(self) -> tuple[str, dict[str, str]]:
+        found = with_retries(lambda: self.client.get_run(self.run_id))
+        return found.info.status, dict(found.data.tags)
 
     def finish(self, status: str, reason: str | None = None, end_ms: int | None = None) -> None:
         """status: FINISHED | FAILED | KILLED, also kept as the `status` tag (with `failure_reason`);

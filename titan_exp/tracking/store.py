@@ -18,7 +18,7 @@ from titan_exp.tracking.config import SQLITE_PREFIX, Store, TrackingConfig, mask
 
 # SQLite lets one writer in at a time; a busy store is retried for this long before giving up
 # (long: a writer that holds the lock may wait for an idle core, see tracking/writer.py).
-_RETRY_SECONDS = 600.0
+RETRY_SECONDS = 600.0
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ def client(uri: str):
     if (db := Store.parse(uri).db) is not None:
         create_store(db)
     _quiet_about_busy_store()
-    return MlflowClient(tracking_uri=uri)
+    return with_retries(lambda: MlflowClient(tracking_uri=uri))  # it reads the tables: a busy store is retried
 
 
 # MLflow's SQL store logs a traceback for every "database is locked" before raising it; with_retries
@@ -199,7 +199,7 @@ def is_store_busy(err: Exception) -> bool:
 def with_retries(call: Callable[[], T]) -> T:
     """`call()`, retried while a SQLite store is busy ("database is locked"); MLflow's REST client
     retries an unreachable server itself."""
-    deadline = time.monotonic() + _RETRY_SECONDS
+    deadline = time.monotonic() + RETRY_SECONDS
     delay = 0.2
     while True:
         try:

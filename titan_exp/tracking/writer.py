@@ -8,18 +8,18 @@ import gc
 import multiprocessing
 import os
 import queue
+import secrets
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
 from launchers import signals
-from titan_exp.tracking.config import TrackingConfig
+from titan_exp.tracking.config import TrackingConfig, masked
 from titan_exp.tracking.journal import Journal
-from titan_exp.tracking.run import MlflowRun, now_ms
-from titan_exp.tracking.store import is_store_busy
+from titan_exp.tracking.run import MlflowRun, now_ms, owner_tag, write_run_id
+from titan_exp.tracking.store import RETRY_SECONDS, is_store_busy
 from titan_exp.tracking.system_metrics import start_system_metrics, stop_system_metrics
 
 # Launchers signal every process of a job, not only the ranks: Ctrl-C (SIGINT), torchrun, scancel
@@ -73,8 +73,9 @@ class BackgroundTracker:
         self._close_timeout_s = cfg.close_timeout_s
         self._journal = Journal(journal_file) if journal_file else None
         created = {"uri": cfg.uri, "experiment": cfg.experiment, "parent_run_id": cfg.parent_run_id}
-        # The run starts now, whenever the writer gets to create it.
+        # The run starts now, whenever the writer gets to create it. `owner`: this job's token (run.py).
         created |= {"run_name": run_name, "tags": tags, "resume_run_id": resume_run_id, "start_ms": now_ms()}
+        created["owner"] = secrets.token_hex(16)
         self._record("create", created)
         # What the store did not take, once closed (None: it took everything).
         self.incomplete: str | None = None
@@ -146,6 +147,8 @@ class BackgroundTracker:
         os.kill(self._process.pid, signal.SIGCONT)  # in case an interrupt came between pause and resume
         if status is not None:
             self._send("finish", status, reason, now_ms())  # the run ends now, not when the writer is done
+        else:  # the job goes on later (a requeue): `sync` leaves the run open
+            self._record("leave_open", reason or "")
         self._queue.put(_STOP)
         with interrupts_ignored():
             self._process.join(self._close_timeout_s)
@@ -177,15 +180,16 @@ def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_files: tuple[Pa
         signal.signal(sig, signal.SIG_IGN)
     error, monitor = None, None
     try:
-        resume_run_id, run_name = created["resume_run_id"], created["run_name"]
-        run = MlflowRun.reopen(cfg.uri, resume_run_id) if resume_run_id else None
-        run = run or MlflowRun.create(cfg, run_name, created["tags"], created["start_ms"])
-    except Exception:
-        error, run = _last_line(traceback.format_exc()), None
+        resume_run_id, run_name, owner = created["resume_run_id"], created["run_name"], created["owner"]
+        run = MlflowRun.reopen(cfg.uri, resume_run_id, owner) if resume_run_id else None
+        tags = {**created["tags"], owner_tag(owner): "1"}
+        run = run or MlflowRun.create(cfg, run_name, tags, created["start_ms"])
+    except Exception as err:
+        error, run = _said(err), None
     if run is not None:
         for path in run_id_files:
             path.parent.mkdir(parents=True, exist_ok=True)  # a checkpoint folder before its first save
-            path.write_text(run.run_id)
+            write_run_id(path, run.run_id)
         print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
         monitor = start_system_metrics(cfg, run.run_id) if cfg.system_metrics else None
     training = False
@@ -201,14 +205,17 @@ def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_files: tuple[Pa
         try:
             getattr(run, method)(*args)
         except Exception as err:
-            error = error or _last_line(traceback.format_exc())
+            error = error or _said(err)
             if is_store_busy(err):
                 run = None  # busy past the retry window: give up rather than wait that long per call
     if monitor is not None:  # the run goes on later (no finish): stop sampling all the same
         stop_system_metrics(monitor)
     gc.freeze()  # the process ends next: MLflow's objects go with it, uncollected (~0.5 s sooner)
     if error:
-        print(f"titan_exp: tracking failed, the run's MLflow record is incomplete: {error}", flush=True)
+        print(
+            f"titan_exp: tracking failed, the run's MLflow record in {masked(cfg.uri)} is incomplete: {error}",
+            flush=True,
+        )
         sys.exit(_EXIT_INCOMPLETE)
 
 
@@ -259,5 +266,9 @@ def _run_only_on_idle_cores() -> None:
         pass
 
 
-def _last_line(formatted_traceback: str) -> str:
-    return formatted_traceback.strip().splitlines()[-1]
+def _said(err: Exception) -> str:
+    """The error in one line: its type and first line (SQLAlchemy's last line is only a link)."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    if is_store_busy(err):
+        return f"the store stayed locked by another process past {RETRY_SECONDS:g} s ({lines[0] if lines else err})"
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__

@@ -4,18 +4,17 @@ its rotate-half rotary embedding (each head's even channels, then its odd ones) 
 interleaved pairs are ours (checkpoint/hf.py permutes them on the way in and out)."""
 
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.hf import HFFormat
+from titan_exp.models.hf import HFFormat, hf_field, hf_value
 
-# Our model fields from HF's config: (field, HF key), read as they are.
-_SAME_VALUES = (
-    ("dim", "hidden_size"),
-    ("n_layers", "num_hidden_layers"),
-    ("n_heads", "num_attention_heads"),
-    ("vocab_size", "vocab_size"),
-    ("norm_eps", "rms_norm_eps"),
-    ("max_seq_len", "max_position_embeddings"),
-    ("intermediate_size", "intermediate_size"),
-    ("tie_word_embeddings", "tie_word_embeddings"),
+# Our model fields from HF's config: (field, HF key, its default where a config.json may leave it
+# out: transformers' LlamaConfig's), read as they are.
+_REQUIRED = ("dim", "hidden_size"), ("n_layers", "num_hidden_layers"), ("n_heads", "num_attention_heads")
+_DEFAULTED = (
+    ("vocab_size", "vocab_size", 32000),
+    ("norm_eps", "rms_norm_eps", 1e-6),
+    ("max_seq_len", "max_position_embeddings", 2048),
+    ("intermediate_size", "intermediate_size", 11008),
+    ("tie_word_embeddings", "tie_word_embeddings", False),
 )
 
 
@@ -53,18 +52,19 @@ class LlamaFormat(HFFormat):
 
     def fields_from_hf(self, hf: dict, refuse) -> dict[str, object]:
         for flag in ("attention_bias", "mlp_bias"):
-            if hf.get(flag):
+            if hf_value(hf, flag, bool, refuse, False):
                 raise refuse(f"{flag}=true; Llama 3's layers have no biases")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise refuse(f"hidden_act={hf['hidden_act']}; Llama 3's feed-forward is SwiGLU (silu)")
-        fields = {ours: hf[theirs] for ours, theirs in _SAME_VALUES if theirs in hf}
-        fields["n_kv_heads"] = hf.get("num_key_value_heads") or hf["num_attention_heads"]
-        head_dim = hf.get("head_dim")
-        if head_dim is not None and head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
+        if (act := hf_value(hf, "hidden_act", str, refuse, "silu")) != "silu":
+            raise refuse(f"hidden_act={act}; Llama 3's feed-forward is SwiGLU (silu)")
+        fields = {ours: hf_field(hf, theirs, ours, refuse) for ours, theirs in _REQUIRED}
+        fields |= {ours: hf_field(hf, theirs, ours, refuse, default) for ours, theirs, default in _DEFAULTED}
+        fields["n_kv_heads"] = hf_field(hf, "num_key_value_heads", "n_kv_heads", refuse, fields["n_heads"])
+        head_dim = hf_value(hf, "head_dim", int, refuse, None)
+        if head_dim is not None and head_dim * fields["n_heads"] != fields["dim"]:
             raise refuse(f"head_dim={head_dim}; heads here are hidden_size / num_attention_heads wide")
-        rope = _rope_fields(hf)
+        rope = _rope_fields(hf, refuse)
         if rope is None:
-            raise refuse(f"rope_type={_rope_type(hf)}; only Llama 3's frequency scaling (llama3) is built here")
+            raise refuse(f"rope_type={_rope_type(hf, refuse)}; only Llama 3's frequency scaling (llama3) is built here")
         return {**fields, **rope}
 
     def refusal(self, cfg: ModelConfig) -> str | None:
@@ -136,25 +136,36 @@ class LlamaFormat(HFFormat):
         return {self.hf_key(name): shape for name, shape in shapes.items()}
 
 
-def _rope_type(hf: dict) -> str:
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    return rope.get("rope_type", rope.get("type", "default"))
+def _rope_key(hf: dict) -> str:
+    """rope_parameters (transformers 5) or rope_scaling (earlier ones, Meta's own files)."""
+    return "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
 
 
-def _rope_fields(hf: dict) -> dict[str, object] | None:
+def _rope(hf: dict, refuse) -> dict:
+    return hf_value(hf, _rope_key(hf), dict, refuse, {})
+
+
+def _rope_type(hf: dict, refuse) -> str:
+    rope = _rope(hf, refuse)
+    return str(rope.get("rope_type", rope.get("type", "default")))
+
+
+def _rope_fields(hf: dict, refuse) -> dict[str, object] | None:
     """rope_parameters (transformers 5) or rope_theta + rope_scaling (earlier ones, Meta's own files);
     None: a scaling other than Llama 3's."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    kind = _rope_type(hf)
+    rope = _rope(hf, refuse)
+    within = _rope_key(hf)
+    theta = hf_field(rope, "rope_theta", "rope_theta", refuse, None, within)
+    fields: dict[str, object] = {"rope_theta": theta or hf_field(hf, "rope_theta", "rope_theta", refuse, 10000.0)}
+    kind = _rope_type(hf, refuse)
     if kind == "default":
-        return {"rope_theta": float(theta), "rope_scaling_factor": None}
+        return {**fields, "rope_scaling_factor": None}
     if kind != "llama3":
         return None
-    return {
-        "rope_theta": float(theta),
-        "rope_scaling_factor": float(rope["factor"]),
-        "rope_low_freq_factor": float(rope["low_freq_factor"]),
-        "rope_high_freq_factor": float(rope["high_freq_factor"]),
-        "rope_original_max_seq_len": int(rope["original_max_position_embeddings"]),
-    }
+    scaling = (
+        ("rope_scaling_factor", "factor"),
+        ("rope_low_freq_factor", "low_freq_factor"),
+        ("rope_high_freq_factor", "high_freq_factor"),
+        ("rope_original_max_seq_len", "original_max_position_embeddings"),
+    )
+    return fields | {ours: hf_field(rope, theirs, ours, refuse, within=within) for ours, theirs in scaling}

@@ -47,6 +47,8 @@ class MoEConfig(Section):
 
     def check(self, key: str) -> None:
         super().check(key)
+        if self.num_experts < 0:
+            raise ConfigError(f"{key}.num_experts", self.num_experts, "must be >= 0 (0: a dense model)")
         if not self.enabled:
             return
         check_positive(f"{key}.hidden_dim", self.hidden_dim)

@@ -150,10 +150,11 @@ def said_before_start(overrides: list[str]) -> list[str]:
     return cautions(cfg, resolve(cfg).dims)
 
 
-def test_a_warmup_longer_than_the_run_is_said_before_it_starts():
+def test_a_warmup_longer_than_the_run_is_said_before_it_starts_where_someone_chose_it():
     assert said_before_start(["lr_scheduler.warmup_steps=10", "training.steps=20"]) == []
     (said,) = said_before_start(["lr_scheduler.warmup_steps=100", "training.steps=10"])
     assert "lr_scheduler.warmup_steps=100 exceeds training.steps=10" in said
+    assert said_before_start(["training.steps=3"]) == []  # the default warmup on a short smoke run: as meant
 
 
 @pytest.mark.parametrize(

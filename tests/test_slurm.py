@@ -5,6 +5,7 @@ curve as a local run, and jobs stopped from outside whose runs end with Slurm's 
 suite keeps one job launcher=slurm submits, follows and stops on the one-node cluster; the rest are
 marked `slurm`."""
 
+import getpass
 import os
 import re
 import signal
@@ -32,6 +33,16 @@ def slurm_env(tmp_path_factory):
     assert started.returncode == 0, f"could not start Slurm (run ./setup.sh --test): {started.stderr}"
     yield {**os.environ, "SLURM_CONF": str(state / "slurm.conf"), "OMP_NUM_THREADS": "1"}
     subprocess.run(["bash", str(script), "stop", str(state)], timeout=60)
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(request):
+    """Whatever a test asserted or failed on, the jobs it submitted are cancelled after it: the next
+    test finds the cluster idle (a job left running would hold its cores and skew that test)."""
+    yield
+    if "slurm_env" in request.fixturenames:
+        env = request.getfixturevalue("slurm_env")
+        subprocess.run(["scancel", f"--user={getpass.getuser()}"], env=env, capture_output=True, timeout=60)
 
 
 @pytest.mark.slurm

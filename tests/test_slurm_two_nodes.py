@@ -5,6 +5,7 @@ a sweep over the node count, and a node that dies mid-run. Ranks talk over gloo 
 namespaces; the MLflow store is a file both see, as a shared file system would be."""
 
 import csv
+import getpass
 import json
 import re
 import subprocess
@@ -40,6 +41,15 @@ def cluster(tmp_path_factory) -> Iterator[TwoNodeCluster]:
         yield started
     finally:
         started.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(request):
+    """Whatever a test asserted or failed on, its jobs are cancelled after it (the next test finds
+    both nodes idle)."""
+    yield
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster").slurm("scancel", f"--user={getpass.getuser()}")
 
 
 @pytest.fixture(scope="module")

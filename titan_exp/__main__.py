@@ -56,6 +56,10 @@ _SUBCOMMANDS = {
 }
 
 
+# The cautions said so far in this process.
+_said_already: set[str] = set()
+
+
 class TaskExit(SystemExit):
     """The task's own exit (a refused config, a failed run), told apart from Hydra's: Hydra reports
     a composition error (unknown key, unknown option) itself with status 1, before the task runs."""
@@ -81,7 +85,9 @@ def _task(composed: DictConfig) -> PointReturn:
         job = resolve(cfg, job_dir=job_dir)
         preflight(job)
         for caution in cautions(cfg, job.dims):
-            say(caution)
+            if caution not in _said_already:  # a sweep's points share most of theirs: each is said once
+                _said_already.add(caution)
+                say(caution)
         startup.mark("compose")
         metrics = run_job(job, job_dir)
         if not job.dry_run and not sweeping and os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 says it

@@ -35,7 +35,9 @@ def cautions(cfg: JobConfig, dims: ParallelDims) -> list[str]:
     """What a job may run with but is rarely meant (said before it starts; torchtitan warns of the
     same): `cfg` as composed (before resolution fills it in), `dims` as resolved."""
     said = [f"{key}={value} has no effect: {why}" for key, value, why in ignored_keys(cfg, dims)]
-    if cfg.lr_scheduler.warmup_steps > cfg.training.steps:
+    # Only a warmup someone chose: the default's 10 steps outlast every short smoke run, as meant.
+    chosen_warmup = cfg.lr_scheduler.warmup_steps != type(cfg.lr_scheduler)().warmup_steps
+    if chosen_warmup and cfg.lr_scheduler.warmup_steps > cfg.training.steps:
         said.append(
             f"lr_scheduler.warmup_steps={cfg.lr_scheduler.warmup_steps} exceeds training.steps={cfg.training.steps}: "
             "the learning rate never reaches optimizer.lr"

@@ -374,9 +374,10 @@ def test_plan_calibrate_refuses_what_it_cannot_use_in_one_line(tracked):
 
 
 def test_a_run_id_beside_a_checkpoint_reattaches_only_the_unfinished_run_of_that_folder_and_model(store):
-    """A run-id file can be copied or crafted: the run it names goes on only if it did not finish and
-    logged the same checkpoint folder and model."""
-    from titan_exp.tracking.run import why_not_go_on_in
+    """A run-id file can be copied or crafted: the run it names goes on only if it carries the tag of
+    the token beside the id (the run's writer put both there), did not finish, and logged the same
+    checkpoint folder and model."""
+    from titan_exp.tracking.run import owner_tag, why_not_go_on_in
 
     _, db = store
     uri = f"sqlite:///{db}"
@@ -385,16 +386,20 @@ def test_a_run_id_beside_a_checkpoint_reattaches_only_the_unfinished_run_of_that
     mine = {"checkpoint.folder": "/ck", "model.dim": "64"}
 
     def run(params: dict[str, str], finished: bool) -> str:
-        made = client.create_run(experiment).info.run_id
+        made = client.create_run(experiment, tags={owner_tag("token"): "1"}).info.run_id
         for key, value in params.items():
             client.log_param(made, key, value)
         client.set_terminated(made, "FINISHED" if finished else "FAILED")
         return made
 
-    assert why_not_go_on_in(uri, run(mine, finished=False), mine) is None
+    assert why_not_go_on_in(uri, run(mine, finished=False), "token", mine) is None
+    for crafted in ("another token", None):
+        unfinished = run(mine, finished=False)
+        said = why_not_go_on_in(uri, unfinished, crafted, mine)
+        assert said == f"run {unfinished} carries no tag of the token beside its id (a copied or crafted run-id file)"
     done = run(mine, finished=True)
-    assert why_not_go_on_in(uri, done, mine) == f"run {done} finished; its record stays as it is"
+    assert why_not_go_on_in(uri, done, "token", mine) == f"run {done} finished; its record stays as it is"
     other = run({**mine, "checkpoint.folder": "/elsewhere"}, finished=False)
-    said = why_not_go_on_in(uri, other, mine)
+    said = why_not_go_on_in(uri, other, "token", mine)
     assert said == f"run {other} logged checkpoint.folder=/elsewhere, this job has /ck"
-    assert why_not_go_on_in(uri, "0" * 32, mine) == f"the store has no run {'0' * 32}"
+    assert why_not_go_on_in(uri, "0" * 32, "token", mine) == f"the store has no run {'0' * 32}"

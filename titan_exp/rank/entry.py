@@ -24,7 +24,7 @@ from titan_exp.job.context import RunContext
 from titan_exp.job.result import JobStopped, RankResult
 from titan_exp.metrics import startup
 from titan_exp.rank.tracked_run import LeaveRunOpen, tracked_run
-from titan_exp.tracking.run import why_not_go_on_in
+from titan_exp.tracking.run import owner_beside, why_not_go_on_in
 
 
 def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
@@ -110,7 +110,8 @@ def _run_to_resume(job: ResolvedJob, ctx: RunContext, engine: Launcher) -> str |
     folder = job.config.checkpoint.folder
     if job.config.checkpoint.enable and latest_step(folder) is not None and run_id_beside(folder).exists():
         run_id = run_id_beside(folder).read_text().strip()
-        if (why_not := why_not_go_on_in(job.store.uri, run_id, _resume_expects(job))) is None:
+        owner = owner_beside(run_id_beside(folder))
+        if (why_not := why_not_go_on_in(job.store.uri, run_id, owner, _resume_expects(job))) is None:
             return run_id
         print(f"titan_exp: resuming from {folder} in a new MLflow run: {why_not}", flush=True)
     return None

@@ -309,7 +309,7 @@ def _open_run(
     if owner is not None:
         tags = {**tags, owner_tag(owner): "1"}
     run = MlflowRun.create(cfg, run_name, tags, start_ms)
-    write_run_id(run_id_file, run.run_id)
+    write_run_id(run_id_file, run.run_id, owner)
     return run
 
 

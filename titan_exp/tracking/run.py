@@ -41,13 +41,33 @@ def owner_tag(token: str) -> str:
     return OWNER_TAG_PREFIX + hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
-def write_run_id(path: Path, run_id: str) -> None:
-    """The id file, written whole or not at all (a full disk leaves the old one or none, never an
-    empty one), and never through a link planted there."""
+def write_run_id(path: Path, run_id: str, owner: str | None = None) -> None:
+    """The id file (and beside it, where given, the writing job's owner token: a job that resumes
+    from a checkpoint folder proves with it that the run is that folder's), each written whole or
+    not at all (a full disk leaves the old one or none, never an empty one), and never through a
+    link planted there."""
+    if owner is not None:
+        _write_whole(owner_file(path), owner)
+    _write_whole(path, run_id)
+
+
+def owner_file(run_id_file: Path) -> Path:
+    return run_id_file.with_name(run_id_file.name + ".owner")
+
+
+def owner_beside(run_id_file: Path) -> str | None:
+    """The owner token written beside a run-id file (None: there is none, or it is no token)."""
+    path = owner_file(run_id_file)
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > 256:
+        return None
+    return path.read_text(errors="replace").strip() or None
+
+
+def _write_whole(path: Path, text: str) -> None:
     fd, draft = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as file:
-            file.write(run_id)
+            file.write(text)
         os.replace(draft, path)
     except BaseException:
         Path(draft).unlink(missing_ok=True)
@@ -156,17 +176,20 @@ class MlflowRun:
         with_retries(lambda: self.client.set_terminated(self.run_id, status=status, end_time=end_ms))
 
 
-def why_not_go_on_in(uri: str, run_id: str, expects: dict[str, object]) -> str | None:
-    """Why a job may not go on writing run `run_id` (None: it may): only a run that did not finish
-    and logged each of `expects` as this job has it (its checkpoint folder, its model) is the run
-    of the job's checkpoint. A run-id file beside a checkpoint proves nothing (it may be copied, or
-    crafted), and a finished run's record stays as it ended."""
+def why_not_go_on_in(uri: str, run_id: str, owner: str | None, expects: dict[str, object]) -> str | None:
+    """Why a job may not go on writing run `run_id` (None: it may): only a run that carries the tag
+    of `owner` (the token beside the run-id file: the run wrote it), did not finish, and logged each
+    of `expects` as this job has it (its checkpoint folder, its model) is the run of the job's
+    checkpoint. A run-id file alone proves nothing (it may be copied, or crafted), and a finished
+    run's record stays as it ended."""
     from mlflow.exceptions import MlflowException
 
     try:
         found = with_retries(lambda: client(uri).get_run(run_id))
     except MlflowException:
         return f"the store has no run {run_id}"
+    if owner is None or owner_tag(owner) not in found.data.tags:
+        return f"run {run_id} carries no tag of the token beside its id (a copied or crafted run-id file)"
     if found.info.status == "FINISHED":
         return f"run {run_id} finished; its record stays as it is"
     for key, value in expects.items():

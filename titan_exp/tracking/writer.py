@@ -189,7 +189,7 @@ def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_files: tuple[Pa
     if run is not None:
         for path in run_id_files:
             path.parent.mkdir(parents=True, exist_ok=True)  # a checkpoint folder before its first save
-            write_run_id(path, run.run_id)
+            write_run_id(path, run.run_id, owner)
         print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
         monitor = start_system_metrics(cfg, run.run_id) if cfg.system_metrics else None
     training = False

@@ -5,6 +5,7 @@ family names differently (config keys, parameter names, the rows HF orders its o
 
 import math
 import re
+from operator import attrgetter
 import typing
 from pathlib import Path
 
@@ -26,8 +27,14 @@ class HFFormat:
     # Our parameter names (a layer's without its `layers.N.` prefix) and HF's, within a layer and outside.
     layer_keys: dict[str, str] = {}
     top_keys: dict[str, str] = {}
-    # Our fields compared with a checkpoint's config.json before it is loaded, in the order a
-    # refusal names them; the keys a refusal names for them where they differ from the field.
+    # A layer's stacked expert weights (ours: experts × ...) and HF's name of expert {}'s matrix,
+    # one tensor per expert as published checkpoints hold them (and as written here).
+    expert_keys: dict[str, str] = {}
+    # The fused layout transformers also writes (save_original_format=False): HF's name of one
+    # tensor (experts × ...) and the stacked weights of ours it concatenates along its dim 1.
+    fused_expert_keys: dict[str, tuple[str, ...]] = {}
+    # Our fields (dotted within a section) compared with a checkpoint's config.json before it is
+    # loaded, in the order a refusal names them; the keys a refusal names for them where they differ.
     compared: tuple[str, ...] = ()
     compared_keys: dict[str, str] = {}
 
@@ -48,9 +55,30 @@ class HFFormat:
         embeddings: each head's even channels, then its odd ones); None: the same rows."""
         return None
 
-    def expected_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-        """HF's name and shape of every tensor a checkpoint of `cfg` holds."""
+    def top_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Our name and shape of each tensor outside the layers."""
         raise NotImplementedError
+
+    def layer_shapes(self, cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
+        """Our name (within the layer) and shape of each tensor of layer `layer`."""
+        raise NotImplementedError
+
+    def expected_shapes(self, cfg: ModelConfig, fused: bool = False) -> dict[str, tuple[int, ...]]:
+        """HF's name and shape of every tensor a checkpoint of `cfg` holds (`fused`: its experts in
+        transformers' fused layout)."""
+        shapes = {self.hf_key(name): shape for name, shape in self.top_shapes(cfg).items()}
+        for layer in range(cfg.n_layers):
+            ours = self.layer_shapes(cfg, layer)
+            for name, shape in ours.items():
+                if name not in self.expert_keys:
+                    shapes[self.hf_key(f"layers.{layer}.{name}")] = shape
+                elif not fused:
+                    shapes |= {self.expert_key(f"layers.{layer}.{name}", j): shape[1:] for j in range(shape[0])}
+            if fused and any(name in self.expert_keys for name in ours):
+                for theirs, parts in self.fused_expert_keys.items():
+                    experts, _, width = ours[parts[0]]
+                    shapes[f"model.layers.{layer}.{theirs}"] = (experts, sum(ours[p][1] for p in parts), width)
+        return shapes
 
     def hf_key(self, name: str) -> str:
         """HF's name of our parameter `name` (e.g. layers.3.attention.wq.weight)."""
@@ -60,6 +88,29 @@ class HFFormat:
         if not match or match.group(2) not in self.layer_keys:
             raise KeyError(f"{name} has no Hugging Face counterpart")
         return f"model.layers.{match.group(1)}.{self.layer_keys[match.group(2)]}"
+
+    def is_experts(self, name: str) -> bool:
+        """Whether our `name` stacks a layer's experts (layers.N.moe.experts.w1)."""
+        match = _LAYER.match(name)
+        return bool(match) and match.group(2) in self.expert_keys
+
+    def expert_key(self, name: str, expert: int) -> str:
+        """HF's name of expert `expert`'s matrix of our stacked `name`."""
+        match = _LAYER.match(name)
+        return f"model.layers.{match.group(1)}.{self.expert_keys[match.group(2)].format(expert)}"
+
+    def fused_key(self, name: str) -> tuple[str, int, int]:
+        """(HF's fused tensor that holds our stacked `name`, which of its equal parts along dim 1 is
+        ours, how many parts it has); see fused_expert_keys."""
+        match = _LAYER.match(name)
+        for theirs, parts in self.fused_expert_keys.items():
+            if match.group(2) in parts:
+                return f"model.layers.{match.group(1)}.{theirs}", parts.index(match.group(2)), len(parts)
+        raise KeyError(f"{name} is in no fused tensor")
+
+    def is_fused(self, names: set[str] | dict) -> bool:
+        """Whether a checkpoint holding tensors `names` keeps its experts in the fused layout."""
+        return any(name.endswith(tuple(self.fused_expert_keys)) for name in names)
 
     @staticmethod
     def is_tied_output(name: str, cfg: ModelConfig) -> bool:
@@ -109,7 +160,14 @@ def hf_field(hf: dict, theirs: str, ours: str, refuse, default: object = _REQUIR
     return hf_value(hf, theirs, kind, refuse, default, within)
 
 
-_KIND_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "text", dict: "a table"}
+_KIND_NAMES = {
+    int: "an integer",
+    float: "a finite number",
+    bool: "true or false",
+    str: "text",
+    dict: "a table",
+    list: "a list",
+}
 
 
 def _json_kind(value: object) -> str:
@@ -159,7 +217,7 @@ def check_hf_checkpoint(cfg: ModelConfig, theirs: ModelConfig, hf: HFFormat, fol
     same model (else the differing field is named, with the fix) and its safetensors hold every
     tensor in its shape."""
     for name in hf.compared:
-        ours_value, their_value = getattr(cfg, name), getattr(theirs, name)
+        ours_value, their_value = attrgetter(name)(cfg), attrgetter(name)(theirs)
         if ours_value != their_value and not _close(ours_value, their_value):
             raise ConfigError(
                 f"model.{hf.compared_keys.get(name, name)}",
@@ -170,7 +228,7 @@ def check_hf_checkpoint(cfg: ModelConfig, theirs: ModelConfig, hf: HFFormat, fol
     found = safetensors_tensors(folder, key)
     if not found:
         raise ConfigError(key, folder, "holds no *.safetensors files; point it at a Hugging Face model folder")
-    for name, shape in hf.expected_shapes(cfg).items():
+    for name, shape in hf.expected_shapes(cfg, fused=hf.is_fused(found)).items():
         if name not in found:
             raise ConfigError(key, folder, f"has no tensor {name}, which the model needs")
         dtype, their_shape = found[name]

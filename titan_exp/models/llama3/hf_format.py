@@ -49,6 +49,8 @@ class LlamaFormat(HFFormat):
         "rope_scaling_factor",
     )
     compared_keys = {"kv_heads": "n_kv_heads", "ffn_hidden_dim": "intermediate_size"}
+    # Heads of a width of their own (config.json's head_dim); Llama's are hidden_size / heads.
+    heads_own_width = False
 
     def fields_from_hf(self, hf: dict, refuse) -> dict[str, object]:
         for flag in ("attention_bias", "mlp_bias"):
@@ -60,7 +62,9 @@ class LlamaFormat(HFFormat):
         fields |= {ours: hf_field(hf, theirs, ours, refuse, default) for ours, theirs, default in _DEFAULTED}
         fields["n_kv_heads"] = hf_field(hf, "num_key_value_heads", "n_kv_heads", refuse, fields["n_heads"])
         head_dim = hf_value(hf, "head_dim", int, refuse, None)
-        if head_dim is not None and head_dim * fields["n_heads"] != fields["dim"]:
+        if self.heads_own_width:
+            fields["attention_head_dim"] = head_dim
+        elif head_dim is not None and head_dim * fields["n_heads"] != fields["dim"]:
             raise refuse(f"head_dim={head_dim}; heads here are hidden_size / num_attention_heads wide")
         rope = _rope_fields(hf, refuse)
         if rope is None:
@@ -115,9 +119,15 @@ class LlamaFormat(HFFormat):
             "dtype": dtype,
         }
 
-    def expected_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    def top_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        shapes = {"tok_embeddings.weight": (cfg.vocab_size, cfg.dim), "norm.weight": (cfg.dim,)}
+        if not cfg.tie_word_embeddings:
+            shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
+        return shapes
+
+    def layer_shapes(self, cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
         hd, ffn = cfg.head_dim, cfg.ffn_hidden_dim
-        per_layer = {
+        return {
             "attention.wq.weight": (cfg.n_heads * hd, cfg.dim),
             "attention.wk.weight": (cfg.kv_heads * hd, cfg.dim),
             "attention.wv.weight": (cfg.kv_heads * hd, cfg.dim),
@@ -128,12 +138,6 @@ class LlamaFormat(HFFormat):
             "attention_norm.weight": (cfg.dim,),
             "ffn_norm.weight": (cfg.dim,),
         }
-        shapes = {"tok_embeddings.weight": (cfg.vocab_size, cfg.dim), "norm.weight": (cfg.dim,)}
-        if not cfg.tie_word_embeddings:
-            shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
-        for layer in range(cfg.n_layers):
-            shapes.update({f"layers.{layer}.{name}": shape for name, shape in per_layer.items()})
-        return {self.hf_key(name): shape for name, shape in shapes.items()}
 
 
 def _rope_key(hf: dict) -> str:

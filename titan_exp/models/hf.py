@@ -5,8 +5,8 @@ family names differently (config keys, parameter names, the rows HF orders its o
 
 import math
 import re
-from operator import attrgetter
 import typing
+from operator import attrgetter
 from pathlib import Path
 
 from titan_exp.models.config import ModelConfig

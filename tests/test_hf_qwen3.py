@@ -21,7 +21,7 @@ from titan_exp.models.registry import build_model, config_from_hf
 
 from conftest import loss_curve, mlflow_runs, run_cli, store_in
 
-VOCAB, SEQ = 256, 32
+VOCAB, SEQ = 320, 32
 SHAPE = dict(
     hidden_size=64,
     intermediate_size=160,
@@ -108,14 +108,28 @@ def test_our_model_loaded_from_the_folder_gives_transformers_logits(folders, kin
 def test_fsdp_with_expert_parallelism_loads_its_own_experts_trains_and_exports_the_published_layout(
     folders, tmp_path, migrated_store
 ):
-    """2 ranks, FSDP·EP2: each rank reads the two experts it holds; the first loss is transformers'
-    on the same batch; the export holds one tensor per expert and transformers opens it with the
+    """2 ranks, FSDP·EP2, on documents through a tokenizer of the run's own: each rank reads the two
+    experts it holds; the first loss is transformers' on the same batch; the export (in bfloat16)
+    holds one tensor per expert and the run's tokenizer files, and transformers opens it with the
     logits of our checkpoint of the same step."""
+    from titan_exp.data.config import DataConfig
+    from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
+    from titan_exp.data.text import train_tokenizer
+
     folder = folders["moe"]
+    docs = [f"document {i} says " + " ".join(["words", "of", "the", "run"][: 1 + i % 4] * 5) for i in range(60)]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text(train_tokenizer(docs, 300).to_str())
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|end_of_text|>"}))
+    data = DataConfig(
+        source="files", paths=[str(tmp_path / "docs.jsonl")], tokenizer_path=str(tmp_path / "tok" / "tokenizer.json")
+    )
     uri, db = store_in(tmp_path, migrated_store)
     run = [
-        "data=synthetic",
-        f"data.synthetic_vocab_size={VOCAB}",
+        "data=files",
+        f"data.paths=[{data.paths[0]}]",
+        f"data.tokenizer_path={data.tokenizer_path}",
         f"training.seq_len={SEQ}",
         "training.global_batch_size=4",
         "training.local_batch_size=2",
@@ -132,6 +146,7 @@ def test_fsdp_with_expert_parallelism_loads_its_own_experts_trains_and_exports_t
         "checkpoint=periodic",
         f"checkpoint.folder={tmp_path}/ckpt",
         "checkpoint.last_save_in_hf=true",
+        "checkpoint.export_dtype=bfloat16",
         uri,
     ]
     done = run_cli(run, tmp_path)
@@ -139,11 +154,7 @@ def test_fsdp_with_expert_parallelism_loads_its_own_experts_trains_and_exports_t
     (tracked,) = mlflow_runs(db)
     first_loss = loss_curve(db, tracked.info.run_id)[0]
 
-    from titan_exp.data.config import DataConfig
-    from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
-
-    source = build_source(DataConfig(source="synthetic", synthetic_vocab_size=VOCAB), SEQ, seed=0)
-    inputs, labels = BatchLoader(source, BatchPlan(4, SEQ, 1, 0, 1)).get(0, 0)
+    inputs, labels = BatchLoader(build_source(data, SEQ, seed=0), BatchPlan(4, SEQ, 1, 0, 1)).get(0, 0)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     with torch.no_grad():
         expected = F.cross_entropy(model(inputs).logits.reshape(-1, VOCAB), labels.reshape(-1)).item()
@@ -152,9 +163,17 @@ def test_fsdp_with_expert_parallelism_loads_its_own_experts_trains_and_exports_t
     step = tmp_path / "ckpt" / "step-2"
     weight_map = json.loads((step / "model.safetensors.index.json").read_text())["weight_map"]
     assert {f"model.layers.1.mlp.experts.{j}.down_proj.weight" for j in range(4)} <= set(weight_map)
-    assert json.loads((step / "config.json").read_text())["model_type"] == "qwen3_moe"
-    exported = transformers.AutoModelForCausalLM.from_pretrained(step, dtype=torch.float32)
+    config = json.loads((step / "config.json").read_text())
+    assert config["model_type"] == "qwen3_moe" and config["dtype"] == "bfloat16"
+    assert transformers.AutoTokenizer.from_pretrained(step).encode("words of the run") == [
+        *transformers.AutoTokenizer.from_pretrained(tmp_path / "tok").encode("words of the run")
+    ]
+    exported = transformers.AutoModelForCausalLM.from_pretrained(step)
+    assert exported.dtype == torch.bfloat16
     ours = build_model(config_from_hf(str(step), "model.hf_path"))
     load_model(ours, str(step))
     with torch.no_grad():
-        torch.testing.assert_close(exported(inputs).logits, ours(inputs), rtol=0, atol=1e-4)
+        for param in ours.parameters():  # the export's rounding, in float32
+            param.copy_(param.to(torch.bfloat16).float())
+        theirs = exported.float()(inputs).logits
+        torch.testing.assert_close(theirs, ours(inputs), rtol=0, atol=1e-4)

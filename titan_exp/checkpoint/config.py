@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from titan_exp.rules import ConfigError, Section, check_positive
+from titan_exp.rules import ConfigError, Section, check_positive, one_of
 
 # checkpoint.folder's default: the job's own folder, own_folder(job_dir) (config/resolve.py fills it in).
 OWN_FOLDER = ""
@@ -34,6 +34,8 @@ class CheckpointConfig(Section):
     # The last step's folder holds the weights in Hugging Face's format too (safetensors and
     # config.json), which transformers' from_pretrained opens as it is.
     last_save_in_hf: bool = False
+    # The dtype of that export's weights (torchtitan's key): the float32 master weights, or halved.
+    export_dtype: str = one_of("float32", "bfloat16", "float16")
 
     def check(self, key: str) -> None:
         check_positive(f"{key}.interval", self.interval)

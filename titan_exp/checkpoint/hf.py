@@ -113,9 +113,18 @@ def _expert_matrices(hf: HFFormat, name: str, tensor: torch.Tensor) -> dict[str,
     return {hf.expert_key(name, expert): whole[expert] for expert in range(whole.shape[0])}
 
 
-def save_hf(parts: list[torch.nn.Module], folder: Path, cfg: ModelConfig, is_writer: bool) -> None:
-    """The weights of every rank's `parts` into `folder` as `model-0000N-of-0000M.safetensors`, their
-    index and the config.json that `transformers`' from_pretrained opens (every rank takes part)."""
+def save_hf(
+    parts: list[torch.nn.Module],
+    folder: Path,
+    cfg: ModelConfig,
+    is_writer: bool,
+    dtype: torch.dtype = torch.float32,
+    tokenizer: str | None = None,
+) -> None:
+    """The weights of every rank's `parts` into `folder` as `model-0000N-of-0000M.safetensors` in
+    `dtype`, their index, the config.json that `transformers`' from_pretrained opens and the files
+    of the run's `tokenizer` (a tokenizer.json; the tokenizer_config.json and special_tokens_map.json
+    beside it), so the folder is a model others can use as it is (every rank takes part)."""
     hf = family_of(cfg).hf
     named: dict[str, torch.Tensor] = {}
     for part in parts:
@@ -128,10 +137,24 @@ def save_hf(parts: list[torch.nn.Module], folder: Path, cfg: ModelConfig, is_wri
             if (heads := hf.permuted_heads(name, cfg)) is not None:
                 tensor = _rotary_to_hf(_whole(tensor), heads)  # whole on every rank: DCP writes it once
             named[hf.hf_key(name)] = tensor
-    dtype = str(next(iter(named.values())).dtype).removeprefix("torch.")
+    named = {name: tensor.to(dtype) for name, tensor in named.items()}
     writer = HuggingFaceStorageWriter(str(folder), save_distributed=True, enable_consolidation=True)
     ignore_unavoidable_warnings()
     dcp.save(named, storage_writer=writer)
     if is_writer:
         shutil.rmtree(folder / _SLICES_DIR, ignore_errors=True)
-        (folder / CONFIG_FILE).write_text(json.dumps(hf.hf_config(cfg, dtype), indent=2) + "\n")
+        config = hf.hf_config(cfg, str(dtype).removeprefix("torch."))
+        (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        if tokenizer is not None:
+            _copy_tokenizer(Path(tokenizer), folder)
+
+
+# Beside a tokenizer.json, what transformers' AutoTokenizer reads with it.
+_TOKENIZER_COMPANIONS = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+def _copy_tokenizer(tokenizer: Path, folder: Path) -> None:
+    shutil.copyfile(tokenizer, folder / "tokenizer.json")
+    for name in _TOKENIZER_COMPANIONS:
+        if (companion := tokenizer.with_name(name)).is_file():
+            shutil.copyfile(companion, folder / name)

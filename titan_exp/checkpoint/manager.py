@@ -103,11 +103,13 @@ class TrainCheckpointer:
         schedulers: list,
         model: ModelConfig,
         data: BatchLoader | None = None,
+        tokenizer_path: str | None = None,
     ):
-        """`model`: the model's config, for the last save in Hugging Face's format; `data`: a
-        streamed data source, whose position is saved and resumed with the rest."""
+        """`model`: the model's config, for the last save in Hugging Face's format (with the
+        tokenizer the run read, `tokenizer_path`); `data`: a streamed data source, whose position is
+        saved and resumed with the rest."""
         self.cfg, self.parts, self.optimizers, self.schedulers = cfg, parts, optimizers, schedulers
-        self.model, self.data = model, data
+        self.model, self.data, self.tokenizer_path = model, data, tokenizer_path
         self.options = StateDictOptions(flatten_optimizer_state_dict=True)
 
     def _part_states(self) -> list[tuple[dict, dict]]:
@@ -186,7 +188,12 @@ class TrainCheckpointer:
         """Save `step` now (every rank takes part); `is_writer` prunes old step folders. The `last`
         step's weights go into its folder in Hugging Face's format too with checkpoint.last_save_in_hf."""
         export = last and self.cfg.last_save_in_hf
-        also = functools.partial(save_hf, self.parts, cfg=self.model, is_writer=is_writer) if export else None
+        also = None
+        if export:
+            dtype, tokenizer = getattr(torch, self.cfg.export_dtype), self.tokenizer_path
+            also = functools.partial(
+                save_hf, self.parts, cfg=self.model, is_writer=is_writer, dtype=dtype, tokenizer=tokenizer
+            )
         save_whole(self._merged(self._part_states(), step), self.cfg.folder, step, self.model, is_writer, also)
         if is_writer and self.cfg.keep_latest_k > 0:
             for old in complete_steps(self.cfg.folder)[: -self.cfg.keep_latest_k]:

@@ -57,7 +57,7 @@ class Trainer:
         train_batches = self._batch_loader("train")
         self.checkpointer = TrainCheckpointer(
             cfg.checkpoint, model.parts, optimizers.optimizers, optimizers.schedulers, cfg.model,
-            train_batches if train_batches.streamed else None,
+            train_batches if train_batches.streamed else None, cfg.data.tokenizer_path,
         )  # fmt: skip
         self.resumed_step = self.checkpointer.resume()
         if self.resumed_step:

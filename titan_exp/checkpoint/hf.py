@@ -1,9 +1,9 @@
-"""Weights in Hugging Face's format (the family's HFFormat names the differences: models/hf.py), read and
-written through DCP's safetensors storage: each rank reads only the slices of its own shards and
-the experts it holds, and writes only them (merged into whole tensors once written). Our experts
-are stacked (experts × ...), HF's one tensor each. The q/k weights are the exception: their
-rows are permuted within each head, so each is gathered whole (one matrix at a time), permuted and
-sliced again, as the seeded init does."""
+"""Weights in Hugging Face's format (the family's HFFormat names the differences: models/hf.py): each
+rank reads only the box of each tensor its shard holds and the experts it holds
+(safetensors_folder.py), and writes only them through DCP's safetensors storage (merged into whole
+tensors once written). Our experts are stacked (experts × ...), HF's one tensor each. Rows that HF
+orders differently within each head (q/k for its rotate-half rotary embedding) are read for the
+whole heads a box spans and put in our order; written, such a matrix is gathered whole first."""
 
 import json
 import shutil
@@ -11,11 +11,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint import HuggingFaceStorageWriter
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.hf import CONFIG_FILE, HFFormat
@@ -54,52 +55,49 @@ def _local_box(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
 
 def load_hf(part: torch.nn.Module, folder: str, cfg: ModelConfig) -> None:
     """The weights of `part` (a whole model or a pipeline stage, in any layout) from the HF
-    checkpoint in `folder` (single or sharded safetensors); its shape was checked before the ranks
-    started (job/preflight.py). Each rank reads only the slices of its own shards, and of the
-    experts only those it holds (expert parallelism, FSDP over experts): one tensor per expert,
-    or the layer's fused tensor where the checkpoint has transformers' fused layout."""
+    checkpoint in `folder` (single or sharded safetensors, float8 with block scales dequantized);
+    its shape was checked before the ranks started (job/preflight.py). Each rank reads only the
+    box its shard holds of each tensor, and of a MoE layer's experts only those it holds (one
+    tensor per expert, or the part of the layer's fused tensor)."""
     hf = family_of(cfg).hf
+    tensors = SafetensorsFolder(folder)
+    fused = hf.is_fused(tensors.names())
     state = get_model_state_dict(part)
-    reader = HuggingFaceStorageReader(folder)
-    fused = hf.is_fused(reader.read_metadata().state_dict_metadata)
-    named: dict[str, torch.Tensor] = {}
-    fills: list[tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]] = []  # (local part, whole, offset)
-    for name, tensor in state.items():
-        if hf.is_tied_output(name, cfg):
-            continue
-        if not hf.is_experts(name):
-            named[hf.hf_key(name)] = tensor
-            continue
-        local, offset = _local_box(tensor)
-        experts = range(offset[0], offset[0] + local.shape[0])
-        if fused:
-            key, index, parts = hf.fused_key(name)
-            whole = named.setdefault(key, torch.empty(_fused_shape(tensor.shape, parts), dtype=tensor.dtype))
-            rows = tensor.shape[1]
-            for i, expert in enumerate(experts):
-                fills.append((local[i], whole[expert, index * rows : (index + 1) * rows], offset[1:]))
-        else:
-            for i, expert in enumerate(experts):
-                whole = named[hf.expert_key(name, expert)] = torch.empty(tensor.shape[1:], dtype=tensor.dtype)
-                fills.append((local[i], whole, offset[1:]))
-    ignore_unavoidable_warnings()
-    dcp.load(named, storage_reader=reader)
     with torch.no_grad():
-        for local, whole, offset in fills:
-            local.copy_(whole[tuple(slice(o, o + n) for o, n in zip(offset, local.shape))])
-    for name, tensor in state.items():
-        if (heads := hf.permuted_heads(name, cfg)) is None:
-            continue
-        ours = _rotary_from_hf(_whole(tensor), heads)
-        if isinstance(tensor, DTensor):
-            ours = distribute_tensor(ours, tensor.device_mesh, tensor.placements, src_data_rank=None)
-        state[name] = ours
+        for name, tensor in state.items():
+            if hf.is_tied_output(name, cfg):
+                continue
+            local, offset = _local_box(tensor)
+            box = tuple(slice(o, o + n) for o, n in zip(offset, local.shape))
+            local.copy_(_read(hf, tensors, name, tensor.shape, box, cfg, fused))
     set_model_state_dict(part, state)
 
 
-def _fused_shape(stacked: torch.Size, parts: int) -> tuple[int, ...]:
-    experts, rows, width = stacked
-    return experts, rows * parts, width
+def _read(
+    hf: HFFormat,
+    tensors: SafetensorsFolder,
+    name: str,
+    shape: torch.Size,
+    box: tuple[slice, ...],
+    cfg: ModelConfig,
+    fused: bool,
+) -> torch.Tensor:
+    """The part `box` of our tensor `name` (of the whole `shape`), from HF's tensor(s) of it."""
+    if hf.is_experts(name):
+        experts = range(box[0].start, box[0].stop)
+        if not fused:
+            return torch.stack([tensors.read(hf.expert_key(name, j), box[1:]) for j in experts])
+        key, index, _ = hf.fused_key(name)
+        rows = slice(index * shape[1] + box[1].start, index * shape[1] + box[1].stop)
+        return tensors.read(key, (box[0], rows, *box[2:]))
+    if (heads := hf.permuted_heads(name, cfg)) is None:
+        return tensors.read(hf.hf_key(name), box)
+    # Rows permuted within each head: the whole heads the box spans, put back in our order.
+    per_head = shape[0] // heads
+    first, last = box[0].start // per_head, -(-box[0].stop // per_head)
+    spanned = tensors.read(hf.hf_key(name), (slice(first * per_head, last * per_head), *box[1:]))
+    ours = _rotary_from_hf(spanned, last - first)
+    return ours[box[0].start - first * per_head : box[0].stop - first * per_head]
 
 
 def _expert_matrices(hf: HFFormat, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:

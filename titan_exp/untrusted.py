@@ -21,8 +21,10 @@ SAFETENSORS_DTYPES = {
     "I32": 4, "U32": 4, "F32": 4,
     "I64": 8, "U64": 8, "F64": 8,
 }  # fmt: skip
-# What weights are loaded from as they are (float8 ones need their scales to mean anything).
+# What weights are loaded from as they are; float8 ones only with a block scale beside each
+# (`<name>_scale_inv`, DeepSeek-V3's published format), which they mean nothing without.
 FLOATING_DTYPES = ("F16", "BF16", "F32", "F64")
+BLOCK_SCALED_DTYPE = "F8_E4M3"
 
 
 def regular_file(path: Path) -> int:

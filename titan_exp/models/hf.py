@@ -11,7 +11,7 @@ from pathlib import Path
 
 from titan_exp.models.config import ModelConfig
 from titan_exp.rules import ConfigError
-from titan_exp.untrusted import FLOATING_DTYPES, read_json, safetensors_header
+from titan_exp.untrusted import BLOCK_SCALED_DTYPE, FLOATING_DTYPES, read_json, safetensors_header
 
 CONFIG_FILE = "config.json"
 
@@ -49,6 +49,10 @@ class HFFormat:
     def refusal(self, cfg: ModelConfig) -> str | None:
         """Why `cfg` cannot be read or written in this format (None: it can)."""
         return None
+
+    def cautions(self, hf: dict) -> list[str]:
+        """What of a folder with this config.json is not read (said before the job starts)."""
+        return []
 
     def permuted_heads(self, name: str, cfg: ModelConfig) -> int | None:
         """The heads whose rows HF orders differently in our parameter `name` (rotate-half rotary
@@ -234,7 +238,8 @@ def check_hf_checkpoint(cfg: ModelConfig, theirs: ModelConfig, hf: HFFormat, fol
         dtype, their_shape = found[name]
         if their_shape != shape:
             raise ConfigError(key, folder, f"holds {name} of shape {list(their_shape)}, the model's is {list(shape)}")
-        if dtype not in FLOATING_DTYPES:
+        scaled = dtype == BLOCK_SCALED_DTYPE and name.removesuffix("weight") + "weight_scale_inv" in found
+        if dtype not in FLOATING_DTYPES and not scaled:
             kinds = ", ".join(FLOATING_DTYPES)
             raise ConfigError(key, folder, f"holds {name} as {dtype}; weights are floating point ({kinds})")
 

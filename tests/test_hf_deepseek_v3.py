@@ -1,0 +1,145 @@
+"""DeepSeek-V3 weights in, through `transformers` itself: a random DeepseekV3ForCausalLM (latent
+attention with a q latent, YaRN, a dense layer then MoE layers with a shared expert, grouped
+sigmoid routing with its selection bias) saved by transformers, experts one tensor each and fused,
+is read by `model=hf` and loaded into our model with transformers' logits; the same weights
+stored as the published checkpoints store them (float8 e4m3, a float32 `weight_scale_inv` per
+block) load dequantized, equal to the dequantized weights; out, the export opens in transformers
+(tests/test_hf_qwen3.py runs the multi-rank path the families share)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+from titan_exp.checkpoint.hf import load_hf
+from titan_exp.models.registry import FAMILIES, build_model, config_from_hf
+
+VOCAB, SEQ, BLOCK = 320, 24, 16
+SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=4,
+    routed_scaling_factor=2.5,
+    kv_lora_rank=32,
+    q_lora_rank=32,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    qk_nope_head_dim=16,
+    n_group=2,
+    topk_group=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-6,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 32,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+    initializer_range=0.1,
+    tie_word_embeddings=False,
+)
+
+
+def tokens() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(5))
+
+
+def our_logits(folder: Path) -> torch.Tensor:
+    cfg = config_from_hf(str(folder), "model.hf_path")
+    model = build_model(cfg)
+    model.init_weights(seed=1)
+    load_hf(model, str(folder), cfg)
+    with torch.no_grad():
+        return model(tokens())
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("deepseek")
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**SHAPE))
+    with torch.no_grad():  # a selection bias of zeros would hide one read wrongly
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.uniform_(-0.05, 0.05)
+    model.save_pretrained(tmp / "per-expert")
+    model.save_pretrained(tmp / "fused", save_original_format=False)
+    with torch.no_grad():
+        logits = model(tokens()).logits
+    return {"per-expert": tmp / "per-expert", "fused": tmp / "fused", "logits": logits, "tmp": tmp}
+
+
+@pytest.mark.parametrize("layout", ["per-expert", "fused"])
+def test_our_model_loaded_from_the_folder_gives_transformers_logits(saved, layout):
+    cfg = config_from_hf(str(saved[layout]), "model.hf_path")
+    assert cfg.name == "deepseek_v3" and cfg.mla.q_lora_rank == 32 and cfg.moe.n_dense_layers == 1
+    assert cfg.rope_scaling_type == "yarn" and cfg.moe.load_balance_coeff is not None
+    torch.testing.assert_close(our_logits(saved[layout]), saved["logits"], rtol=1e-5, atol=1e-5)
+
+
+def quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8 e4m3 weight, float32 scale_inv per BLOCK × BLOCK, the blocks at the edges partial), as
+    DeepSeek-V3's checkpoints hold them."""
+    rows, cols = weight.shape
+    padded = torch.nn.functional.pad(weight, (0, -cols % BLOCK, 0, -rows % BLOCK))
+    blocks = padded.reshape(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // BLOCK, BLOCK)
+    scale_inv = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+    return (weight / spread(scale_inv, rows, cols)).to(torch.float8_e4m3fn), scale_inv
+
+
+def spread(scale_inv: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    return scale_inv.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:rows, :cols]
+
+
+def test_float8_weights_with_block_scales_load_dequantized(saved):
+    """Every 2-D projection (not the embeddings, norms, routers or output) in float8 with its
+    block scales; the float32 folder beside it holds the same weights dequantized by hand."""
+    source = saved["per-expert"]
+    fp8, dequantized = saved["tmp"] / "fp8", saved["tmp"] / "dequantized"
+    for folder in (fp8, dequantized):
+        folder.mkdir()
+        config = json.loads((source / "config.json").read_text())
+        if folder is fp8:
+            config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [BLOCK, BLOCK]}
+        (folder / "config.json").write_text(json.dumps(config))
+    stored, plain = {}, {}
+    for name, tensor in load_file(source / "model.safetensors").items():
+        projection = tensor.dim() == 2 and "proj" in name
+        if projection:
+            weight, scale_inv = quantized(tensor.float())
+            stored[name], stored[name.removesuffix("weight") + "weight_scale_inv"] = weight, scale_inv
+            plain[name] = weight.float() * spread(scale_inv, *tensor.shape)
+        else:
+            stored[name] = plain[name] = tensor
+    save_file(stored, fp8 / "model.safetensors", metadata={"format": "pt"})
+    save_file(plain, dequantized / "model.safetensors", metadata={"format": "pt"})
+    assert any(t.dtype == torch.float8_e4m3fn for t in stored.values())
+    torch.testing.assert_close(our_logits(fp8), our_logits(dequantized), rtol=0, atol=0)
+    # The rounding is real: the float8 model is not the float32 one it came from.
+    assert not torch.allclose(our_logits(fp8), saved["logits"], atol=1e-4)
+
+
+def test_our_config_json_is_one_transformers_builds_the_same_model_from(saved):
+    """Written back: our config.json (the export's) of the folder's model gives transformers' model."""
+    cfg = config_from_hf(str(saved["per-expert"]), "model.hf_path")
+    config = transformers.DeepseekV3Config.from_dict(FAMILIES["deepseek_v3"].hf.hf_config(cfg, "float32"))
+    with torch.device("meta"):
+        theirs = transformers.DeepseekV3ForCausalLM(config)
+    shapes = {name: tuple(p.shape) for name, p in theirs.state_dict().items()}
+    assert shapes == FAMILIES["deepseek_v3"].hf.expected_shapes(cfg, fused=True)

@@ -12,12 +12,14 @@ import transformers
 
 from titan_exp import CONF_DIR
 from titan_exp.config.compose import compose_job_config
+from titan_exp.config.resolve import resolve
 from titan_exp.estimate.workload import inactive_parameters, model_parameters
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.models.common.moe.layer import MoE
 from titan_exp.models.common.rotary import precompute_freqs_cis
 from titan_exp.models.registry import build_model
+from titan_exp.rules import ConfigError
 
 QWEN3 = ("qwen3_debug", "qwen3_moe_debug", "qwen3_0.6b", "qwen3_8b", "qwen3_30b_a3b", "qwen3_235b_a22b")
 # Qwen's model cards: (total, active) in billions, to the digits they give.
@@ -222,35 +224,54 @@ def test_the_bias_moves_each_expert_toward_the_mean_load():
     assert layer.tokens_per_expert.sum() == 0  # counted afresh each step
 
 
-def test_the_auxiliary_loss_is_qwen3s():
-    """A layer's auxiliary loss is transformers' load_balancing_loss_func (Qwen3-MoE's) times
-    model.moe.aux_loss_coeff: as the moe/aux_loss metric, and as the gradient it adds to the router."""
+@pytest.mark.parametrize("over", ["all_layers", "each_layer"])
+def test_the_auxiliary_loss_is_transformers_pooled_or_one_per_layer(over):
+    """With 4 MoE layers: all_layers is transformers' load_balancing_loss_func (Qwen3-MoE's) of every
+    layer's router logits pooled, times model.moe.aux_loss_coeff; each_layer the same function of
+    each layer's alone, summed (4× the pooled one at a balanced start). Both as the moe/aux_loss
+    metric, and in every router's gradient: ours with the loss built in equals the model without
+    it whose loss adds transformers' function of the same router logits (through the same graph)."""
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
     from titan_exp.models.common.moe.balance import ExpertBalance
 
-    cfg = dataclasses.replace(compose_job_config(["model=qwen3_moe_debug"]).model, n_layers=1)
+    cfg = compose_job_config(["model=qwen3_moe_debug", f"model.moe.aux_loss_over={over}"]).model
+    coeff, experts, top_k = cfg.moe.aux_loss_coeff, cfg.moe.num_experts, cfg.moe.top_k
+    assert cfg.num_moe_layers == 4
     tokens = torch.randint(0, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
-    gate_grads, seen = {}, {}
-    for coeff in (cfg.moe.aux_loss_coeff, None):
-        model = build_model(dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, aux_loss_coeff=coeff)))
+
+    def transformers_aux_loss(router_logits: list[torch.Tensor]) -> torch.Tensor:
+        if over == "all_layers":
+            return coeff * load_balancing_loss_func(tuple(router_logits), experts, top_k)
+        return coeff * sum(load_balancing_loss_func((layer,), experts, top_k) for layer in router_logits)
+
+    grads = {}
+    for built_in in (True, False):
+        moe = dataclasses.replace(cfg.moe, aux_loss_coeff=coeff if built_in else None)
+        model = build_model(dataclasses.replace(cfg, moe=moe))
         model.init_weights(seed=0)
-        gate = model.layers["0"].moe.router.gate
-        gate.register_forward_hook(lambda module, inputs, output: seen.update(inputs=inputs[0].detach()))
-        logits = model(tokens)
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
-        gate_grads[coeff] = gate.weight.grad
-        if coeff is not None:
+        gates = [model.layers[str(i)].moe.router.gate for i in range(4)]
+        router_logits = []
+        for gate in gates:
+            gate.register_forward_hook(lambda module, inputs, output, kept=router_logits: kept.append(output))
+        loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+        if built_in:
+            loss.backward()
             metrics = ExpertBalance([model], model.cfg, torch.device("cpu")).after_step()
-    weight = gate.weight.detach().clone().requires_grad_()
-    expected = cfg.moe.aux_loss_coeff * load_balancing_loss_func(
-        (seen["inputs"] @ weight.T,), cfg.moe.num_experts, cfg.moe.top_k
-    )
-    assert metrics["moe/aux_loss"] == pytest.approx(expected.item(), rel=1e-5)
-    expected.backward()
-    added = gate_grads[cfg.moe.aux_loss_coeff] - gate_grads[None]
-    assert added.abs().max() > 0
-    torch.testing.assert_close(added, weight.grad, rtol=1e-3, atol=1e-9)
+        else:
+            reference = transformers_aux_loss(router_logits)
+            (loss + reference).backward()
+        grads[built_in] = [gate.weight.grad for gate in gates]
+    assert metrics["moe/aux_loss"] == pytest.approx(reference.item(), rel=1e-5)
+    assert reference.item() / coeff == pytest.approx(top_k * (4 if over == "each_layer" else 1), rel=0.1)
+    for ours, theirs in zip(grads[True], grads[False]):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-10)
+
+
+def test_the_pooled_auxiliary_loss_is_refused_under_a_pipeline():
+    with pytest.raises(ConfigError, match="^model.moe.aux_loss_over=all_layers: pools every layer's routing"):
+        resolve(compose_job_config(["model=qwen3_moe_debug", "parallelism=pp", "launcher.nproc_per_node=2",
+                                    "launcher.device=cpu", "training.local_batch_size=4"]))  # fmt: skip
 
 
 def test_the_grouped_gemm_equals_one_matmul_per_expert():

@@ -62,6 +62,14 @@ def check_model_fit(cfg: JobConfig, dims: ParallelDims) -> None:
             )
     if dims.pp > 1:
         check_pipeline(cfg, dims)
+    moe = m.moe
+    if dims.pp > 1 and moe.enabled and moe.aux_loss_coeff is not None and moe.aux_loss_over == "all_layers":
+        raise ConfigError(
+            "model.moe.aux_loss_over",
+            moe.aux_loss_over,
+            "pools every layer's routing of a microbatch, which no pipeline stage sees whole; "
+            "set model.moe.aux_loss_over=each_layer or model.moe.aux_loss_coeff=null",
+        )
     cp, seq_len = dims.cp, cfg.training.seq_len
     if cp > 1 and seq_len % (2 * cp):
         raise ConfigError(

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from titan_exp.models.common.moe.layer import MoE
+from titan_exp.models.common.moe.layer import AuxLossPool, MoE
 from titan_exp.models.common.rotary import precompute_freqs_cis
 from titan_exp.models.common.swiglu import SwiGLU
 from titan_exp.models.config import ModelConfig
@@ -41,7 +41,7 @@ class TransformerBlock(nn.Module):
         # A MoE layer's feed-forward is `moe`, a dense one's `feed_forward` (their parameters' names differ).
         moe = cfg.is_moe_layer(layer_id)
         self.feed_forward = None if moe else SwiGLU(cfg.dim, cfg.ffn_hidden_dim)
-        self.moe = MoE(cfg.dim, cfg.moe) if moe else None
+        self.moe = MoE(cfg.dim, cfg.moe, layer_id) if moe else None
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), freqs_cis)
@@ -62,6 +62,10 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(i, cfg, self.attention_class(cfg)) for i in range(cfg.n_layers)}
         )
+        pool = AuxLossPool()  # the pooled auxiliary loss's (moe/layer.py)
+        for block in self.layers.values():
+            if block.moe is not None:
+                block.moe.aux_pool = pool
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

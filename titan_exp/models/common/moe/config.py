@@ -40,6 +40,11 @@ class MoEConfig(Section):
     # loss in each MoE layer. The routed counts are the global batch's (summed over the ranks, as
     # Qwen3 was trained), so every layout adds the same loss. None: no auxiliary loss.
     aux_loss_coeff: Optional[float] = None
+    # Over what that loss balances. all_layers: one loss of every MoE layer's routed fractions and
+    # mean probabilities pooled (transformers' load_balancing_loss_func, which Qwen3-MoE's published
+    # router_aux_loss_coef is set against); each_layer: a loss per layer, summed (GShard's and
+    # Switch's form), which pulls each router L times as hard at the same coefficient.
+    aux_loss_over: str = one_of("all_layers", "each_layer")
 
     @property
     def enabled(self) -> bool:

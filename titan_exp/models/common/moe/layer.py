@@ -122,10 +122,46 @@ class _AddAuxiliaryLoss(torch.autograd.Function):
         return grad, torch.tensor(ctx.scale, device=grad.device), None
 
 
+class _AddPooledAuxiliaryLoss(torch.autograd.Function):
+    """The layer's output unchanged; in backward, the gradient that the loss pooled over every MoE
+    layer (model.moe.aux_loss_over=all_layers) sends to this layer's mean router probabilities:
+    `weight` × the routed fractions averaged over the layers / the layers, known once every
+    layer's forward has run. Its share of the loss goes into `totals` (the moe/aux_loss metric)."""
+
+    @staticmethod
+    def forward(ctx, out, mean_probs, pool: "AuxLossPool", weight: float, scale: float, totals, slices: int):
+        ctx.save_for_backward(mean_probs.detach())
+        ctx.pool, ctx.weight, ctx.scale, ctx.totals, ctx.slices = pool, weight, scale, totals, slices
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (mean_probs,) = ctx.saved_tensors
+        fractions, layers = ctx.pool.mean(), len(ctx.pool.fractions)
+        share = ctx.weight * fractions / layers  # d pooled loss / d this layer's mean probabilities
+        with torch.no_grad():
+            ctx.totals += torch.stack([(share * mean_probs).sum(), share.new_tensor(1 / ctx.slices)])
+        return grad, ctx.scale * share, None, None, None, None, None
+
+
+class AuxLossPool:
+    """One forward's routed fractions of every MoE layer of a model (by layer: a layer that runs
+    again, recomputed for activation checkpointing, writes the same), for the pooled loss."""
+
+    def __init__(self):
+        self.fractions: dict[int, torch.Tensor] = {}
+
+    def mean(self) -> torch.Tensor:
+        return torch.stack(list(self.fractions.values())).mean(dim=0)
+
+
 class MoE(nn.Module):
-    def __init__(self, dim: int, cfg: MoEConfig):
+    def __init__(self, dim: int, cfg: MoEConfig, layer_id: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.layer_id = layer_id
+        # Shared by the model's MoE layers (Transformer sets it) where the loss pools them.
+        self.aux_pool: AuxLossPool | None = None
         self.router = Router(dim, cfg)
         self.experts = GroupedExperts(dim, cfg)
         self.shared = SwiGLU(dim, cfg.num_shared_experts * cfg.hidden_dim) if cfg.num_shared_experts else None
@@ -167,7 +203,7 @@ class MoE(nn.Module):
         elif shared is not None:
             out = out + shared
         if self.cfg.aux_loss_coeff is not None and self._counting(scores):
-            out = _AddAuxiliaryLoss.apply(out, self._aux_loss(scores, counts), self.aux_loss_scale)
+            out = self._with_aux_loss(out, scores, counts)
         return out.view_as(x)
 
     def tensor_parallel_plan(self, tp: TensorParallel) -> dict:
@@ -215,17 +251,25 @@ class MoE(nn.Module):
                 self.tokens_per_expert += counts
         return counts.tolist()
 
-    def _aux_loss(self, scores: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """Qwen3's load-balancing loss over the global batch: the routed fractions summed over the
-        token group (no gradient), against this rank's share of the mean router probabilities."""
+    def _with_aux_loss(self, out: torch.Tensor, scores: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """`out`, with Qwen3's load-balancing loss added in backward, over the global batch: the
+        routed fractions summed over the token group (no gradient) against this rank's share of
+        the mean router probabilities; per layer, or pooled over the layers (aux_loss_over)."""
         cfg = self.cfg
         routed = torch.tensor(counts, dtype=torch.float32, device=scores.device)
         if self.token_group is not None:
             dist.all_reduce(routed, group=self.token_group)
-        tokens = routed.sum() / cfg.top_k
+        fractions = routed / (routed.sum() / cfg.top_k)
         probs = scores if cfg.score_func == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
         mean_probs = probs.sum(dim=0) / (probs.shape[0] * self.token_slices)
-        aux_loss = cfg.aux_loss_coeff * cfg.num_experts * (routed / tokens * mean_probs).sum()
+        weight = cfg.aux_loss_coeff * cfg.num_experts
+        if cfg.aux_loss_over == "all_layers":
+            self.aux_pool.fractions[self.layer_id] = fractions
+            totals, slices = self.aux_loss_total, self.token_slices
+            return _AddPooledAuxiliaryLoss.apply(
+                out, mean_probs, self.aux_pool, weight, self.aux_loss_scale, totals, slices
+            )
+        aux_loss = weight * (fractions * mean_probs).sum()
         with torch.no_grad():
             self.aux_loss_total += torch.stack([aux_loss.detach(), aux_loss.new_tensor(1 / self.token_slices)])
-        return aux_loss
+        return _AddAuxiliaryLoss.apply(out, aux_loss, self.aux_loss_scale)

@@ -13,9 +13,9 @@ from titan_exp.rules import ConfigError, dotted_keys
 
 MODEL_FILE = "model.json"
 # Keys that change no tensor of the checkpoint: labels, the longest sequence (the rotary table is
-# rebuilt, not saved), and the rotary embedding's and norms' constants (a long-context run goes on
-# from a short one's weights).
-NOT_WEIGHTS = ("name", "flavor", "hf_path", "max_seq_len", "norm_eps", "rope_")
+# rebuilt, not saved), the rotary embedding's and norms' constants (a long-context run goes on
+# from a short one's weights) and the attention mask.
+NOT_WEIGHTS = ("name", "flavor", "hf_path", "max_seq_len", "norm_eps", "rope_", "attn_mask_type")
 # Larger than any model section: a file beyond it is not one of ours.
 _MAX_BYTES = 1 << 20
 

@@ -62,6 +62,13 @@ def check_model_fit(cfg: JobConfig, dims: ParallelDims) -> None:
             )
     if dims.pp > 1:
         check_pipeline(cfg, dims)
+    if m.attn_mask_type == "block_causal" and dims.cp > 1:
+        raise ConfigError(
+            "model.attn_mask_type",
+            m.attn_mask_type,
+            "context parallelism's attention here is causal over the whole sequence, not per document; "
+            "set model.attn_mask_type=causal or parallelism.context_parallel_degree=1",
+        )
     moe = m.moe
     if dims.pp > 1 and moe.enabled and moe.aux_loss_coeff is not None and moe.aux_loss_over == "all_layers":
         raise ConfigError(
@@ -198,8 +205,14 @@ def check_batch(cfg: JobConfig, dims: ParallelDims) -> None:
 
 
 def check_against_model(cfg: JobConfig) -> None:
-    """The sequence and the data's vocabulary within the model's."""
+    """The sequence and the data's vocabulary within the model's; documents for a document mask."""
     t, m, d = cfg.training, cfg.model, cfg.data
+    if m.attn_mask_type == "block_causal" and d.source == "synthetic":
+        raise ConfigError(
+            "model.attn_mask_type",
+            m.attn_mask_type,
+            "synthetic data is one stream, not documents; use data=files or data=text",
+        )
     if t.seq_len > m.max_seq_len:
         raise ConfigError(
             "training.seq_len", t.seq_len, f"exceeds model max_seq_len={m.max_seq_len} of {m.name}_{m.flavor}; lower it"

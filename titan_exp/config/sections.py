@@ -199,9 +199,15 @@ class PlanConfig(Section):
     # balanced routing); its all-to-all and expert compute stretch by it. A run's
     # moe/load_imbalance (max/mean per expert) bounds it from above.
     expert_load_imbalance: float = 1.0
+    # model.attn_mask_type=block_causal: the documents' mean length in tokens (attention's work
+    # follows how many keys each query sees, within its document). None: measured from data.paths
+    # (data=files: the first documents through its tokenizer), else as long as the window.
+    document_tokens: Optional[float] = None
 
     def check(self, key: str) -> None:
         check_at_least(f"{key}.expert_load_imbalance", self.expert_load_imbalance, 1.0)
+        if self.document_tokens is not None:
+            check_positive(f"{key}.document_tokens", self.document_tokens)
         if self.memory_budget_gib is not None:
             check_positive(f"{key}.memory_budget_gib", self.memory_budget_gib)
         if not 0 <= self.memory_margin < 1:  # also refuses nan

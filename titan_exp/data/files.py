@@ -9,6 +9,8 @@ record batch, one record and a piece of its tokens, whatever the corpus's size. 
 (file, record, the tokens carried over, the window) is what a checkpoint saves: a resumed run reads
 on from there, without reading again. Torch-free: the pre-flight reads each split's first window."""
 
+import functools
+import itertools
 import json
 import os
 import zlib
@@ -56,6 +58,7 @@ class FilesSource:
         self.files = expand(list(validation_paths if given else cfg.paths))
         self.text_field = cfg.text_field
         self.tokenizer: DocumentTokenizer = load_tokenizer(cfg.tokenizer_path)
+        self.document_end = self.tokenizer.eos
         self.window = seq_len + 1
         # Documents whose hash falls below this are the validation split's (0: no split by hash).
         self.threshold = 0 if validation_paths else int(held_out * 2**32)
@@ -139,3 +142,15 @@ class FilesSource:
 
     def load_state(self, state: str) -> None:
         self.position, self._documents = Position(**json.loads(state)), None
+
+
+# Documents measured for the planner (estimate/documents.py): enough for a steady mean length.
+_MEASURED_DOCUMENTS = 2000
+
+
+@functools.cache
+def document_lengths(globs: tuple[str, ...], tokenizer_path: str, text_field: str) -> list[int]:
+    """The token counts (BOS and EOS included) of the first documents the globs give, as packed."""
+    tokenizer = load_tokenizer(tokenizer_path)
+    texts = (text for path in expand(list(globs)) for text in records(path, text_field) if text is not None)
+    return [sum(map(len, tokenizer.pieces(text))) for text in itertools.islice(texts, _MEASURED_DOCUMENTS)]

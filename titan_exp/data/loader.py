@@ -18,7 +18,7 @@ import torch
 
 from titan_exp.data.config import DataConfig
 from titan_exp.data.files import FilesSource
-from titan_exp.data.text import prepare_tokens
+from titan_exp.data.text import document_end, prepare_tokens
 
 
 @dataclass
@@ -58,6 +58,7 @@ class TextSource:
         if self.num_windows < 1:
             raise ValueError(f"the corpus has {len(self.tokens)} tokens, fewer than training.seq_len+1")
         self.seed = seed
+        self.document_end = document_end(cfg)
 
     def _window(self, sample: int) -> int:
         epoch, index = divmod(int(sample), self.num_windows)
@@ -135,6 +136,11 @@ class BatchLoader:
 
     def resume(self, state: str) -> None:
         self.source.load_state(state)
+
+    @property
+    def document_end(self) -> int | None:
+        """The id that ends each document of the stream (None: the source has no documents)."""
+        return getattr(self.source, "document_end", None)
 
     def get(self, step: int, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels), each (local_batch_size, seq_len): labels are inputs shifted by one."""

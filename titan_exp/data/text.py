@@ -81,6 +81,16 @@ def prepare_tokens(cfg: DataConfig) -> Path:
     return tokens_path
 
 
+def document_end(cfg: DataConfig) -> int:
+    """The id that ends each document in prepare_tokens' ids: the given tokenizer's EOS, or the
+    trained one's (its cache beside the ids)."""
+    if cfg.tokenizer_path is not None:
+        return load_tokenizer(cfg.tokenizer_path).eos
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(prepare_tokens(cfg).with_name("tokenizer.json"))).token_to_id(EOS)
+
+
 def _atomic_write(path: Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     with os.fdopen(fd, "wb") as f:

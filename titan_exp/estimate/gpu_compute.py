@@ -189,10 +189,11 @@ def _routing_bytes(w: Workload) -> float:
 
 def _attention(hw: HardwareConfig, w: Workload) -> tuple[float, float]:
     """(forward, backward) seconds of causal attention over the microbatch on this rank: its
-    queries against the whole (causal) context, so half the score matrix."""
+    queries against the keys each attends to (half the window's score matrix, causal; within its
+    document under a document mask, estimate/documents.py)."""
     m, p = w.model, w.parallelism
     heads = m.n_heads / p.tensor_parallel_degree
-    forward_flops = 4 * w.tokens * (w.seq_len / 2) * heads * m.attention_flops_dim
+    forward_flops = 4 * w.tokens * w.keys_per_query * heads * m.attention_flops_dim
     rate = hw.peak_flops("bfloat16" if w.param_dtype == "float32" else w.param_dtype) * hw.attention_efficiency
     if w.param_dtype == "float32":  # no flash kernel for float32: the math path at the float32 peak
         rate = hw.peak_flops("float32") * hw.matmul_efficiency

@@ -40,6 +40,12 @@ class Workload:
     # What the allocator reserves beyond the memory model's count, a share of the live tensors
     # (the device profile's hardware.allocator_slack).
     allocator_slack: float = 0.0
+    # The mean keys a query attends to (estimate/documents.py); None: causal over the window.
+    attended_keys: float | None = None
+
+    @property
+    def keys_per_query(self) -> float:
+        return self.seq_len / 2 if self.attended_keys is None else self.attended_keys
 
     @property
     def float8(self) -> bool:

@@ -75,6 +75,10 @@ class ModelConfig(Section):
     rope_original_max_seq_len: int = 8192
     max_seq_len: int = 2048
     tie_word_embeddings: bool = False
+    # What a token attends to (torchtitan's key): every earlier token of its window (causal), or
+    # only those of its own document in a window of packed documents (block_causal: documents end
+    # at the data's end-of-document id).
+    attn_mask_type: str = one_of("causal", "block_causal")
     # model=hf: a Hugging Face model folder whose config.json gives every field above (config/resolve.py).
     hf_path: Optional[str] = None
     moe: MoEConfig = field(default_factory=MoEConfig)

@@ -80,11 +80,20 @@ class Pipeline:
         self.has_first = 0 in stage_ids
         self.has_last = plan.num_stages - 1 in stage_ids
 
-    def step(self, inputs: torch.Tensor, labels: torch.Tensor, forward_only: bool = False) -> torch.Tensor:
+    def step(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        documents: torch.Tensor | None = None,
+        forward_only: bool = False,
+    ) -> torch.Tensor:
         """Forward and backward of one local batch (`forward_only`: forward alone, the schedule's
-        eval); the mean loss on the last stage's rank, else 0."""
+        eval); the mean loss on the last stage's rank, else 0. `documents`: each token's document
+        (block_causal), split into microbatches by the schedule and given to every stage."""
         losses: list[torch.Tensor] = []
-        kwargs = {"target": labels, "losses": losses} if self.has_last else {}
+        kwargs: dict = {"target": labels, "losses": losses} if self.has_last else {}
+        if documents is not None:
+            kwargs["documents"] = documents
         run = self.schedule.eval if forward_only else self.schedule.step
         with _forward_actions_only(self.schedule) if forward_only else contextlib.nullcontext():
             if self.has_first:

@@ -18,6 +18,7 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.data.loader import BatchLoader
 from titan_exp.models.common.moe.balance import ExpertBalance
 from titan_exp.models.common.moe.layer import MoE, uncounted
+from titan_exp.models.common.rotary import document_ids
 from titan_exp.optim.grad_clip import clip_grad_norm_, reduce_partial_gradients
 from titan_exp.optim.optimizer import Optimizers
 from titan_exp.parallel.context import build_context_parallel
@@ -80,6 +81,8 @@ class ForwardBackward:
         # Under TP the logits stay sharded over the vocabulary; the loss and its backward run on the shards.
         self.loss_context = loss_parallel if dims.tp > 1 else contextlib.nullcontext
         self.loss_fn = compiled_loss(job) or cross_entropy_loss
+        # model.attn_mask_type=block_causal: each token attends within its document only.
+        self.by_document = job.config.model.attn_mask_type == "block_causal"
         # A MoE layer's auxiliary loss is scaled as the loss is: by 1 / microbatches, which a
         # pipeline schedule does itself.
         for part in parts:
@@ -96,11 +99,12 @@ class ForwardBackward:
             batch = tuple(t.to(self.device, non_blocking=True) for t in loader.get(index, micro))
             sequence = self.sequence_context(*batch) if self.sequence_context else contextlib.nullcontext(batch)
             with sequence as (inputs, labels), self.loss_context():
+                documents = self._documents(loader, inputs)
                 if self.pipeline:
-                    total += self.pipeline.step(inputs, labels, forward_only=True) / self.accumulation
+                    total += self.pipeline.step(inputs, labels, documents, forward_only=True) / self.accumulation
                     continue
                 with self.autocast():
-                    logits = self.model(inputs)
+                    logits = self.model(inputs, documents)
                 loss = self.loss_fn(logits, labels) / self.accumulation
             total += loss.full_tensor() if isinstance(loss, DTensor) else loss
         return total
@@ -116,19 +120,23 @@ class ForwardBackward:
             sequence = self.sequence_context(*batch) if self.sequence_context else contextlib.nullcontext(batch)
             if self.pipeline:
                 with sequence as (inputs, labels), self.loss_context():
-                    step_loss += self.pipeline.step(inputs, labels)
+                    step_loss += self.pipeline.step(inputs, labels, self._documents(self.loader, inputs))
                 continue
             if self.sync_gradients_last_only:
                 # Reduce gradients only once per step, after the last microbatch.
                 self.model.set_requires_gradient_sync(micro == self.accumulation - 1)
             with sequence as (inputs, labels):
                 with self.autocast():
-                    logits = self.model(inputs)
+                    logits = self.model(inputs, self._documents(self.loader, inputs))
                 with self.loss_context():
                     loss = self.loss_fn(logits, labels) / self.accumulation
                     loss.backward()
             step_loss += loss.detach().full_tensor() if isinstance(loss, DTensor) else loss.detach()
         return step_loss, data_seconds
+
+    def _documents(self, loader: BatchLoader, inputs: torch.Tensor) -> torch.Tensor | None:
+        """Each input token's document (block_causal), None where tokens attend causally."""
+        return document_ids(inputs, loader.document_end) if self.by_document else None
 
 
 class NonFiniteTraining(RuntimeError):

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 
-from titan_exp.models.common.rotary import apply_rotary_emb, causal_attention
+from titan_exp.models.common.rotary import apply_rotary_emb, attend, causal_attention
 from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.tensor_parallel import TensorParallel, replicated_on_local_tensors
 
@@ -25,7 +25,7 @@ class GroupedQueryAttention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if qk_norm else None
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         # -1 instead of the head count: under tensor parallel each rank holds a slice of the heads.
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
@@ -34,7 +34,7 @@ class GroupedQueryAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
-        return self.wo(self.attend(q, k, v).reshape(batch, seq, -1))
+        return self.wo(attend(self.attend, q, k, v, documents).reshape(batch, seq, -1))
 
     def tensor_parallel_plan(self, tp: TensorParallel) -> dict:
         """Megatron's split (torchtitan's plan): the heads column-wise into q, k and v, row-wise out

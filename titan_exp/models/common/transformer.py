@@ -43,8 +43,8 @@ class TransformerBlock(nn.Module):
         self.feed_forward = None if moe else SwiGLU(cfg.dim, cfg.ffn_hidden_dim)
         self.moe = MoE(cfg.dim, cfg.moe, layer_id) if moe else None
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), freqs_cis)
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis, documents=documents)
         ffn = self.moe if self.moe is not None else self.feed_forward
         return h + ffn(self.ffn_norm(h))
 
@@ -72,11 +72,13 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("freqs_cis", precompute_freqs_cis(cfg, cfg.max_seq_len), persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        # A pipeline stage lacks the parts other stages own: it then takes or returns hidden states.
+    def forward(self, tokens: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
+        """`documents` (batch, seq): each token's document, which alone it attends to
+        (model.attn_mask_type=block_causal; rotary.document_ids); None: causal over the window.
+        A pipeline stage lacks the parts other stages own: it then takes or returns hidden states."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
-            h = layer(h, self.freqs_cis)
+            h = layer(h, self.freqs_cis, documents) if documents is not None else layer(h, self.freqs_cis)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 

@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
-from titan_exp.models.common.rotary import apply_rotary_emb, causal_attention
+from titan_exp.models.common.rotary import apply_rotary_emb, attend, causal_attention
 from titan_exp.models.deepseek_v3.config import DeepSeekV3Config
 from titan_exp.parallel.tensor_parallel import TensorParallel, replicated_on_local_tensors
 
@@ -42,7 +42,7 @@ class LatentAttention(nn.Module):
         if cfg.rope_scaling_type == "yarn" and cfg.rope_scaling_factor:
             self.q_scale = (0.1 * mla.mscale * math.log(cfg.rope_scaling_factor) + 1.0) ** 2
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         mla = self.mla
         q = self.wq_b(self.q_norm(self.wq_a(x))) if mla.q_lora_rank else self.wq(x)
@@ -57,7 +57,7 @@ class LatentAttention(nn.Module):
         k_nope, v = kv.split([mla.qk_nope_head_dim, mla.v_head_dim], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1) * self.q_scale
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
-        return self.wo(self.attend(q, k, v).reshape(batch, seq, -1))
+        return self.wo(attend(self.attend, q, k, v, documents).reshape(batch, seq, -1))
 
     def tensor_parallel_plan(self, tp: TensorParallel) -> dict:
         """torchtitan's split: the heads' up-projections (wq or wq_b, wkv_b) column-wise and wo

@@ -15,7 +15,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from titan_exp.checkpoint.hf import load_hf
-from titan_exp.models.registry import FAMILIES, build_model, config_from_hf
+from titan_exp.models.registry import FAMILIES, build_model, config_from_hf, hf_cautions
 
 VOCAB, SEQ, BLOCK = 320, 24, 16
 SHAPE = dict(
@@ -91,6 +91,10 @@ def test_our_model_loaded_from_the_folder_gives_transformers_logits(saved, layou
     assert cfg.name == "deepseek_v3" and cfg.mla.q_lora_rank == 32 and cfg.moe.n_dense_layers == 1
     assert cfg.rope_scaling_type == "yarn" and cfg.moe.load_balance_coeff is not None
     torch.testing.assert_close(our_logits(saved[layout]), saved["logits"], rtol=1e-5, atol=1e-5)
+    # The config names a multi-token-prediction layer (transformers' default, 1): said, not read.
+    assert hf_cautions(str(saved[layout])) == [
+        "its 1 multi-token-prediction layer(s) (model.layers.2+) are not read: no MTP here"
+    ]
 
 
 def quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -221,5 +221,6 @@ def test_another_architecture_is_refused(untied, tmp_path):
     line = refusal(["model=hf", f"model.hf_path={other}"], tmp_path)
     assert line == (
         f"titan_exp: config error: model.hf_path={other}: its config.json has model_type=mistral; "
-        "the config.json model types read here: llama (llama3), qwen3 (qwen3), qwen3_moe (qwen3)"
+        "the config.json model types read here: llama (llama3), qwen3 (qwen3), qwen3_moe (qwen3), "
+        "deepseek_v3 (deepseek_v3)"
     )

@@ -6,8 +6,7 @@ offending value and the fix, so the command line prints one line and exits 2."""
 from launchers.base import Placement
 from titan_exp.config.schema import JobConfig
 from titan_exp.config.unread import ignored_keys
-from titan_exp.models.hf import read_hf_config
-from titan_exp.models.registry import FAMILIES, family_of
+from titan_exp.models.registry import FAMILIES, family_of, hf_cautions
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.stages import StagePlan
 from titan_exp.rules import ConfigError
@@ -36,9 +35,8 @@ def cautions(cfg: JobConfig, dims: ParallelDims) -> list[str]:
     """What a job may run with but is rarely meant (said before it starts; torchtitan warns of the
     same): `cfg` as composed (before resolution fills it in), `dims` as resolved."""
     said = [f"{key}={value} has no effect: {why}" for key, value, why in ignored_keys(cfg, dims)]
-    if cfg.model.hf_path is not None and (hf := family_of(cfg.model).hf) is not None:
-        folder = cfg.model.hf_path
-        said += [f"model.hf_path={folder}: {note}" for note in hf.cautions(read_hf_config(folder, "model.hf_path"))]
+    if cfg.model.hf_path is not None:
+        said += [f"model.hf_path={cfg.model.hf_path}: {note}" for note in hf_cautions(cfg.model.hf_path)]
     # Only a warmup someone chose: the default's 10 steps outlast every short smoke run, as meant.
     chosen_warmup = cfg.lr_scheduler.warmup_steps != type(cfg.lr_scheduler)().warmup_steps
     if chosen_warmup and cfg.lr_scheduler.warmup_steps > cfg.training.steps:

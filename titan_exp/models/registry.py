@@ -37,15 +37,26 @@ def config_from_hf(folder: str, key: str) -> ModelConfig:
     every shape field from the rest; `key` named the folder (a refusal names it)."""
     hf = read_hf_config(folder, key)
     refuse = refusing(key, folder)
-    model_type = hf_value(hf, "model_type", str, refuse, None)
-    readers = {t: family for family in FAMILIES.values() if family.hf for t in family.hf.model_types}
-    if model_type not in readers:
-        known = ", ".join(f"{t} ({family.name})" for t, family in readers.items())
-        raise refuse(f"model_type={model_type}; the {CONFIG_FILE} model types read here: {known}")
-    family = readers[model_type]
+    family = _reader(hf, refuse)
     cfg = family.config(name=family.name, hf_path=folder, **family.hf.fields_from_hf(hf, refuse))
     try:  # the shape rules (absurd sizes among them) before anything walks the layers
         cfg.check("model")
     except ConfigError as err:
         raise ConfigError(key, folder, f"its {CONFIG_FILE} makes {err}") from None
     return cfg
+
+
+def hf_cautions(folder: str) -> list[str]:
+    """What of the Hugging Face folder (model=hf's) is not read, in its family's words."""
+    hf = read_hf_config(folder, "model.hf_path")
+    return _reader(hf, refusing("model.hf_path", folder)).hf.cautions(hf)
+
+
+def _reader(hf: dict, refuse) -> ModelFamily:
+    """The family that reads a config.json, by its model_type."""
+    model_type = hf_value(hf, "model_type", str, refuse, None)
+    readers = {t: family for family in FAMILIES.values() if family.hf for t in family.hf.model_types}
+    if model_type not in readers:
+        known = ", ".join(f"{t} ({family.name})" for t, family in readers.items())
+        raise refuse(f"model_type={model_type}; the {CONFIG_FILE} model types read here: {known}")
+    return readers[model_type]

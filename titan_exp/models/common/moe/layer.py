@@ -124,24 +124,26 @@ class _AddAuxiliaryLoss(torch.autograd.Function):
 
 class _AddPooledAuxiliaryLoss(torch.autograd.Function):
     """The layer's output unchanged; in backward, the gradient that the loss pooled over every MoE
-    layer (model.moe.aux_loss_over=all_layers) sends to this layer's mean router probabilities:
-    `weight` × the routed fractions averaged over the layers / the layers, known once every
-    layer's forward has run. Its share of the loss goes into `totals` (the moe/aux_loss metric)."""
+    layer (model.moe.aux_loss_over=all_layers) sends to this `layer`'s mean router probabilities:
+    coefficient × experts × the routed fractions averaged over the layers / the layers, known once
+    every layer's forward has run. Its share of the loss goes into the layer's aux_loss_total."""
 
     @staticmethod
-    def forward(ctx, out, mean_probs, pool: "AuxLossPool", weight: float, scale: float, totals, slices: int):
+    def forward(ctx, out: torch.Tensor, mean_probs: torch.Tensor, layer: "MoE") -> torch.Tensor:
         ctx.save_for_backward(mean_probs.detach())
-        ctx.pool, ctx.weight, ctx.scale, ctx.totals, ctx.slices = pool, weight, scale, totals, slices
+        ctx.layer = layer
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (mean_probs,) = ctx.saved_tensors
-        fractions, layers = ctx.pool.mean(), len(ctx.pool.fractions)
-        share = ctx.weight * fractions / layers  # d pooled loss / d this layer's mean probabilities
+        layer = ctx.layer
+        pool, cfg = layer.aux_pool, layer.cfg
+        # d pooled loss / d this layer's mean probabilities
+        share = cfg.aux_loss_coeff * cfg.num_experts * pool.mean() / len(pool.fractions)
         with torch.no_grad():
-            ctx.totals += torch.stack([(share * mean_probs).sum(), share.new_tensor(1 / ctx.slices)])
-        return grad, ctx.scale * share, None, None, None, None, None
+            layer.aux_loss_total += torch.stack([(share * mean_probs).sum(), share.new_tensor(1 / layer.token_slices)])
+        return grad, layer.aux_loss_scale * share, None
 
 
 class AuxLossPool:
@@ -262,14 +264,10 @@ class MoE(nn.Module):
         fractions = routed / (routed.sum() / cfg.top_k)
         probs = scores if cfg.score_func == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
         mean_probs = probs.sum(dim=0) / (probs.shape[0] * self.token_slices)
-        weight = cfg.aux_loss_coeff * cfg.num_experts
         if cfg.aux_loss_over == "all_layers":
             self.aux_pool.fractions[self.layer_id] = fractions
-            totals, slices = self.aux_loss_total, self.token_slices
-            return _AddPooledAuxiliaryLoss.apply(
-                out, mean_probs, self.aux_pool, weight, self.aux_loss_scale, totals, slices
-            )
-        aux_loss = weight * (fractions * mean_probs).sum()
+            return _AddPooledAuxiliaryLoss.apply(out, mean_probs, self)
+        aux_loss = cfg.aux_loss_coeff * cfg.num_experts * (fractions * mean_probs).sum()
         with torch.no_grad():
             self.aux_loss_total += torch.stack([aux_loss.detach(), aux_loss.new_tensor(1 / self.token_slices)])
         return _AddAuxiliaryLoss.apply(out, aux_loss, self.aux_loss_scale)

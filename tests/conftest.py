@@ -37,6 +37,8 @@ LONGEST_MODULES = (
     "test_plan.py",
     "test_profiling.py",
     "test_hf_weights.py",
+    "test_document_mask.py",
+    "test_hf_qwen3.py",
     "test_dryrun.py",
     "test_cli.py",
     "test_ui.py",

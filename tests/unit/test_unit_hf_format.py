@@ -84,3 +84,36 @@ def test_meta_llama3_files_with_rope_scaling_are_read():
     read = ModelConfig(**fields_from_hf(meta))
     assert read.ffn_hidden_dim == ours.ffn_hidden_dim
     assert (read.rope_scaling_factor, read.rope_theta) == (ours.rope_scaling_factor, ours.rope_theta)
+
+
+OTHER_FLAVORS = {
+    "qwen3_debug": transformers.Qwen3ForCausalLM,
+    "qwen3_8b": transformers.Qwen3ForCausalLM,
+    "qwen3_moe_debug": transformers.Qwen3MoeForCausalLM,
+    "qwen3_30b_a3b": transformers.Qwen3MoeForCausalLM,
+    "deepseek_v3_debug": transformers.DeepseekV3ForCausalLM,
+    "deepseek_v3_16b": transformers.DeepseekV3ForCausalLM,
+    "deepseek_v3_671b": transformers.DeepseekV3ForCausalLM,
+}
+
+
+@pytest.mark.parametrize("flavor", OTHER_FLAVORS)
+def test_transformers_builds_each_familys_model_from_our_config_json_and_it_reads_back(flavor):
+    """Qwen3, Qwen3-MoE and DeepSeek-V3: the config.json we write is one transformers builds the same
+    model from (names and shapes, experts in its in-memory fused layout; the parameter count), and
+    reading it back gives every field a checkpoint is compared on."""
+    from operator import attrgetter
+
+    cfg = compose_job_config([f"model={flavor}"]).model
+    fmt = FAMILIES[cfg.name].hf
+    model_class = OTHER_FLAVORS[flavor]
+    config = model_class.config_class.from_dict(fmt.hf_config(cfg, "float32"))
+    with torch.device("meta"):
+        theirs = model_class(config)
+        ours = build_model(cfg)
+    shapes = {name: tuple(p.shape) for name, p in theirs.state_dict().items()}
+    assert shapes == fmt.expected_shapes(cfg, fused=cfg.moe.enabled)
+    assert sum(p.numel() for p in theirs.parameters()) == ours.num_params()
+    back = FAMILIES[cfg.name].config(**fmt.fields_from_hf(config.to_dict(), refusing("model.hf_path", "f")))
+    for field in fmt.compared:
+        assert attrgetter(field)(back) == attrgetter(field)(cfg), field

@@ -26,13 +26,25 @@ class HFFormat:
     model_types: tuple[str, ...] = ()
     # Our parameter names (a layer's without its `layers.N.` prefix) and HF's, within a layer and outside.
     layer_keys: dict[str, str] = {}
-    top_keys: dict[str, str] = {}
+    top_keys: dict[str, str] = {
+        "tok_embeddings.weight": "model.embed_tokens.weight",
+        "norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    }
     # A layer's stacked expert weights (ours: experts × ...) and HF's name of expert {}'s matrix,
-    # one tensor per expert as published checkpoints hold them (and as written here).
-    expert_keys: dict[str, str] = {}
+    # one tensor per expert as published checkpoints hold them (and as written here): the names
+    # of transformers' MoE models (Qwen2/3-MoE, DeepSeek-V3 and their kin).
+    expert_keys: dict[str, str] = {
+        "moe.experts.w1": "mlp.experts.{}.gate_proj.weight",
+        "moe.experts.w3": "mlp.experts.{}.up_proj.weight",
+        "moe.experts.w2": "mlp.experts.{}.down_proj.weight",
+    }
     # The fused layout transformers also writes (save_original_format=False): HF's name of one
     # tensor (experts × ...) and the stacked weights of ours it concatenates along its dim 1.
-    fused_expert_keys: dict[str, tuple[str, ...]] = {}
+    fused_expert_keys: dict[str, tuple[str, ...]] = {
+        "mlp.experts.gate_up_proj": ("moe.experts.w1", "moe.experts.w3"),
+        "mlp.experts.down_proj": ("moe.experts.w2",),
+    }
     # Our fields (dotted within a section) compared with a checkpoint's config.json before it is
     # loaded, in the order a refusal names them; the keys a refusal names for them where they differ.
     compared: tuple[str, ...] = ()
@@ -61,7 +73,10 @@ class HFFormat:
 
     def top_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Our name and shape of each tensor outside the layers."""
-        raise NotImplementedError
+        shapes = {"tok_embeddings.weight": (cfg.vocab_size, cfg.dim), "norm.weight": (cfg.dim,)}
+        if not cfg.tie_word_embeddings:
+            shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
+        return shapes
 
     def layer_shapes(self, cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
         """Our name (within the layer) and shape of each tensor of layer `layer`."""

@@ -39,20 +39,6 @@ class DeepSeekV3Format(HFFormat):
         "attention_norm.weight": "input_layernorm.weight",
         "ffn_norm.weight": "post_attention_layernorm.weight",
     }
-    top_keys = {
-        "tok_embeddings.weight": "model.embed_tokens.weight",
-        "norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight",
-    }
-    expert_keys = {
-        "moe.experts.w1": "mlp.experts.{}.gate_proj.weight",
-        "moe.experts.w3": "mlp.experts.{}.up_proj.weight",
-        "moe.experts.w2": "mlp.experts.{}.down_proj.weight",
-    }
-    fused_expert_keys = {
-        "mlp.experts.gate_up_proj": ("moe.experts.w1", "moe.experts.w3"),
-        "mlp.experts.down_proj": ("moe.experts.w2",),
-    }
     compared = (
         "dim",
         "n_layers",
@@ -231,12 +217,6 @@ class DeepSeekV3Format(HFFormat):
             "torch_dtype": dtype,
             "dtype": dtype,
         }
-
-    def top_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-        shapes = {"tok_embeddings.weight": (cfg.vocab_size, cfg.dim), "norm.weight": (cfg.dim,)}
-        if not cfg.tie_word_embeddings:
-            shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
-        return shapes
 
     def layer_shapes(self, cfg: DeepSeekV3Config, layer: int) -> dict[str, tuple[int, ...]]:
         mla, dim, heads = cfg.mla, cfg.dim, cfg.n_heads

@@ -31,11 +31,6 @@ class LlamaFormat(HFFormat):
         "attention_norm.weight": "input_layernorm.weight",
         "ffn_norm.weight": "post_attention_layernorm.weight",
     }
-    top_keys = {
-        "tok_embeddings.weight": "model.embed_tokens.weight",
-        "norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight",
-    }
     compared = (
         "dim",
         "n_layers",
@@ -118,12 +113,6 @@ class LlamaFormat(HFFormat):
             "torch_dtype": dtype,
             "dtype": dtype,
         }
-
-    def top_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-        shapes = {"tok_embeddings.weight": (cfg.vocab_size, cfg.dim), "norm.weight": (cfg.dim,)}
-        if not cfg.tie_word_embeddings:
-            shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
-        return shapes
 
     def layer_shapes(self, cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
         hd, ffn = cfg.head_dim, cfg.ffn_hidden_dim

@@ -21,15 +21,6 @@ class Qwen3Format(LlamaFormat):
         "attention.k_norm.weight": "self_attn.k_norm.weight",
         "moe.router.gate.weight": "mlp.gate.weight",
     }
-    expert_keys = {
-        "moe.experts.w1": "mlp.experts.{}.gate_proj.weight",
-        "moe.experts.w3": "mlp.experts.{}.up_proj.weight",
-        "moe.experts.w2": "mlp.experts.{}.down_proj.weight",
-    }
-    fused_expert_keys = {
-        "mlp.experts.gate_up_proj": ("moe.experts.w1", "moe.experts.w3"),
-        "mlp.experts.down_proj": ("moe.experts.w2",),
-    }
     compared = (
         *LlamaFormat.compared,
         "head_dim",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from launchers.env import free_port
+from launchers.processes import process_alive
 
 from conftest import REPO, SMALL_MODEL, mlflow_client, mlflow_runs, run_cli, start_mlflow_server, stop_mlflow_server
 
@@ -160,3 +161,33 @@ def test_rank0_killed_outright_its_last_steps_and_log_reach_the_store(tmp_path, 
     assert logged[: len(printed_steps)] == printed_steps, (logged, printed_steps)  # every step it printed
     artifacts = db.parent / "mlartifacts" / "titan_exp" / run.info.run_id / "artifacts"
     assert f"step {printed_steps[-1]:5d}" in (artifacts / "logs" / "rank0.log").read_text()
+
+
+@pytest.mark.slow  # a job killed mid-run, then sync (the lock itself: tests/unit/test_unit_sync_trust.py)
+def test_a_job_killed_outright_with_all_its_ranks_is_ended_killed_by_sync(tmp_path, store):
+    """Issue 47 item 6: the launching process and every rank SIGKILLed at once leave nobody to end
+    the run; no process holds the journal's lock any more, so `sync` ends it KILLED with the reason,
+    as of its last metric, and a second sync changes nothing."""
+    from titan_exp.tracking.journal import GONE_REASON
+
+    uri, db = store
+    proc = _start(tmp_path, ["training.steps=2000", uri])
+    try:
+        _read_until_step(proc, 5)
+        everyone = [proc.pid, *(pid for pid, _ in _descendants(proc.pid))]
+        for pid in everyone:
+            os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 30
+    while any(process_alive(pid) for pid in everyone) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    synced = _sync(str(tmp_path / "run"))
+    assert synced.returncode == 0 and "ended KILLED" in synced.stdout, synced.stdout + synced.stderr
+    [run] = mlflow_runs(db)
+    assert run.info.status == "KILLED" and run.data.tags["failure_reason"] == GONE_REASON
+    last_loss = max(m.timestamp for m in mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg"))
+    assert last_loss <= run.info.end_time < last_loss + 5000  # as of its last metric, not of the sync
+    again = _sync(str(tmp_path / "run"))
+    assert again.returncode == 0 and "ended" not in again.stdout.replace("kept its end", ""), again.stdout

@@ -45,7 +45,13 @@ class Workload:
 
     @property
     def keys_per_query(self) -> float:
-        return self.seq_len / 2 if self.attended_keys is None else self.attended_keys
+        """The keys attention's kernel computes per query: half the window, causal (its kernels skip
+        the blocks above the diagonal); under a document mask, the attended ones on CUDA
+        (FlexAttention skips the blocks the mask empties) and the whole window on CPU ranks, whose
+        SDPA takes the mask dense and computes every key."""
+        if self.attended_keys is None:
+            return self.seq_len / 2
+        return self.attended_keys if self.device == "cuda" else self.seq_len
 
     @property
     def float8(self) -> bool:

@@ -15,6 +15,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from titan_exp.checkpoint.hf import load_hf
+from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
 from titan_exp.models.registry import FAMILIES, build_model, config_from_hf, hf_cautions
 
 VOCAB, SEQ, BLOCK = 320, 24, 16
@@ -135,6 +136,17 @@ def test_float8_weights_with_block_scales_load_dequantized(saved):
     save_file(plain, dequantized / "model.safetensors", metadata={"format": "pt"})
     assert any(t.dtype == torch.float8_e4m3fn for t in stored.values())
     torch.testing.assert_close(our_logits(fp8), our_logits(dequantized), rtol=0, atol=0)
+    # A rank's box starts and ends anywhere in a block (FSDP's rows, TP's columns): each equals
+    # that part of the whole dequantized weight.
+    folder = SafetensorsFolder(str(fp8))
+    generator = torch.Generator().manual_seed(1)
+    for name in [n for n in plain if n in stored and stored[n].dtype == torch.float8_e4m3fn]:
+        rows, cols = plain[name].shape
+        for _ in range(3):
+            r0, c0 = (int(torch.randint(0, n - 1, (), generator=generator)) for n in (rows, cols))
+            r1, c1 = (int(torch.randint(a + 1, n + 1, (), generator=generator)) for a, n in ((r0, rows), (c0, cols)))
+            box = (slice(r0, r1), slice(c0, c1))
+            torch.testing.assert_close(folder.read(name, box), plain[name][box], rtol=0, atol=0, msg=name)
     # The rounding is real: the float8 model is not the float32 one it came from.
     assert not torch.allclose(our_logits(fp8), saved["logits"], atol=1e-4)
 

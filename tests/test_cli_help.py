@@ -86,6 +86,7 @@ def test_show_prints_the_resolved_job_and_starts_nothing(tmp_path):
     assert "1 node(s) × 4 on cpu" in out
     assert "32 sequences = 4 × dp 4 × 2 microbatch(es)" in out  # the accumulation worked out
     assert "nproc_per_node: 4" in out and "data_parallel_shard_degree: 2" in out  # no -1 left
+    assert "  folder: <job folder>/checkpoints\n" in out  # where a run of it would keep its checkpoints
     assert not list(tmp_path.iterdir())
 
 

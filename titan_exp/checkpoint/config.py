@@ -10,8 +10,11 @@ from titan_exp.rules import ConfigError, Section, check_positive, one_of
 OWN_FOLDER = ""
 
 
-def own_folder(job_dir: Path) -> str:
-    """Where a job keeps its checkpoints unless checkpoint.folder names a folder."""
+def own_folder(job_dir: Path | None = None) -> str:
+    """Where a job keeps its checkpoints unless checkpoint.folder names a folder (`job_dir` None: a
+    job that is not run, shown as `<job folder>/checkpoints`)."""
+    if job_dir is None:
+        return "<job folder>/checkpoints"
     return str((job_dir / "checkpoints").resolve())
 
 

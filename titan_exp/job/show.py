@@ -7,6 +7,7 @@ import sys
 
 from omegaconf import OmegaConf
 
+from titan_exp.checkpoint.config import OWN_FOLDER, own_folder
 from titan_exp.config.check import cautions
 from titan_exp.config.compose import compose_job_config
 from titan_exp.config.job import ResolvedJob
@@ -77,7 +78,10 @@ def main(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"caution: not here as it is: {err}")
     if not args.summary:
-        print("\n# the resolved config\n" + OmegaConf.to_yaml(OmegaConf.structured(job.config)), end="")
+        shown = OmegaConf.structured(job.config)
+        if job.config.checkpoint.folder == OWN_FOLDER:  # filled in when the job has its folder
+            shown.checkpoint.folder = own_folder()
+        print("\n# the resolved config\n" + OmegaConf.to_yaml(shown), end="")
     return 0
 
 

@@ -106,3 +106,26 @@ def test_expert_parallel_over_nccl_trains_like_one_gpu(tmp_path, store, layout):
         assert result.returncode == 0, result.stderr[-3000:]
     curves = {run.data.tags["world_size"]: loss_curve(db, run.info.run_id) for run in mlflow_runs(db)}
     assert curves["2"] == pytest.approx(curves["1"], rel=1e-3)
+
+
+def test_flex_attention_with_a_document_mask_equals_the_dense_masked_sdpa():
+    """model.attn_mask_type=block_causal on CUDA: FlexAttention's block mask (compiled) gives the
+    attention of SDPA with the same mask taken dense (the CPU path), forward and backward."""
+    import torch
+
+    from titan_exp.models.common.rotary import causal_attention, document_ids
+
+    assert torch.cuda.is_available(), "no GPU visible: this test needs a CUDA machine"
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 256, 8, 64, device="cuda", generator=generator, requires_grad=True) for _ in range(3))
+    tokens = torch.randint(1, 100, (2, 256), device="cuda", generator=generator)
+    tokens[:, 40] = tokens[:, 130] = tokens[:, 131] = 0
+    documents = document_ids(tokens, 0)
+    flex = causal_attention(q, k, v, documents)
+    leaves = [t.detach().cpu().requires_grad_() for t in (q, k, v)]
+    dense = causal_attention(*leaves, documents.cpu())
+    torch.testing.assert_close(flex.cpu(), dense, rtol=2e-3, atol=2e-3)
+    flex.square().sum().backward()
+    dense.square().sum().backward()
+    for on_gpu, on_cpu in zip((q, k, v), leaves):
+        torch.testing.assert_close(on_gpu.grad.cpu(), on_cpu.grad, rtol=2e-3, atol=2e-3)

@@ -62,6 +62,29 @@ class HFFormat:
         """Why `cfg` cannot be read or written in this format (None: it can)."""
         return None
 
+    @staticmethod
+    def shared_config(cfg: ModelConfig, dtype: str, rope: dict[str, object]) -> dict:
+        """What every family's config.json says alike: the decoder's sizes, SwiGLU, no attention
+        biases, the rotary parameters `rope` in both spellings (transformers 5 reads
+        rope_parameters, 4.x rope_theta and rope_scaling) and the weights' dtype."""
+        return {
+            "hidden_size": cfg.dim,
+            "intermediate_size": cfg.ffn_hidden_dim,
+            "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads,
+            "vocab_size": cfg.vocab_size,
+            "rms_norm_eps": cfg.norm_eps,
+            "max_position_embeddings": cfg.max_seq_len,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "rope_parameters": rope,
+            "rope_theta": cfg.rope_theta,
+            "rope_scaling": None if cfg.rope_scaling_factor is None else rope,
+            "torch_dtype": dtype,
+            "dtype": dtype,
+        }
+
     def cautions(self, hf: dict) -> list[str]:
         """What of a folder with this config.json is not read (said before the job starts)."""
         return []

@@ -181,19 +181,10 @@ class DeepSeekV3Format(HFFormat):
                 mscale_all_dim=mla.mscale,
             )
         return {
+            **self.shared_config(cfg, dtype, rope),
             "architectures": ["DeepseekV3ForCausalLM"],
             "model_type": "deepseek_v3",
-            "hidden_size": cfg.dim,
-            "intermediate_size": cfg.ffn_hidden_dim,
-            "num_hidden_layers": cfg.n_layers,
-            "num_attention_heads": cfg.n_heads,
             "num_key_value_heads": cfg.n_heads,
-            "vocab_size": cfg.vocab_size,
-            "rms_norm_eps": cfg.norm_eps,
-            "max_position_embeddings": cfg.max_seq_len,
-            "tie_word_embeddings": cfg.tie_word_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": False,
             "rope_interleave": True,
             "kv_lora_rank": mla.kv_lora_rank,
             "q_lora_rank": mla.q_lora_rank or None,
@@ -211,11 +202,6 @@ class DeepSeekV3Format(HFFormat):
             "n_group": moe.n_groups,
             "topk_group": moe.topk_groups,
             "num_nextn_predict_layers": 0,
-            "rope_parameters": rope,
-            "rope_scaling": None if cfg.rope_scaling_factor is None else rope,
-            "rope_theta": cfg.rope_theta,
-            "torch_dtype": dtype,
-            "dtype": dtype,
         }
 
     def layer_shapes(self, cfg: DeepSeekV3Config, layer: int) -> dict[str, tuple[int, ...]]:

@@ -91,27 +91,12 @@ class LlamaFormat(HFFormat):
                 original_max_position_embeddings=cfg.rope_original_max_seq_len,
             )
         return {
+            **self.shared_config(cfg, dtype, rope),
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
-            "hidden_size": cfg.dim,
-            "intermediate_size": cfg.ffn_hidden_dim,
-            "num_hidden_layers": cfg.n_layers,
-            "num_attention_heads": cfg.n_heads,
             "num_key_value_heads": cfg.kv_heads,
             "head_dim": cfg.head_dim,
-            "vocab_size": cfg.vocab_size,
-            "rms_norm_eps": cfg.norm_eps,
-            "max_position_embeddings": cfg.max_seq_len,
-            "tie_word_embeddings": cfg.tie_word_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": False,
             "mlp_bias": False,
-            # Both spellings: transformers 5 reads rope_parameters, 4.x rope_theta and rope_scaling.
-            "rope_parameters": rope,
-            "rope_theta": cfg.rope_theta,
-            "rope_scaling": None if cfg.rope_scaling_factor is None else rope,
-            "torch_dtype": dtype,
-            "dtype": dtype,
         }
 
     def layer_shapes(self, cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:

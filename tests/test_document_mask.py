@@ -61,25 +61,26 @@ def test_what_has_no_documents_or_splits_them_is_refused(overrides, fix):
 
 LAYOUTS = {
     "single": ["parallelism=single"],
+    "pp2": ["parallelism=pp", "launcher.nproc_per_node=2", "parallelism.pipeline_parallel_microbatch_size=1"],
     "fsdp2": ["parallelism=fsdp", "launcher.nproc_per_node=2", "training.local_batch_size=1"],
     "tp2": ["parallelism=tp", "launcher.nproc_per_node=2"],
-    "pp2": ["parallelism=pp", "launcher.nproc_per_node=2", "parallelism.pipeline_parallel_microbatch_size=1"],
 }
+# The default suite: one device and the pipeline (the documents reach every stage as a schedule
+# keyword, split per microbatch); FSDP and TP (the attention's keyword under TP's plan) as slow.
+SLOW = ("fsdp2", "tp2")
 
 
-def test_fsdp_tensor_and_pipeline_parallelism_train_the_one_device_curve_on_packed_documents(tmp_path, migrated_store):
-    """The first loss is the seeded model's on the first batch with its documents masked (not the
-    causal one's): the mask reaches the ranks; then every layout trains one device's curve."""
-    from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
-
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, migrated_store):
+    """(the common overrides of a packed-documents run, its store (uri, db), the folder)."""
+    tmp = tmp_path_factory.mktemp("packed")
     docs = [" ".join(["some words of document", str(i)] * (1 + i % 7)) for i in range(80)]
-    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    (tmp_path / "tokenizer.json").write_text(train_tokenizer(docs, 300).to_str())
-    uri, db = store_in(tmp_path, migrated_store)
+    (tmp / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    (tmp / "tokenizer.json").write_text(train_tokenizer(docs, 300).to_str())
     common = [
         "data=files",
-        f"data.paths=[{tmp_path}/docs.jsonl]",
-        f"data.tokenizer_path={tmp_path}/tokenizer.json",
+        f"data.paths=[{tmp}/docs.jsonl]",
+        f"data.tokenizer_path={tmp}/tokenizer.json",
         "model.attn_mask_type=block_causal",
         "training.seq_len=64",
         "training.local_batch_size=2",
@@ -88,15 +89,31 @@ def test_fsdp_tensor_and_pipeline_parallelism_train_the_one_device_curve_on_pack
         "metrics.log_freq=1",
         "launcher.device=cpu",
     ]
-    curves = {}
-    for name, layout in LAYOUTS.items():
-        done = run_cli([*common, *layout, uri], tmp_path / name)
-        assert done.returncode == 0, done.stderr[-3000:]
-        curves[name] = loss_curve(db, mlflow_runs(db)[-1].info.run_id)
-    for name in ("fsdp2", "tp2", "pp2"):
-        torch.testing.assert_close(curves[name], curves["single"], rtol=1e-5, atol=0, msg=name)
+    return common, store_in(tmp, migrated_store), tmp
 
-    cfg = compose_job_config(common)
+
+@pytest.fixture(scope="module")
+def curves(packed) -> dict[str, list[float]]:
+    """Each layout's loss curve, run once when first asked for."""
+    common, (uri, db), tmp = packed
+    found: dict[str, list[float]] = {}
+
+    def curve(name: str) -> list[float]:
+        if name not in found:
+            done = run_cli([*common, *LAYOUTS[name], uri], tmp / name)
+            assert done.returncode == 0, done.stderr[-3000:]
+            found[name] = loss_curve(db, mlflow_runs(db)[-1].info.run_id)
+        return found[name]
+
+    return curve
+
+
+def test_the_first_loss_is_the_seeded_models_with_its_documents_masked(packed, curves):
+    """The mask reaches the ranks: one device's first loss is the seeded model's on the first batch
+    with the documents masked, not the causal one's."""
+    from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
+
+    cfg = compose_job_config(packed[0])
     loader = BatchLoader(build_source(cfg.data, 64, seed=0), BatchPlan(2, 64, 1, 0, 1))
     inputs, labels = loader.get(0, 0)
     model = build_model(cfg.model)
@@ -106,4 +123,11 @@ def test_fsdp_tensor_and_pipeline_parallelism_train_the_one_device_curve_on_pack
             torch.nn.functional.cross_entropy(model(inputs, documents).flatten(0, 1), labels.flatten()).item()
             for documents in (document_ids(inputs, loader.document_end), None)
         )
-    assert curves["single"][0] == pytest.approx(masked, rel=1e-5) and masked != pytest.approx(causal, rel=1e-4)
+    assert curves("single")[0] == pytest.approx(masked, rel=1e-5) and masked != pytest.approx(causal, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "layout", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in LAYOUTS if n != "single"]
+)
+def test_each_layout_trains_the_one_device_curve_on_packed_documents(layout, curves):
+    torch.testing.assert_close(curves(layout), curves("single"), rtol=1e-5, atol=0)

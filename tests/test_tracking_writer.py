@@ -123,14 +123,14 @@ def test_a_store_locked_by_another_process_is_ridden_out_from_the_first_call(tmp
     db = tmp_path / "mlflow.db"
     client(f"sqlite:///{db}")  # the store exists
     hold = "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
-    hold += "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(4); c.execute('COMMIT')"
+    hold += "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(2.5); c.execute('COMMIT')"
     holder = subprocess.Popen([sys.executable, "-c", hold, str(db)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     started = time.monotonic()
     run = MlflowRun.create(TrackingConfig(uri=f"sqlite:///{db}"), "waited", {})
     waited = time.monotonic() - started
     assert holder.wait(timeout=30) == 0
-    assert waited > 2 and run.client.get_run(run.run_id).info.run_name == "waited"
+    assert waited > 1.5 and run.client.get_run(run.run_id).info.run_name == "waited"
 
 
 def test_a_run_id_file_is_written_whole_or_not_at_all(tmp_path):

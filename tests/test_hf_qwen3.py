@@ -105,6 +105,7 @@ def test_our_model_loaded_from_the_folder_gives_transformers_logits(folders, kin
     torch.testing.assert_close(our_logits(folders[kind]), transformers_logits(folders[kind]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # 2 ranks, 2 steps and an export; the default suite loads in-process (above)
 def test_fsdp_with_expert_parallelism_loads_its_own_experts_trains_and_exports_the_published_layout(
     folders, tmp_path, migrated_store
 ):

@@ -336,11 +336,10 @@ def close_run_from_outside(
     if cfg.store.is_server and (down := server_answers(cfg.uri)):
         raise ConnectionError(down)  # rather than MLflow's minutes of retries
     journal, run_id_file, run_log = (job_dir / name for name in (JOURNAL_FILE, RUN_ID_FILE, RUN_LOG_FILE))
-    owner = None
-    if journal.exists():
-        replay(journal, cfg, end=False)  # opens (or creates) the run and names it in run_id_file
-        owner = next((args[0].get("owner") for _, call, args in read(journal).calls if call == "create"), None)
-    run = _open_run(run_id_file, cfg, run_name, tags, owner)
+    if journal.exists():  # the run it opened, or created and named in run_id_file
+        run = MlflowRun(cfg.uri, replay(journal, cfg, end=False).run_id)
+    else:
+        run = _open_run(run_id_file, cfg, run_name, tags, owner=None)
     if run_log.exists():
         run.log_artifact(run_log, "logs")
     run.finish(status, reason)  # the job's own word: over rank 0's, which saw only its part

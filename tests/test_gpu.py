@@ -129,3 +129,31 @@ def test_flex_attention_with_a_document_mask_equals_the_dense_masked_sdpa():
     dense.square().sum().backward()
     for on_gpu, on_cpu in zip((q, k, v), leaves):
         torch.testing.assert_close(on_gpu.grad.cpu(), on_cpu.grad, rtol=2e-3, atol=2e-3)
+
+
+def test_gpt_oss_sink_attention_on_flex_attention_equals_the_dense_form():
+    """GPT-OSS's attention on CUDA: FlexAttention (compiled) with a sliding window and documents,
+    the sink applied through its log-sum-exp, against the dense scores (the CPU path), forward and
+    backward, the sinks' gradient included."""
+    import torch
+
+    from titan_exp.models.gpt_oss.attention import sink_attention
+
+    assert torch.cuda.is_available(), "no GPU visible: this test needs a CUDA machine"
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 256, 8, 64, device="cuda", generator=generator, requires_grad=True)
+    k, v = (torch.randn(2, 256, 2, 64, device="cuda", generator=generator, requires_grad=True) for _ in range(2))
+    sinks = torch.randn(8, device="cuda", generator=generator, requires_grad=True)
+    documents = torch.zeros(2, 256, dtype=torch.int32, device="cuda")
+    documents[:, 100:] = 1
+    for window in (128, None):
+        on_gpu = sink_attention(q, k, v, sinks, 0.125, window, documents)
+        leaves = [t.detach().cpu().requires_grad_() for t in (q, k, v, sinks)]
+        dense = sink_attention(*leaves[:3], leaves[3], 0.125, window, documents.cpu())
+        torch.testing.assert_close(on_gpu.cpu(), dense, rtol=2e-3, atol=2e-3)
+        for t in (q, k, v, sinks):
+            t.grad = None
+        on_gpu.square().sum().backward()
+        dense.square().sum().backward()
+        for gpu_leaf, cpu_leaf in zip((q, k, v, sinks), leaves):
+            torch.testing.assert_close(gpu_leaf.grad.cpu(), cpu_leaf.grad, rtol=2e-3, atol=2e-3)

@@ -222,5 +222,5 @@ def test_another_architecture_is_refused(untied, tmp_path):
     assert line == (
         f"titan_exp: config error: model.hf_path={other}: its config.json has model_type=mistral; "
         "the config.json model types read here: llama (llama3), qwen3 (qwen3), qwen3_moe (qwen3), "
-        "deepseek_v3 (deepseek_v3)"
+        "deepseek_v3 (deepseek_v3), gpt_oss (gpt_oss)"
     )

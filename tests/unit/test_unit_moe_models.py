@@ -1,5 +1,5 @@
-"""Qwen3 (dense and mixture-of-experts) and DeepSeek-V3 (latent attention, YaRN, grouped sigmoid
-routing, shared experts): parameter counts held to `transformers`' own models on the meta device
+"""Qwen3 (dense and mixture-of-experts), DeepSeek-V3 (latent attention, YaRN, grouped sigmoid
+routing, shared experts) and GPT-OSS: parameter counts held to `transformers`' own models on the meta device
 and to the counts the option files state, YaRN's frequencies to transformers', FLOPs on the active
 parameters, and the MoE layer held to a token-by-token reference."""
 
@@ -29,8 +29,12 @@ PUBLISHED = {
     "qwen3_30b_a3b": (30.5, 3.3),
     "qwen3_235b_a22b": (235, 22),
     "deepseek_v3_671b": (671, 37),
+    # OpenAI's gpt-oss model card.
+    "gpt_oss_20b": (21, 3.6),
+    "gpt_oss_120b": (117, 5.1),
 }
 DEEPSEEK_V3 = ("deepseek_v3_debug", "deepseek_v3_16b", "deepseek_v3_671b")
+GPT_OSS = ("gpt_oss_debug", "gpt_oss_20b", "gpt_oss_120b")
 
 
 def transformers_qwen3(flavor: str) -> torch.nn.Module:
@@ -84,6 +88,30 @@ def transformers_deepseek_v3(flavor: str) -> torch.nn.Module:
         return transformers.DeepseekV3ForCausalLM(config)
 
 
+def transformers_gpt_oss(flavor: str) -> torch.nn.Module:
+    m = compose_job_config([f"model={flavor}"]).model
+    config = transformers.GptOssConfig(
+        hidden_size=m.dim,
+        intermediate_size=m.moe.hidden_dim,
+        num_hidden_layers=m.n_layers,
+        num_attention_heads=m.n_heads,
+        num_key_value_heads=m.kv_heads,
+        head_dim=m.head_dim,
+        num_local_experts=m.moe.num_experts,
+        num_experts_per_tok=m.moe.top_k,
+        vocab_size=m.vocab_size,
+        tie_word_embeddings=False,
+    )
+    with torch.device("meta"):
+        return transformers.GptOssForCausalLM(config)
+
+
+def transformers_model(flavor: str) -> torch.nn.Module:
+    if flavor in DEEPSEEK_V3:
+        return transformers_deepseek_v3(flavor)
+    return transformers_gpt_oss(flavor) if flavor in GPT_OSS else transformers_qwen3(flavor)
+
+
 def stated_counts(flavor: str) -> list[int]:
     """The parameter counts the option file's leading comment states (total, then active if given)."""
     lines = (CONF_DIR / "model" / f"{flavor}.yaml").read_text().splitlines()
@@ -91,12 +119,12 @@ def stated_counts(flavor: str) -> list[int]:
     return [int(n.replace(",", "")) for n in re.findall(r"\d{1,3}(?:,\d{3})+", comment)]
 
 
-@pytest.mark.parametrize("flavor", QWEN3 + DEEPSEEK_V3)
+@pytest.mark.parametrize("flavor", QWEN3 + DEEPSEEK_V3 + GPT_OSS)
 def test_parameter_counts_agree_with_transformers_and_the_option_file(flavor):
     m = compose_job_config([f"model={flavor}"]).model
     with torch.device("meta"):
         ours = build_model(m).num_params()
-    built = transformers_deepseek_v3(flavor) if flavor in DEEPSEEK_V3 else transformers_qwen3(flavor)
+    built = transformers_model(flavor)
     theirs = sum(p.numel() for p in built.parameters())
     assert ours == theirs == model_parameters(m)
     stated = stated_counts(flavor)
@@ -109,9 +137,11 @@ def test_parameter_counts_agree_with_transformers_and_the_option_file(flavor):
 def test_counts_round_to_the_published_sizes(flavor):
     m = compose_job_config([f"model={flavor}"]).model
     total, active = model_parameters(m), model_parameters(m) - inactive_parameters(m)
-    # Within the last digit given (3,353,032,704 active is Qwen's "3.3B").
-    last_digit = 1 if PUBLISHED[flavor][0] >= 100 else 0.1
-    assert (total / 1e9, active / 1e9) == pytest.approx(PUBLISHED[flavor], abs=last_digit)
+    if flavor in GPT_OSS:  # OpenAI's active counts leave the input embedding out
+        active -= m.vocab_size * m.dim
+    # Within the last digit given (3,353,032,704 active is Qwen's "3.3B", 116.8B OpenAI's "117B").
+    for count, published in zip((total, active), PUBLISHED[flavor]):
+        assert count / 1e9 == pytest.approx(published, abs=1 if float(published).is_integer() else 0.1)
 
 
 def test_moe_flops_count_the_experts_a_token_goes_through():
@@ -274,25 +304,30 @@ def test_the_pooled_auxiliary_loss_is_refused_under_a_pipeline():
                                     "launcher.device=cpu", "training.local_batch_size=4"]))  # fmt: skip
 
 
-def test_the_grouped_gemm_equals_one_matmul_per_expert():
+@pytest.mark.parametrize("gpt_oss", [False, True], ids=["swiglu", "biased_clamped_swiglu"])
+def test_the_grouped_gemm_equals_one_matmul_per_expert(gpt_oss):
     """torch's grouped GEMM (CUDA bfloat16 in training; its CPU fallback here, float32) over rows
-    padded per expert gives each row its own expert's output and gradients, empty experts included."""
+    padded per expert gives each row its own expert's output and gradients, empty experts included;
+    GPT-OSS's experts (biases, the clamped SwiGLU) too."""
     from titan_exp.models.common.moe.grouped_mm import grouped_swiglu
 
     generator = torch.Generator().manual_seed(0)
-    layer = MoE(16, MoEConfig(num_experts=4, top_k=1, hidden_dim=32))
+    extra = {"bias": True, "swiglu_limit": 2.0} if gpt_oss else {}
+    layer = MoE(16, MoEConfig(num_experts=4, top_k=1, hidden_dim=32, **extra))
     experts = layer.experts
-    for p in experts.parameters():
+    params = list(experts.parameters())
+    for p in params:
         torch.nn.init.normal_(p, generator=generator)
     counts = [3, 0, 21, 5]
     rows = torch.randn(sum(counts), 16, generator=generator, requires_grad=True)
-    grouped = grouped_swiglu(rows, counts, experts.w1, experts.w2, experts.w3)
+    biases = (experts.w1_bias, experts.w2_bias, experts.w3_bias) if gpt_oss else None
+    grouped = grouped_swiglu(rows, counts, experts.w1, experts.w2, experts.w3, experts.activation, biases)
     grouped.square().sum().backward()
-    grads = [t.grad.clone() for t in (rows, experts.w1, experts.w2, experts.w3)]
-    for t in (rows, experts.w1, experts.w2, experts.w3):
+    grads = [t.grad.clone() for t in (rows, *params)]
+    for t in (rows, *params):
         t.grad = None
     looped = experts._run(rows, counts)  # the loop: CPU rows
     looped.square().sum().backward()
     torch.testing.assert_close(grouped, looped, rtol=1e-5, atol=1e-4)
-    for mine, theirs in zip(grads, (rows.grad, experts.w1.grad, experts.w2.grad, experts.w3.grad)):
+    for mine, theirs in zip(grads, (rows.grad, *(p.grad for p in params))):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-3)

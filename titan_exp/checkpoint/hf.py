@@ -87,9 +87,7 @@ def _read(
         experts = range(box[0].start, box[0].stop)
         if not fused:
             return torch.stack([tensors.read(hf.expert_key(name, j), box[1:]) for j in experts])
-        key, index, _ = hf.fused_key(name)
-        rows = slice(index * shape[1] + box[1].start, index * shape[1] + box[1].stop)
-        return tensors.read(key, (box[0], rows, *box[2:]))
+        return _read_fused(hf, tensors, name, shape, box)
     if (heads := hf.permuted_heads(name, cfg)) is None:
         return tensors.read(hf.hf_key(name), box)
     # Rows permuted within each head: the whole heads the box spans, put back in our order.
@@ -98,6 +96,41 @@ def _read(
     spanned = tensors.read(hf.hf_key(name), (slice(first * per_head, last * per_head), *box[1:]))
     ours = _rotary_from_hf(spanned, last - first)
     return ours[box[0].start - first * per_head : box[0].stop - first * per_head]
+
+
+def _read_fused(
+    hf: HFFormat, tensors: SafetensorsFolder, name: str, shape: torch.Size, box: tuple[slice, ...]
+) -> torch.Tensor:
+    """The part `box` of our stacked `name` from the layer's fused tensor that holds it with its
+    sibling parts (one after the other, or interleaved row by row; stored transposed, or as MXFP4,
+    which keeps our orientation)."""
+    key, index, parts = hf.fused_key(name)
+    experts, rows, *cols = box
+    if hf.fused_interleaved:
+        span = slice(rows.start * parts, rows.stop * parts)
+    else:
+        span = slice(index * shape[1] + rows.start, index * shape[1] + rows.stop)
+    if tensors.has_mxfp4(key):
+        fused = tensors.read_mxfp4(key, (experts, span, *cols))
+    elif hf.fused_transposed and cols:
+        fused = tensors.read(key, (experts, *cols, span)).transpose(1, 2)
+    else:
+        fused = tensors.read(key, (experts, span, *cols))
+    return fused[:, index::parts] if hf.fused_interleaved else fused
+
+
+def _fused_tensors(hf: HFFormat, whole: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF's fused expert tensors of each layer, from our whole stacked ones (`whole`, by name)."""
+    layers = sorted({name.split(".moe.")[0] for name in whole})
+    fused = {}
+    for layer in layers:
+        for theirs, parts in hf.fused_expert_keys.items():
+            ours = [whole[f"{layer}.{part}"] for part in parts]
+            joined = torch.stack(ours, dim=2).flatten(1, 2) if hf.fused_interleaved else torch.cat(ours, dim=1)
+            if hf.fused_transposed and joined.dim() == 3:
+                joined = joined.transpose(1, 2).contiguous()
+            fused[f"model.{layer}.{theirs}"] = joined
+    return fused
 
 
 def _expert_matrices(hf: HFFormat, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -125,16 +158,21 @@ def save_hf(
     beside it), so the folder is a model others can use as it is (every rank takes part)."""
     hf = family_of(cfg).hf
     named: dict[str, torch.Tensor] = {}
+    experts_whole: dict[str, torch.Tensor] = {}  # of a format that has only fused experts
     for part in parts:
         for name, tensor in get_model_state_dict(part).items():
             if hf.is_tied_output(name, cfg):
                 continue
-            if hf.is_experts(name):
+            if hf.is_experts(name) and hf.expert_keys:
                 named |= _expert_matrices(hf, name, tensor)
+                continue
+            if hf.is_experts(name):
+                experts_whole[name] = _whole(tensor)  # whole on every rank: DCP writes it once
                 continue
             if (heads := hf.permuted_heads(name, cfg)) is not None:
                 tensor = _rotary_to_hf(_whole(tensor), heads)  # whole on every rank: DCP writes it once
             named[hf.hf_key(name)] = tensor
+    named |= _fused_tensors(hf, experts_whole)
     named = {name: tensor.to(dtype) for name, tensor in named.items()}
     writer = HuggingFaceStorageWriter(str(folder), save_distributed=True, enable_consolidation=True)
     ignore_unavoidable_warnings()

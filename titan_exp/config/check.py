@@ -60,6 +60,8 @@ def check_model_fit(cfg: JobConfig, dims: ParallelDims) -> None:
             )
     if dims.pp > 1:
         check_pipeline(cfg, dims)
+    if dims.cp > 1 and (why := m.context_parallel_refusal):
+        raise ConfigError("parallelism.context_parallel_degree", dims.cp, f"{why}; set it to 1")
     if m.attn_mask_type == "block_causal" and dims.cp > 1:
         raise ConfigError(
             "model.attn_mask_type",

@@ -49,9 +49,12 @@ class Workload:
         the blocks above the diagonal); under a document mask, the attended ones on CUDA
         (FlexAttention skips the blocks the mask empties) and the whole window on CPU ranks, whose
         SDPA takes the mask dense and computes every key."""
+        cuda = self.device == "cuda"
         if self.attended_keys is None:
-            return self.seq_len / 2
-        return self.attended_keys if self.device == "cuda" else self.seq_len
+            keys = self.seq_len / 2
+        else:
+            keys = self.attended_keys if cuda else self.seq_len
+        return self.model.keys_per_query(keys, self.seq_len, cuda)
 
     @property
     def float8(self) -> bool:
@@ -93,7 +96,7 @@ def block_parameters(m: ModelConfig, layer: int) -> int:
     if m.is_moe_layer(layer):
         moe = m.moe
         shared = 3 * m.dim * moe.num_shared_experts * moe.hidden_dim
-        ffn = m.dim * moe.num_experts + moe.num_experts * moe.expert_parameters(m.dim) + shared
+        ffn = moe.router_parameters(m.dim) + moe.num_experts * moe.expert_parameters(m.dim) + shared
     else:
         ffn = 3 * m.dim * m.ffn_hidden_dim
     return attention + ffn + 2 * m.dim

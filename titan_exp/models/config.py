@@ -73,6 +73,8 @@ class ModelConfig(Section):
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_seq_len: int = 8192
+    # YaRN's ramp ends rounded to whole dimensions (transformers' `truncate`, true but for GPT-OSS).
+    rope_yarn_truncate: bool = True
     max_seq_len: int = 2048
     tie_word_embeddings: bool = False
     # What a token attends to (torchtitan's key): every earlier token of its window (causal), or
@@ -169,6 +171,17 @@ class ModelConfig(Section):
         its output's copies. `norm_kept`: what an RMSNorm keeps per element of its input (1 fused,
         2 composed of pointwise ops on a CPU); `seq_len`: the keys each query attends to."""
         return 0.0, (3 + output_copies(cpu)) * self.n_heads * self.head_dim
+
+    @property
+    def context_parallel_refusal(self) -> str | None:
+        """Why context parallelism cannot split this family's attention (None: it can)."""
+        return None
+
+    def keys_per_query(self, keys: float, seq_len: int, cuda: bool) -> float:
+        """The keys attention's kernel computes per query, on average over the layers, where each
+        would compute `keys` of its window of `seq_len` (estimate/workload.py): the same in every
+        layer here; a family whose layers attend differently says so."""
+        return keys
 
     def whole_under_tensor_parallel_parameters(self) -> int:
         """One layer's weights that tensor parallelism leaves whole on every tp rank, whose

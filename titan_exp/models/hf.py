@@ -45,6 +45,11 @@ class HFFormat:
         "mlp.experts.gate_up_proj": ("moe.experts.w1", "moe.experts.w3"),
         "mlp.experts.down_proj": ("moe.experts.w2",),
     }
+    # How a fused tensor holds our parts: one after the other along dim 1 (transformers' Qwen3
+    # gate_up_proj) or interleaved row by row (GPT-OSS's: gate, up, gate, up, ...); and whether HF
+    # stores its matrices transposed (experts × in × out, GPT-OSS's) where ours are experts × out × in.
+    fused_interleaved = False
+    fused_transposed = False
     # Our fields (dotted within a section) compared with a checkpoint's config.json before it is
     # loaded, in the order a refusal names them; the keys a refusal names for them where they differ.
     compared: tuple[str, ...] = ()
@@ -112,15 +117,22 @@ class HFFormat:
         for layer in range(cfg.n_layers):
             ours = self.layer_shapes(cfg, layer)
             for name, shape in ours.items():
-                if name not in self.expert_keys:
+                if not self.is_experts(f"layers.{layer}.{name}"):
                     shapes[self.hf_key(f"layers.{layer}.{name}")] = shape
                 elif not fused:
                     shapes |= {self.expert_key(f"layers.{layer}.{name}", j): shape[1:] for j in range(shape[0])}
-            if fused and any(name in self.expert_keys for name in ours):
+            if fused and any(self.is_experts(f"layers.{layer}.{name}") for name in ours):
                 for theirs, parts in self.fused_expert_keys.items():
-                    experts, _, width = ours[parts[0]]
-                    shapes[f"model.layers.{layer}.{theirs}"] = (experts, sum(ours[p][1] for p in parts), width)
+                    experts, rows, *width = ours[parts[0]]
+                    shapes[f"model.layers.{layer}.{theirs}"] = self.stored((experts, rows * len(parts), *width))
         return shapes
+
+    def stored(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """A fused tensor's shape as HF stores it, of its shape in our orientation (and back again:
+        a transposition is its own inverse)."""
+        if self.fused_transposed and len(shape) == 3:
+            return (shape[0], shape[2], shape[1])
+        return shape
 
     def hf_key(self, name: str) -> str:
         """HF's name of our parameter `name` (e.g. layers.3.attention.wq.weight)."""
@@ -134,7 +146,8 @@ class HFFormat:
     def is_experts(self, name: str) -> bool:
         """Whether our `name` stacks a layer's experts (layers.N.moe.experts.w1)."""
         match = _LAYER.match(name)
-        return bool(match) and match.group(2) in self.expert_keys
+        fused = (ours for parts in self.fused_expert_keys.values() for ours in parts)
+        return bool(match) and (match.group(2) in self.expert_keys or match.group(2) in fused)
 
     def expert_key(self, name: str, expert: int) -> str:
         """HF's name of expert `expert`'s matrix of our stacked `name`."""
@@ -151,8 +164,9 @@ class HFFormat:
         raise KeyError(f"{name} is in no fused tensor")
 
     def is_fused(self, names: set[str] | dict) -> bool:
-        """Whether a checkpoint holding tensors `names` keeps its experts in the fused layout."""
-        return any(name.endswith(tuple(self.fused_expert_keys)) for name in names)
+        """Whether a checkpoint holding tensors `names` keeps its experts in the fused layout (the
+        only one of a format without per-expert names)."""
+        return not self.expert_keys or any(name.endswith(tuple(self.fused_expert_keys)) for name in names)
 
     @staticmethod
     def is_tied_output(name: str, cfg: ModelConfig) -> bool:
@@ -271,6 +285,9 @@ def check_hf_checkpoint(cfg: ModelConfig, theirs: ModelConfig, hf: HFFormat, fol
     if not found:
         raise ConfigError(key, folder, "holds no *.safetensors files; point it at a Hugging Face model folder")
     for name, shape in hf.expected_shapes(cfg, fused=hf.is_fused(found)).items():
+        if name not in found and f"{name}{MXFP4_BLOCKS}" in found:
+            _check_mxfp4(found, name, hf.stored(shape), key, folder)
+            continue
         if name not in found:
             raise ConfigError(key, folder, f"has no tensor {name}, which the model needs")
         dtype, their_shape = found[name]
@@ -280,6 +297,29 @@ def check_hf_checkpoint(cfg: ModelConfig, theirs: ModelConfig, hf: HFFormat, fol
         if dtype not in FLOATING_DTYPES and not scaled:
             kinds = ", ".join(FLOATING_DTYPES)
             raise ConfigError(key, folder, f"holds {name} as {dtype}; weights are floating point ({kinds})")
+
+
+# MXFP4 (the OCP microscaling format, GPT-OSS's published experts): a tensor `name` stored as
+# `name_blocks`, 16 bytes of two 4-bit (e2m1) values per block of 32, and `name_scales`, one
+# power-of-two exponent byte (bias 127) per block, both uint8, along the matrix's last dim.
+MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"
+MXFP4_BLOCK = 32
+
+
+def _check_mxfp4(found: dict, name: str, shape: tuple[int, ...], key: str, folder: str) -> None:
+    """`name` held as MXFP4 blocks and scales that dequantize to `shape` (experts × rows × cols)."""
+    *outer, cols = shape
+    if cols % MXFP4_BLOCK:
+        raise ConfigError(key, folder, f"holds {name} as MXFP4, whose blocks of {MXFP4_BLOCK} do not divide {cols}")
+    expected = {
+        MXFP4_BLOCKS: (*outer, cols // MXFP4_BLOCK, MXFP4_BLOCK // 2),
+        MXFP4_SCALES: (*outer, cols // MXFP4_BLOCK),
+    }
+    for suffix, want in expected.items():
+        dtype, their_shape = found.get(f"{name}{suffix}", ("missing", ()))
+        if dtype != "U8" or their_shape != want:
+            held = f"{dtype} {list(their_shape)}"
+            raise ConfigError(key, folder, f"holds {name}{suffix} as {held}; MXFP4 of the model's is U8 {list(want)}")
 
 
 def _close(a: object, b: object) -> bool:

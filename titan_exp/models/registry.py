@@ -3,7 +3,7 @@ models/family.py) and the option YAMLs of conf/model/ that name it. Torch-free."
 
 from typing import TYPE_CHECKING
 
-from titan_exp.models import deepseek_v3, llama3, qwen3
+from titan_exp.models import deepseek_v3, gpt_oss, llama3, qwen3
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.family import ModelFamily
 from titan_exp.models.hf import CONFIG_FILE, hf_value, read_hf_config, refusing
@@ -18,6 +18,7 @@ FAMILIES: dict[str, ModelFamily] = {
         llama3.FAMILY,
         qwen3.FAMILY,
         deepseek_v3.FAMILY,
+        gpt_oss.FAMILY,
     )
 }
 

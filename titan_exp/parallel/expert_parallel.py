@@ -4,7 +4,7 @@ experts; and the process groups the MoE layers exchange tokens and count routing
 layers by their parts (models/common/moe/layer.py: `moe.experts` with stacked w1, w2, w3)."""
 
 from torch import nn
-from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
 
 from titan_exp.dependency_warnings import ignore_sequential_redistribute_log
 from titan_exp.parallel.mesh import ParallelMesh
@@ -30,7 +30,9 @@ def place_experts(model: nn.Module, mesh: ParallelMesh, aux_loss: bool) -> None:
     if experts_mesh is None:  # neither EP nor TP splits them
         return
     by_expert = [Shard(0)] if dims.ep > 1 else []
-    by_hidden = {"w1": Shard(1), "w2": Shard(2), "w3": Shard(1)}
+    # w2's bias is each expert's output's, whole on every tp rank (GroupedExperts.hidden_split).
+    by_hidden = {"w1": Shard(1), "w2": Shard(2), "w3": Shard(1), "w1_bias": Shard(1), "w2_bias": Replicate(),
+                 "w3_bias": Shard(1)}  # fmt: skip
 
     def split(name, module, device_mesh):
         for param_name, param in list(module.named_parameters(recurse=False)):
@@ -40,6 +42,8 @@ def place_experts(model: nn.Module, mesh: ParallelMesh, aux_loss: bool) -> None:
 
     for moe in moe_layers(model):
         distribute_module(moe.experts, experts_mesh, partition_fn=split)
+        if mesh.experts_split_by_tp:
+            moe.experts.hidden_split = dims.experts_tp
         if dims.ep > 1:
             moe.experts.ep_group = mesh.ep_mesh.get_group()
     ignore_sequential_redistribute_log()  # the gradient norm over FSDP's and EP's dims

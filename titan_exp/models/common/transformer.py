@@ -60,7 +60,7 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleDict(
-            {str(i): TransformerBlock(i, cfg, self.attention_class(cfg)) for i in range(cfg.n_layers)}
+            {str(i): TransformerBlock(i, cfg, self.build_attention(cfg, i)) for i in range(cfg.n_layers)}
         )
         pool = AuxLossPool()  # the pooled auxiliary loss's (moe/layer.py)
         for block in self.layers.values():
@@ -71,6 +71,11 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("freqs_cis", precompute_freqs_cis(cfg, cfg.max_seq_len), persistent=False)
+
+    @classmethod
+    def build_attention(cls, cfg: ModelConfig, layer: int) -> nn.Module:
+        """Layer `layer`'s attention: every layer's alike unless the family's differ by layer."""
+        return cls.attention_class(cfg)
 
     def forward(self, tokens: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
         """`documents` (batch, seq): each token's document, which alone it attends to
@@ -133,6 +138,8 @@ class Transformer(nn.Module):
         logits a spread of about √dim at step 0."""
         if name.endswith("norm.weight"):
             t.fill_(1.0)
+        elif name.endswith("bias"):  # the linears' (GPT-OSS's), as transformers starts them
+            t.zero_()
         elif name == "tok_embeddings.weight" and not self.cfg.tie_word_embeddings:
             nn.init.normal_(t, std=1.0, generator=gen)
         elif name in ("output.weight", "tok_embeddings.weight"):

@@ -6,6 +6,10 @@ from typing import Optional
 
 from titan_exp.rules import ConfigError, Section, check_positive, one_of
 
+# GPT-OSS's gate gain in its clamped SwiGLU (its config's swiglu_alpha: x·σ(1.702·x) is the
+# sigmoid approximation of GELU).
+CLAMPED_GATE_GAIN = 1.702
+
 
 @dataclass
 class MoEConfig(Section):
@@ -45,6 +49,11 @@ class MoEConfig(Section):
     # router_aux_loss_coef is set against); each_layer: a loss per layer, summed (GShard's and
     # Switch's form), which pulls each router L times as hard at the same coefficient.
     aux_loss_over: str = one_of("all_layers", "each_layer")
+    # GPT-OSS's experts: the router's and every expert's linears add a bias.
+    bias: bool = False
+    # GPT-OSS's clamped SwiGLU: the gate clamped above at this, the up projection to ±this, then
+    # (up + 1)·gate·σ(1.702·gate); None: silu(gate)·up.
+    swiglu_limit: Optional[float] = None
 
     @property
     def enabled(self) -> bool:
@@ -57,7 +66,7 @@ class MoEConfig(Section):
         if not self.enabled:
             return
         check_positive(f"{key}.hidden_dim", self.hidden_dim)
-        for name in ("load_balance_coeff", "aux_loss_coeff"):
+        for name in ("load_balance_coeff", "aux_loss_coeff", "swiglu_limit"):
             if getattr(self, name) is not None:
                 check_positive(f"{key}.{name}", getattr(self, name))
         check_positive(f"{key}.route_scale", self.route_scale)
@@ -78,5 +87,10 @@ class MoEConfig(Section):
             )
 
     def expert_parameters(self, dim: int) -> int:
-        """One expert's: its SwiGLU's three matrices."""
-        return 3 * dim * self.hidden_dim
+        """One expert's: its SwiGLU's three matrices (and their biases)."""
+        biases = 2 * self.hidden_dim + dim if self.bias else 0
+        return 3 * dim * self.hidden_dim + biases
+
+    def router_parameters(self, dim: int) -> int:
+        """The router's: a score per expert from the token (and a bias per expert)."""
+        return (dim + self.bias) * self.num_experts

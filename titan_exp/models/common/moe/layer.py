@@ -5,6 +5,7 @@ shared experts' output. Expert weights are stacked (experts × ...) so FSDP shar
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -15,7 +16,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.distributed.tensor import DTensor, Partial, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
-from titan_exp.models.common.moe.config import MoEConfig
+from titan_exp.models.common.moe.config import CLAMPED_GATE_GAIN, MoEConfig
 from titan_exp.models.common.moe.dispatch import run_on_expert_ranks
 from titan_exp.models.common.moe.grouped_mm import grouped_mm_applies, grouped_swiglu
 from titan_exp.models.common.moe.tensor_parallel import ExpertTensorParallel
@@ -41,7 +42,7 @@ class Router(nn.Module):
     def __init__(self, dim: int, cfg: MoEConfig):
         super().__init__()
         self.cfg = cfg
-        self.gate = nn.Linear(dim, cfg.num_experts, bias=False)
+        self.gate = nn.Linear(dim, cfg.num_experts, bias=cfg.bias)
         # Added to the scores to pick the experts, not to weigh them (moe/balance.py moves it).
         # Saved with the model: it is state, though no gradient reaches it.
         if cfg.load_balance_coeff is not None:
@@ -75,7 +76,9 @@ class Router(nn.Module):
 
 
 class GroupedExperts(nn.Module):
-    """Every expert's SwiGLU, stacked: w1 and w3 (experts, hidden, dim), w2 (experts, dim, hidden).
+    """Every expert's SwiGLU, stacked: w1 and w3 (experts, hidden, dim), w2 (experts, dim, hidden),
+    and where the experts have biases (model.moe.bias) w1_bias and w3_bias (experts, hidden),
+    w2_bias (experts, dim).
 
     Under expert parallelism (parallel/expert_parallel.py) the weights are DTensors sharded by expert over the
     EP ranks, `ep_group` is set, and each rank runs its own experts over the rows sent to them."""
@@ -86,7 +89,13 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(experts, dim, hidden))
         self.w3 = nn.Parameter(torch.empty(experts, hidden, dim))
+        for name, width in (("w1_bias", hidden), ("w2_bias", dim), ("w3_bias", hidden)):
+            self.register_parameter(name, nn.Parameter(torch.empty(experts, width)) if cfg.bias else None)
+        self.activation = functools.partial(expert_activation, limit=cfg.swiglu_limit)
         self.ep_group: dist.ProcessGroup | None = None
+        # The tp ranks each expert's hidden dim is split over (moe/tensor_parallel.py): each adds
+        # its share of w2's bias to the partial sums they reduce.
+        self.hidden_split = 1
 
     def forward(self, grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """`grouped`: the tokens sorted by expert, counts[e] of them for expert e."""
@@ -96,15 +105,50 @@ class GroupedExperts(nn.Module):
 
     def _run(self, grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """This rank's experts over their rows (`counts[e]` for its e-th expert)."""
-        w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3))
+        w1, w2, w3 = (_local(w) for w in (self.w1, self.w2, self.w3))
+        biases = None
+        if self.w1_bias is not None:
+            w2_share = _ShareInForward.apply(_local(self.w2_bias), self.hidden_split)
+            biases = (_local(self.w1_bias), w2_share, _local(self.w3_bias))
         if grouped_mm_applies(grouped, w1):
-            return grouped_swiglu(grouped, counts, w1, w2, w3)
+            return grouped_swiglu(grouped, counts, w1, w2, w3, self.activation, biases)
         # Elsewhere one matmul per expert: the same numbers, one kernel launch per expert.
         outputs = []
         for expert, rows in enumerate(torch.split(grouped, counts)):
-            hidden = F.silu(rows @ w1[expert].T) * (rows @ w3[expert].T)
-            outputs.append(hidden @ w2[expert].T)
+            gate, up = rows @ w1[expert].T, rows @ w3[expert].T
+            if biases is not None:
+                gate, up = gate + biases[0][expert], up + biases[2][expert]
+            out = self.activation(gate, up) @ w2[expert].T
+            outputs.append(out + biases[1][expert] if biases is not None else out)
         return torch.cat(outputs)
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    return weight.to_local() if isinstance(weight, DTensor) else weight
+
+
+def expert_activation(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """An expert's hidden activation: SwiGLU's silu(gate)·up, or with `limit` GPT-OSS's clamped
+    form (gate clamped above at limit, up to ±limit, then (up + 1)·gate·σ(1.702·gate))."""
+    if limit is None:
+        return F.silu(gate) * up
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return gate * torch.sigmoid(CLAMPED_GATE_GAIN * gate) * (up + 1)
+
+
+class _ShareInForward(torch.autograd.Function):
+    """`bias / parts` forward, the gradient unchanged backward: where the tp ranks each add their
+    share of w2's bias to partial sums they then add up, the sum holds the bias once, and each
+    rank's gradient of its share is already the whole gradient (every rank ran the same rows), as
+    a replicated weight's must be."""
+
+    @staticmethod
+    def forward(ctx, bias: torch.Tensor, parts: int) -> torch.Tensor:
+        return bias / parts if parts > 1 else bias
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
 
 
 class _AddAuxiliaryLoss(torch.autograd.Function):

@@ -1,0 +1,169 @@
+"""GPT-OSS weights in and out, through `transformers` itself: a random GptOssForCausalLM (attention
+biases and sinks, sliding-window and full layers alternating, YaRN without truncation, experts with
+biases and the clamped SwiGLU) saved by transformers is read by `model=hf` and loaded into our
+model with transformers' logits; the same experts stored as the published checkpoints store them
+(MXFP4 blocks and scales) load equal to transformers' own dequantization; our export opens in
+transformers with our logits; a folder whose config.json says what is not built here is refused.
+The multi-rank load (fsdp·ep2) and the layouts' loss parity: tests/test_moe.py (slow)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from transformers.integrations.mxfp4 import FP4_VALUES, _convert_moe_packed_tensors
+
+from titan_exp.checkpoint.hf import load_hf, save_hf
+from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
+from titan_exp.models.registry import FAMILIES, build_model, config_from_hf
+from titan_exp.rules import ConfigError
+
+VOCAB, SEQ, WINDOW = 160, 40, 8  # the window binds: queries beyond it see only their last 8 keys
+SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=64,  # MXFP4 packs 32 values a block along the inputs: 64 and 64
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    sliding_window=WINDOW,
+    max_position_embeddings=SEQ,
+    swiglu_limit=1.5,  # low enough that the clamps bind on random weights
+    tie_word_embeddings=False,
+)
+
+
+def tokens() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(5))
+
+
+def our_model(folder: Path) -> torch.nn.Module:
+    cfg = config_from_hf(str(folder), "model.hf_path")
+    model = build_model(cfg)
+    model.init_weights(seed=1)  # overwritten by the load
+    load_hf(model, str(folder), cfg)
+    return model
+
+
+def our_logits(folder: Path) -> torch.Tensor:
+    with torch.no_grad():
+        return our_model(folder)(tokens())
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("gpt_oss")
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**SHAPE)).float()
+    with torch.no_grad():  # transformers starts biases at zero: random ones, so that a misread one shows
+        for name, param in model.named_parameters():
+            if name.endswith(("bias", "sinks")):
+                param.normal_(0.0, 0.5)
+            elif "experts" in name:
+                param.normal_(0.0, 0.3)
+    model.save_pretrained(tmp / "bf16-layout")
+    with torch.no_grad():
+        logits = model(tokens()).logits
+    return {"folder": tmp / "bf16-layout", "logits": logits, "tmp": tmp}
+
+
+def test_our_model_loaded_from_the_folder_gives_transformers_logits(saved):
+    cfg = config_from_hf(str(saved["folder"]), "model.hf_path")
+    assert cfg.name == "gpt_oss" and (cfg.sliding_window, cfg.head_dim, cfg.kv_heads) == (WINDOW, 16, 2)
+    assert cfg.rope_scaling_type == "yarn" and cfg.rope_scaling_factor == 32.0 and not cfg.rope_yarn_truncate
+    moe = cfg.moe
+    assert (moe.num_experts, moe.top_k, moe.hidden_dim, moe.bias, moe.swiglu_limit) == (4, 2, 64, True, 1.5)
+    torch.testing.assert_close(our_logits(saved["folder"]), saved["logits"], rtol=1e-5, atol=1e-5)
+
+
+def mxfp4(shape: tuple[int, ...], generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random MXFP4 `_blocks` (…, blocks, 16 bytes) and `_scales` (…, blocks) of a tensor of `shape`
+    (experts × out × in, the published orientation): every code, exponents around 2^0."""
+    *outer, cols = shape
+    codes = torch.randint(0, 256, (*outer, cols // 32, 16), generator=generator, dtype=torch.uint8)
+    scales = torch.randint(124, 130, (*outer, cols // 32), generator=generator).to(torch.uint8)
+    return codes, scales
+
+
+def test_mxfp4_experts_load_as_transformers_dequantizes_them(saved):
+    """The experts' matrices as MXFP4 (gpt-oss's published `…_blocks`/`…_scales`, experts × out ×
+    in); beside them a folder with transformers' own dequantization of the same bytes
+    (integrations/mxfp4.py) in the bfloat16 layout. Both load to the same model, and any box of
+    a tensor (a rank's shard) reads as that part of the dequantized whole."""
+    source, generator = saved["folder"], torch.Generator().manual_seed(2)
+    packed, dequantized = saved["tmp"] / "mxfp4", saved["tmp"] / "dequantized"
+    stored, plain = {}, {}
+    for name, tensor in load_file(source / "model.safetensors").items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            blocks, scales = mxfp4((tensor.shape[0], tensor.shape[2], tensor.shape[1]), generator)
+            stored[f"{name}_blocks"], stored[f"{name}_scales"] = blocks, scales
+            plain[name] = _convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)  # experts × in × out
+        else:
+            stored[name] = plain[name] = tensor
+    for folder, tensors in ((packed, stored), (dequantized, plain)):
+        folder.mkdir()
+        config = json.loads((source / "config.json").read_text())
+        if folder is packed:
+            config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": []}
+        (folder / "config.json").write_text(json.dumps(config))
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    # Every e2m1 code occurs (the low and the high nibble alike), so each maps through the table.
+    down = stored["model.layers.0.mlp.experts.down_proj_blocks"]
+    assert set((down & 0x0F).unique().tolist()) == set((down >> 4).unique().tolist()) == set(range(len(FP4_VALUES)))
+    torch.testing.assert_close(our_logits(packed), our_logits(dequantized), rtol=0, atol=0)
+    reader = SafetensorsFolder(str(packed))
+    for name in (n for n in plain if n.endswith("_proj") and "experts" in n):
+        whole = plain[name].transpose(1, 2)  # back to experts × out × in
+        assert reader.has_mxfp4(name)
+        for _ in range(3):  # boxes that start and end inside blocks
+            starts = [int(torch.randint(0, n, (), generator=generator)) for n in whole.shape]
+            box = tuple(
+                slice(a, int(torch.randint(a + 1, n + 1, (), generator=generator))) for a, n in zip(starts, whole.shape)
+            )
+            torch.testing.assert_close(reader.read_mxfp4(name, box), whole[box], rtol=0, atol=0, msg=name)
+    # The bytes are not the weights they replaced: the model is another.
+    assert not torch.allclose(our_logits(packed), saved["logits"], atol=1e-3)
+
+
+def test_our_export_opens_in_transformers_with_our_logits(saved, tmp_path):
+    cfg = config_from_hf(str(saved["folder"]), "model.hf_path")
+    model = our_model(saved["folder"])
+    save_hf([model], tmp_path / "export", cfg, is_writer=True)
+    names = set(json.loads((tmp_path / "export" / "model.safetensors.index.json").read_text())["weight_map"])
+    assert {"model.layers.3.mlp.experts.gate_up_proj", "model.layers.3.self_attn.sinks"} <= names
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(exported(tokens()).logits, model(tokens()), rtol=1e-5, atol=1e-5)
+
+
+def test_our_config_json_is_one_transformers_builds_the_same_model_from(saved):
+    cfg = config_from_hf(str(saved["folder"]), "model.hf_path")
+    hf = FAMILIES["gpt_oss"].hf
+    config = transformers.GptOssConfig.from_dict(hf.hf_config(cfg, "float32"))
+    with torch.device("meta"):
+        theirs = transformers.GptOssForCausalLM(config)
+    assert {name: tuple(p.shape) for name, p in theirs.state_dict().items()} == hf.expected_shapes(cfg, fused=True)
+
+
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        ({"attention_bias": False}, "attention_bias=false; GPT-OSS's attention projections have biases"),
+        ({"layer_types": ["full_attention"] * 4}, "layer_types other than sliding and full attention alternating"),
+        ({"swiglu_alpha": 1.0}, "swiglu_alpha=1.0; the experts' gate gain here is GPT-OSS's 1.702"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                              "rope_theta": 150000.0, "attention_factor": 2.0}},
+         "rope_parameters.attention_factor; here YaRN's magnitude is 0.1·ln(factor) + 1"),
+    ],
+)  # fmt: skip
+def test_a_config_json_describing_another_model_is_refused_naming_the_key(saved, tmp_path, change, named):
+    config = {**json.loads((saved["folder"] / "config.json").read_text()), **change}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="^model.hf_path=") as refused:
+        config_from_hf(str(tmp_path), "model.hf_path")
+    assert named in str(refused.value)

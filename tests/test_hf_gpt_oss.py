@@ -4,21 +4,28 @@ biases and the clamped SwiGLU) saved by transformers is read by `model=hf` and l
 model with transformers' logits; the same experts stored as the published checkpoints store them
 (MXFP4 blocks and scales) load equal to transformers' own dequantization; our export opens in
 transformers with our logits; a folder whose config.json says what is not built here is refused.
-The multi-rank load (fsdp·ep2) and the layouts' loss parity: tests/test_moe.py (slow)."""
+On ranks (slow): fsdp·ep2 and tp2 load the folder to transformers' first loss and export it in
+bfloat16; the layouts' loss parity: tests/test_moe.py."""
 
 import json
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import FP4_VALUES, _convert_moe_packed_tensors
 
 from titan_exp.checkpoint.hf import load_hf, save_hf
+from titan_exp.checkpoint.manager import load_model
 from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
+from titan_exp.data.config import DataConfig
+from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.models.registry import FAMILIES, build_model, config_from_hf
 from titan_exp.rules import ConfigError
+
+from conftest import loss_curve, mlflow_runs, run_cli, store_in
 
 VOCAB, SEQ, WINDOW = 160, 40, 8  # the window binds: queries beyond it see only their last 8 keys
 SHAPE = dict(
@@ -167,3 +174,47 @@ def test_a_config_json_describing_another_model_is_refused_naming_the_key(saved,
     with pytest.raises(ConfigError, match="^model.hf_path=") as refused:
         config_from_hf(str(tmp_path), "model.hf_path")
     assert named in str(refused.value)
+
+
+# On ranks: the box each reads (its experts, its heads' rows of q/k with their biases, its sinks).
+LAYOUTS = {
+    "fsdp2·ep2": ["parallelism=fsdp", "training.local_batch_size=2", "parallelism.expert_parallel_degree=2"],
+    "tp2": ["parallelism=tp", "training.local_batch_size=4"],  # TP splits each expert
+}
+
+
+@pytest.mark.slow  # 2 CLI runs of 2 ranks; the default suite loads and exports in-process (above)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ranks_load_their_boxes_to_transformers_first_loss_and_export_in_bfloat16(
+    saved, layout, tmp_path, migrated_store
+):
+    uri, db = store_in(tmp_path, migrated_store)
+    folder = saved["folder"]
+    run = [
+        "data=synthetic", f"data.synthetic_vocab_size={VOCAB}", f"training.seq_len={SEQ}",
+        "training.global_batch_size=4", "training.steps=2", "metrics.log_freq=1", "launcher.device=cpu",
+        "launcher.nproc_per_node=2", *LAYOUTS[layout], "model=hf", f"model.hf_path={folder}",
+        f"checkpoint.initial_load_path={folder}", "checkpoint.initial_load_in_hf=true", "checkpoint=periodic",
+        f"checkpoint.folder={tmp_path}/ckpt", "checkpoint.last_save_in_hf=true", "checkpoint.export_dtype=bfloat16",
+        uri,
+    ]  # fmt: skip
+    done = run_cli(run, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (tracked,) = mlflow_runs(db)
+    source = build_source(DataConfig(source="synthetic", synthetic_vocab_size=VOCAB), SEQ, seed=0)
+    inputs, labels = BatchLoader(source, BatchPlan(4, SEQ, 1, 0, 1)).get(0, 0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        expected = F.cross_entropy(model(inputs).logits.reshape(-1, VOCAB), labels.reshape(-1)).item()
+    assert loss_curve(db, tracked.info.run_id)[0] == pytest.approx(expected, rel=1e-5)
+
+    step = tmp_path / "ckpt" / "step-2"
+    assert json.loads((step / "config.json").read_text())["dtype"] == "bfloat16"
+    exported = transformers.AutoModelForCausalLM.from_pretrained(step)
+    assert exported.dtype == torch.bfloat16
+    ours = build_model(config_from_hf(str(step), "model.hf_path"))
+    load_model(ours, str(step))
+    with torch.no_grad():
+        for param in ours.parameters():  # the export's rounding, in float32
+            param.copy_(param.to(torch.bfloat16).float())
+        torch.testing.assert_close(exported.float()(inputs).logits, ours(inputs), rtol=0, atol=1e-4)

@@ -1,4 +1,4 @@
-"""Qwen3 and DeepSeek-V3 train to the same loss in every layout that runs it, as a user checks it: one
+"""Qwen3, DeepSeek-V3 and GPT-OSS train to the same loss in every layout that runs it, as a user checks it: one
 `experiment=loss_parity` run per model (a seed checkpoint, then each layout from it), its layouts'
 curves read back from MLflow; and the q/k norms' gradients under tensor parallelism, on real gloo
 ranks, against one device's."""
@@ -28,6 +28,7 @@ LOAD = "moe/load_imbalance"  # the worst MoE layer's routed tokens per expert, m
 RTOL = 1e-4
 # Each layout takes the same 4 sequences a step (experiment=loss_parity's local batch is 4).
 MOE_PRESET = compose_job_config(["experiment=loss_parity_moe"]).parity.layouts
+GPT_OSS_PRESET = compose_job_config(["experiment=loss_parity_gpt_oss"]).parity.layouts
 REFERENCE = "parallelism=single"
 # The expert-parallel layout of the default suite: experts split over the FSDP ranks.
 FSDP_EP = "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2 parallelism.expert_parallel_degree=2"
@@ -57,6 +58,9 @@ RUNS = {
             "parallelism=tp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
         ],
     ),
+    # Attention sinks, alternating sliding windows, experts with biases (w2's added once under
+    # TP's split of the experts) and the clamped SwiGLU: experiment=loss_parity_gpt_oss's layouts.
+    "gpt_oss_debug": ("gpt_oss_debug", "loss_parity_gpt_oss", list(GPT_OSS_PRESET)),
     # The dense model's q/k norms under tensor parallelism (their weight's gradient summed over the
     # heads' ranks).
     "qwen3_debug": ("qwen3_debug", "loss_parity", [REFERENCE, "parallelism=tp launcher.nproc_per_node=2"]),

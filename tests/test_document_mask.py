@@ -21,7 +21,7 @@ from conftest import loss_curve, mlflow_runs, run_cli, store_in
 END = 7  # the end-of-document id of the property test
 
 
-@pytest.mark.parametrize("flavor", ["llama3_debug", "qwen3_moe_debug", "deepseek_v3_debug"])
+@pytest.mark.parametrize("flavor", ["llama3_debug", "qwen3_moe_debug", "deepseek_v3_debug", "gpt_oss_debug"])
 def test_a_tokens_logits_do_not_see_the_document_before_it(flavor):
     model = build_model(compose_job_config([f"model={flavor}"]).model)
     model.init_weights(seed=0)

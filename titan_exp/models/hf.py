@@ -241,6 +241,32 @@ def _shown(value: object) -> str:
     return str(text)[:60]
 
 
+def hf_rope(hf: dict, refuse, default_theta: float) -> tuple[dict, str, str, dict[str, object]]:
+    """A config.json's rotary embedding: (its table, that table's key, its rope_type, our
+    rope_theta field). transformers 5 writes rope_parameters (the theta inside); earlier ones and
+    the published files rope_theta beside a rope_scaling table."""
+    within = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    rope = hf_value(hf, within, dict, refuse, {})
+    theta = hf_field(rope, "rope_theta", "rope_theta", refuse, None, within)
+    theta = theta or hf_field(hf, "rope_theta", "rope_theta", refuse, default_theta)
+    kind = str(rope.get("rope_type", rope.get("type", "default")))
+    return rope, within, kind, {"rope_theta": theta}
+
+
+def hf_yarn_fields(rope: dict, within: str, refuse) -> dict[str, object]:
+    """Our YaRN fields of a rope table of rope_type yarn (its magnitude factor is the family's)."""
+    return {
+        "rope_scaling_type": "yarn",
+        "rope_scaling_factor": hf_field(rope, "factor", "rope_scaling_factor", refuse, within=within),
+        "rope_original_max_seq_len": hf_field(
+            rope, "original_max_position_embeddings", "rope_original_max_seq_len", refuse, within=within
+        ),
+        "rope_beta_fast": hf_field(rope, "beta_fast", "rope_beta_fast", refuse, 32.0, within),
+        "rope_beta_slow": hf_field(rope, "beta_slow", "rope_beta_slow", refuse, 1.0, within),
+        "rope_yarn_truncate": hf_field(rope, "truncate", "rope_yarn_truncate", refuse, True, within),
+    }
+
+
 def refusing(key: str, folder: str):
     """What a format calls to refuse a folder's config.json, naming `key`, the config key that gave `folder`."""
 

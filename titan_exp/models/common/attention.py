@@ -1,5 +1,5 @@
-"""Grouped-query attention (Llama 3's, and Qwen3's with an RMSNorm over each head's q and k before
-the rotary embedding), and how tensor parallelism splits it."""
+"""Grouped-query attention (Llama 3's, Qwen3's with an RMSNorm over each head's q and k before the
+rotary embedding, GPT-OSS's with biases and its own `attend`), and how tensor parallelism splits it."""
 
 import torch
 from torch import nn
@@ -11,17 +11,17 @@ from titan_exp.parallel.tensor_parallel import TensorParallel, replicated_on_loc
 
 
 class GroupedQueryAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, qk_norm: bool = False):
+    def __init__(self, cfg: ModelConfig, qk_norm: bool = False, bias: bool = False):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.kv_heads
         self.head_dim = cfg.head_dim
         # q, k, v -> output, all (batch, seq, heads, head_dim); context parallelism swaps in its own.
         self.attend = causal_attention
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.dim, bias=False)
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=bias)
+        self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=bias)
+        self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=bias)
+        self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.dim, bias=bias)
         self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if qk_norm else None
 

@@ -9,7 +9,7 @@ permuted. The published weights are float8 with block scales: read dequantized
 from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.deepseek_v3.config import DeepSeekV3Config, MLAConfig
-from titan_exp.models.hf import HFFormat, hf_field, hf_value
+from titan_exp.models.hf import HFFormat, hf_field, hf_rope, hf_value, hf_yarn_fields
 
 # transformers' latent norms keep their own epsilon (DeepseekV3RMSNorm's default), whatever rms_norm_eps says.
 _LATENT_NORM_EPS = 1e-6
@@ -103,15 +103,11 @@ class DeepSeekV3Format(HFFormat):
     @staticmethod
     def _rope_fields(hf: dict, refuse) -> tuple[dict[str, object], float]:
         """(our rotary fields, MLA's softmax mscale) of rope_parameters or rope_scaling: default or YaRN."""
-        within = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-        rope = hf_value(hf, within, dict, refuse, {})
-        theta = hf_field(rope, "rope_theta", "rope_theta", refuse, None, within)
-        fields: dict[str, object] = {"rope_theta": theta or hf_field(hf, "rope_theta", "rope_theta", refuse, 10000.0)}
-        kind = rope.get("rope_type", rope.get("type", "default"))
+        rope, within, kind, fields = hf_rope(hf, refuse, 10000.0)
         if kind == "default":
             return {**fields, "rope_scaling_factor": None}, 1.0
         if kind != "yarn":
-            raise refuse(f"{within}.rope_type={str(kind)[:20]}; the rotary scalings read here: default, yarn")
+            raise refuse(f"{within}.rope_type={kind[:20]}; the rotary scalings read here: default, yarn")
         mscale = hf_value(rope, "mscale_all_dim", float, refuse, 0.0, within)
         if hf_value(rope, "mscale", float, refuse, mscale, within) != mscale or not mscale:
             raise refuse(
@@ -119,16 +115,7 @@ class DeepSeekV3Format(HFFormat):
             )
         if hf_value(rope, "attention_factor", float, refuse, None, within) is not None:
             raise refuse(f"{within}.attention_factor; here YaRN leaves the rotary embedding's magnitude as it is")
-        scaling = {
-            "rope_scaling_type": "yarn",
-            "rope_scaling_factor": hf_field(rope, "factor", "rope_scaling_factor", refuse, within=within),
-            "rope_original_max_seq_len": hf_field(
-                rope, "original_max_position_embeddings", "rope_original_max_seq_len", refuse, within=within
-            ),
-            "rope_beta_fast": hf_field(rope, "beta_fast", "rope_beta_fast", refuse, 32.0, within),
-            "rope_beta_slow": hf_field(rope, "beta_slow", "rope_beta_slow", refuse, 1.0, within),
-        }
-        return {**fields, **scaling}, mscale
+        return {**fields, **hf_yarn_fields(rope, within, refuse)}, mscale
 
     @staticmethod
     def _moe(hf: dict, refuse) -> MoEConfig:

@@ -8,46 +8,31 @@ share follows: out · σ(lse − sink) (softmax over [scores, sink] = softmax(sc
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from titan_exp.models.common.rotary import apply_rotary_emb, compiled_once
+from titan_exp.models.common.attention import GroupedQueryAttention
+from titan_exp.models.common.rotary import compiled_once
 from titan_exp.models.gpt_oss.config import GptOssConfig
 from titan_exp.parallel.tensor_parallel import TensorParallel
 
 
-class SinkAttention(nn.Module):
+class SinkAttention(GroupedQueryAttention):
     def __init__(self, cfg: GptOssConfig, layer: int):
-        super().__init__()
-        self.head_dim = cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=True)
-        self.wk = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=True)
-        self.wv = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=True)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=True)
+        super().__init__(cfg, bias=True)
         self.sinks = nn.Parameter(torch.empty(cfg.n_heads))
         self.window = cfg.sliding_window if cfg.is_sliding_layer(layer) else None
         self.scale = cfg.head_dim**-0.5 * cfg.attention_scale_factor
+        self.attend = self._attend_with_sinks
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, documents: torch.Tensor | None = None) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        # -1 instead of the head count: under tensor parallel each rank holds a slice of the heads.
-        q = apply_rotary_emb(self.wq(x).view(batch, seq, -1, self.head_dim), freqs_cis)
-        k = apply_rotary_emb(self.wk(x).view(batch, seq, -1, self.head_dim), freqs_cis)
-        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+    def _attend_with_sinks(self, q, k, v, documents: torch.Tensor | None = None) -> torch.Tensor:
         sinks = self.sinks.to_local() if isinstance(self.sinks, DTensor) else self.sinks  # this rank's heads'
-        out = sink_attention(q, k, v, sinks, self.scale, self.window, documents)
-        return self.wo(out.reshape(batch, seq, -1))
+        return sink_attention(q, k, v, sinks, self.scale, self.window, documents)
 
     def tensor_parallel_plan(self, tp: TensorParallel) -> dict:
-        """Grouped-query attention's split (models/common/attention.py), the biases with their
-        linears (column-wise sharded, row-wise added once after the sum) and the sinks with the heads."""
+        """Grouped-query attention's split, the biases with their linears (column-wise sharded,
+        row-wise added once after the sum), the sinks with the heads."""
         self.sinks = nn.Parameter(distribute_tensor(self.sinks, tp.mesh, [Shard(0)], src_data_rank=None))
-        return {
-            "": tp.prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-            "wq": tp.colwise(),
-            "wk": tp.colwise(),
-            "wv": tp.colwise(),
-            "wo": tp.rowwise(output_layouts=Shard(1)),
-        }
+        return super().tensor_parallel_plan(tp)
 
 
 def sink_attention(

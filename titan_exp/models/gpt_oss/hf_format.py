@@ -9,7 +9,7 @@ q/k rows and their biases are permuted as Llama's."""
 from titan_exp.models.common.moe.config import CLAMPED_GATE_GAIN, MoEConfig
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.gpt_oss.config import GptOssConfig
-from titan_exp.models.hf import HFFormat, hf_field, hf_value
+from titan_exp.models.hf import HFFormat, hf_field, hf_rope, hf_value, hf_yarn_fields
 
 _SLIDING, _FULL = "sliding_attention", "full_attention"
 
@@ -96,31 +96,16 @@ class GptOssFormat(HFFormat):
 
     @staticmethod
     def _rope_fields(hf: dict, refuse) -> dict[str, object]:
-        """rope_parameters (transformers 5) or rope_theta + rope_scaling (the published config.json):
-        none, or YaRN with its magnitude factor derived from its factor (GPT-OSS's)."""
-        within = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-        rope = hf_value(hf, within, dict, refuse, {})
-        theta = hf_field(rope, "rope_theta", "rope_theta", refuse, None, within)
-        fields: dict[str, object] = {"rope_theta": theta or hf_field(hf, "rope_theta", "rope_theta", refuse, 150000.0)}
-        kind = rope.get("rope_type", rope.get("type", "default"))
+        """None, or YaRN with its magnitude factor derived from its factor (GPT-OSS's)."""
+        rope, within, kind, fields = hf_rope(hf, refuse, 150000.0)
         if kind == "default":
             return {**fields, "rope_scaling_factor": None}
         if kind != "yarn":
-            raise refuse(f"{within}.rope_type={str(kind)[:20]}; the rotary scalings read here: default, yarn")
+            raise refuse(f"{within}.rope_type={kind[:20]}; the rotary scalings read here: default, yarn")
         for derived in ("attention_factor", "mscale", "mscale_all_dim"):
             if rope.get(derived) is not None:
                 raise refuse(f"{within}.{derived}; here YaRN's magnitude is 0.1·ln(factor) + 1, as GPT-OSS's")
-        return {
-            **fields,
-            "rope_scaling_type": "yarn",
-            "rope_scaling_factor": hf_field(rope, "factor", "rope_scaling_factor", refuse, within=within),
-            "rope_original_max_seq_len": hf_field(
-                rope, "original_max_position_embeddings", "rope_original_max_seq_len", refuse, within=within
-            ),
-            "rope_beta_fast": hf_field(rope, "beta_fast", "rope_beta_fast", refuse, 32.0, within),
-            "rope_beta_slow": hf_field(rope, "beta_slow", "rope_beta_slow", refuse, 1.0, within),
-            "rope_yarn_truncate": hf_field(rope, "truncate", "rope_yarn_truncate", refuse, True, within),
-        }
+        return {**fields, **hf_yarn_fields(rope, within, refuse)}
 
     def refusal(self, cfg: ModelConfig) -> str | None:
         moe = cfg.moe

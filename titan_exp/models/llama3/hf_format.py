@@ -4,7 +4,7 @@ its rotate-half rotary embedding (each head's even channels, then its odd ones) 
 interleaved pairs are ours (checkpoint/hf.py permutes them on the way in and out)."""
 
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.hf import HFFormat, hf_field, hf_value
+from titan_exp.models.hf import HFFormat, hf_field, hf_rope, hf_value
 
 # Our model fields from HF's config: (field, HF key, its default where a config.json may leave it
 # out: transformers' LlamaConfig's), read as they are.
@@ -61,10 +61,7 @@ class LlamaFormat(HFFormat):
             fields["attention_head_dim"] = head_dim
         elif head_dim is not None and head_dim * fields["n_heads"] != fields["dim"]:
             raise refuse(f"head_dim={head_dim}; heads here are hidden_size / num_attention_heads wide")
-        rope = _rope_fields(hf, refuse)
-        if rope is None:
-            raise refuse(f"rope_type={_rope_type(hf, refuse)}; only Llama 3's frequency scaling (llama3) is built here")
-        return {**fields, **rope}
+        return {**fields, **_rope_fields(hf, refuse)}
 
     def refusal(self, cfg: ModelConfig) -> str | None:
         if cfg.moe.enabled:
@@ -114,32 +111,14 @@ class LlamaFormat(HFFormat):
         }
 
 
-def _rope_key(hf: dict) -> str:
-    """rope_parameters (transformers 5) or rope_scaling (earlier ones, Meta's own files)."""
-    return "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-
-
-def _rope(hf: dict, refuse) -> dict:
-    return hf_value(hf, _rope_key(hf), dict, refuse, {})
-
-
-def _rope_type(hf: dict, refuse) -> str:
-    rope = _rope(hf, refuse)
-    return str(rope.get("rope_type", rope.get("type", "default")))
-
-
-def _rope_fields(hf: dict, refuse) -> dict[str, object] | None:
-    """rope_parameters (transformers 5) or rope_theta + rope_scaling (earlier ones, Meta's own files);
-    None: a scaling other than Llama 3's."""
-    rope = _rope(hf, refuse)
-    within = _rope_key(hf)
-    theta = hf_field(rope, "rope_theta", "rope_theta", refuse, None, within)
-    fields: dict[str, object] = {"rope_theta": theta or hf_field(hf, "rope_theta", "rope_theta", refuse, 10000.0)}
-    kind = _rope_type(hf, refuse)
+def _rope_fields(hf: dict, refuse) -> dict[str, object]:
+    """rope_parameters (transformers 5) or rope_theta + rope_scaling (earlier ones, Meta's own files):
+    default, or Llama 3's frequency scaling."""
+    rope, within, kind, fields = hf_rope(hf, refuse, 10000.0)
     if kind == "default":
         return {**fields, "rope_scaling_factor": None}
     if kind != "llama3":
-        return None
+        raise refuse(f"rope_type={kind}; only Llama 3's frequency scaling (llama3) is built here")
     scaling = (
         ("rope_scaling_factor", "factor"),
         ("rope_low_freq_factor", "low_freq_factor"),

@@ -22,6 +22,7 @@ from titan_exp.checkpoint.manager import load_model
 from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
 from titan_exp.data.config import DataConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
+from titan_exp.models.hf import check_hf_checkpoint
 from titan_exp.models.registry import FAMILIES, build_model, config_from_hf
 from titan_exp.rules import ConfigError
 
@@ -218,3 +219,33 @@ def test_ranks_load_their_boxes_to_transformers_first_loss_and_export_in_bfloat1
         for param in ours.parameters():  # the export's rounding, in float32
             param.copy_(param.to(torch.bfloat16).float())
         torch.testing.assert_close(exported.float()(inputs).logits, ours(inputs), rtol=0, atol=1e-4)
+
+
+def test_a_checkpoint_of_another_shape_is_refused_before_any_rank_starts(saved, tmp_path):
+    folder = saved["folder"]
+    done = run_cli(
+        ["model=gpt_oss_debug", "tracking=none", f"checkpoint.initial_load_path={folder}",
+         "checkpoint.initial_load_in_hf=true"],
+        tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2 and not (tmp_path / "outputs").exists(), done.stderr[-3000:]
+    assert done.stderr.strip() == (
+        f"titan_exp: config error: model.dim=256: the checkpoint in {folder} has 64; "
+        f"add model=hf model.hf_path={folder} to take the model's shape from it"
+    )
+
+
+def test_mxfp4_blocks_of_another_shape_are_refused_naming_the_tensor(saved, tmp_path):
+    cfg = config_from_hf(str(saved["folder"]), "model.hf_path")
+    tensors = load_file(saved["folder"] / "model.safetensors")
+    name = "model.layers.1.mlp.experts.down_proj"
+    experts, hidden, dim = tensors.pop(name).shape
+    tensors[f"{name}_blocks"] = torch.zeros(experts, dim, hidden // 32, 8, dtype=torch.uint8)  # half the bytes
+    tensors[f"{name}_scales"] = torch.zeros(experts, dim, hidden // 32, dtype=torch.uint8)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError) as refused:
+        check_hf_checkpoint(cfg, cfg, FAMILIES["gpt_oss"].hf, str(tmp_path), "checkpoint.initial_load_path")
+    assert str(refused.value) == (
+        f"checkpoint.initial_load_path={tmp_path}: holds {name}_blocks as U8 [4, 64, 2, 8]; "
+        "MXFP4 of the model's is U8 [4, 64, 2, 16]"
+    )

@@ -28,42 +28,41 @@ LOAD = "moe/load_imbalance"  # the worst MoE layer's routed tokens per expert, m
 RTOL = 1e-4
 # Each layout takes the same 4 sequences a step (experiment=loss_parity's local batch is 4).
 MOE_PRESET = compose_job_config(["experiment=loss_parity_moe"]).parity.layouts
-GPT_OSS_PRESET = compose_job_config(["experiment=loss_parity_gpt_oss"]).parity.layouts
 REFERENCE = "parallelism=single"
-# The expert-parallel layout of the default suite: experts split over the FSDP ranks.
 FSDP_EP = "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2 parallelism.expert_parallel_degree=2"
 # By run: (model, experiment, layouts by name).
 RUNS = {
-    # The layouts experiment=loss_parity_moe runs (its own list): EP beside FSDP, then the others
-    # (EP beside TP, PP and CP; TP splitting the experts; 4 oversubscribed ranks). Their gradients
-    # are held against one device's in tests/test_expert_parallel.py, but for pp2·ep2 and cp2·ep2.
-    "qwen3_moe_debug": ("qwen3_moe_debug", "loss_parity_moe", [REFERENCE, FSDP_EP]),
-    "qwen3_moe_debug·others": (
-        "qwen3_moe_debug",
-        "loss_parity_moe",
-        [REFERENCE, *(x for x in MOE_PRESET if x not in (REFERENCE, FSDP_EP))],
-    ),
+    # The layouts experiment=loss_parity_moe runs (its own list): EP beside FSDP, TP, PP and CP; TP
+    # splitting the experts; 4 oversubscribed ranks. Their gradients are held against one device's
+    # in tests/test_expert_parallel.py, but for pp2·ep2 and cp2·ep2.
+    "qwen3_moe_debug": ("qwen3_moe_debug", "loss_parity_moe", list(MOE_PRESET)),
     # Latent attention, grouped sigmoid routing and a shared expert.
     "deepseek_v3_debug": (
         "deepseek_v3_debug",
         "loss_parity",
         [
-            "parallelism=single",
-            "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2",
-            "parallelism=fsdp launcher.nproc_per_node=2 training.local_batch_size=2 "
-            "parallelism.expert_parallel_degree=2",
+            REFERENCE,
+            FSDP_EP,
             "parallelism=pp launcher.nproc_per_node=2 parallelism.pipeline_parallel_schedule=1F1B",
             "parallelism=cp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
             # Latent attention split by heads, its latents whole on each rank.
             "parallelism=tp launcher.nproc_per_node=2 parallelism.expert_parallel_degree=2",
         ],
     ),
-    # Attention sinks, alternating sliding windows, experts with biases (w2's added once under
-    # TP's split of the experts) and the clamped SwiGLU: experiment=loss_parity_gpt_oss's layouts.
-    "gpt_oss_debug": ("gpt_oss_debug", "loss_parity_gpt_oss", list(GPT_OSS_PRESET)),
-    # The dense model's q/k norms under tensor parallelism (their weight's gradient summed over the
-    # heads' ranks).
-    "qwen3_debug": ("qwen3_debug", "loss_parity", [REFERENCE, "parallelism=tp launcher.nproc_per_node=2"]),
+    # Attention sinks, alternating sliding windows, experts with biases and the clamped SwiGLU: of
+    # experiment=loss_parity_gpt_oss's layouts, those that split what the family adds (the experts'
+    # biases by expert; the heads' sinks, and w2's bias added once over TP's split of the experts;
+    # the layers by stage).
+    "gpt_oss_debug": (
+        "gpt_oss_debug",
+        "loss_parity_gpt_oss",
+        [
+            REFERENCE,
+            FSDP_EP,
+            "parallelism=tp launcher.nproc_per_node=2",
+            "parallelism=pp launcher.nproc_per_node=2 parallelism.pipeline_parallel_schedule=1F1B",
+        ],
+    ),
 }
 # Beyond the default suite (which stays under 10 minutes on 2 cores), every run: each takes 40-70 s
 # of real training. What the default suite holds instead: every parameter's gradient against one
@@ -95,9 +94,8 @@ def parity_curves(run: str, folder: Path) -> tuple[dict[str, list[float]], dict[
     run_ids = {layout: (folder / "run" / layout_folder(layout) / RUN_ID_FILE).read_text().strip() for layout in layouts}
     assert {client.get_run(run_id).data.tags["model"] for run_id in run_ids.values()} == {model}
     load = {name: [m.value for m in client.get_metric_history(run_id, LOAD)] for name, run_id in run_ids.items()}
-    moe = model != "qwen3_debug"
-    for run_id in run_ids.values():  # each MoE run's load picture
-        assert (EXPERT_LOAD_ARTIFACT in {a.path for a in client.list_artifacts(run_id)}) == moe
+    for run_id in run_ids.values():  # each run's load picture
+        assert EXPERT_LOAD_ARTIFACT in {a.path for a in client.list_artifacts(run_id)}
     return {name: loss_curve(db, run_id) for name, run_id in run_ids.items()}, load
 
 
@@ -108,9 +106,8 @@ def test_every_layout_reproduces_the_single_device_curve(run, tmp_path):
     assert len(reference) == STEPS and reference[-1] < reference[0], reference  # it trains
     for name, curve in curves.items():
         assert curve == pytest.approx(reference, rel=RTOL), name
-    # The experts' load, a count of the routing, is the same in every layout (a dense model has none).
-    moe = RUNS[run][0] != "qwen3_debug"
-    assert all(len(curve) == (STEPS if moe else 0) for curve in load.values()), load
+    # The experts' load, a count of the routing, is the same in every layout.
+    assert all(len(curve) == STEPS for curve in load.values()), load
     assert all(curve == load[REFERENCE] for curve in load.values()), load
 
 

@@ -103,8 +103,15 @@ def _layout(parallelism: str, nproc: int, local_batch: int) -> str:
     return f"{parallelism} launcher.nproc_per_node={nproc} training.local_batch_size={local_batch}"
 
 
+def _default_run(request) -> list[str]:
+    """The layouts of the default run: DEFAULT where a test of the default suite here is selected;
+    the reference alone in a session of slow tests only (they need its curve and the checkpoint)."""
+    selected = [item for item in request.session.items if item.module is request.module]
+    return DEFAULT if any(item.get_closest_marker("slow") is None for item in selected) else ["single"]
+
+
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory):
+def parity(tmp_path_factory, request):
     """One `experiment=loss_parity` run over LAYOUTS, as a user runs it: a seed checkpoint, then every
     layout from it, compared in a table and a plot under one parent run. The checkpoint holds the
     weights of SEED_CHECKPOINT_SEED (the command's seed); every layout trains with seed 0 (its data
@@ -113,7 +120,8 @@ def parity(tmp_path_factory):
     root = tmp_path_factory.mktemp("parity")
     db = root / "mlflow.db"
     uri_and_db = (f"tracking.uri=sqlite:///{db}", db)
-    layouts = [f"{_layout(*LAYOUTS[name][:3])} debug.seed=0" for name in DEFAULT]
+    default_run = _default_run(request)
+    layouts = [f"{_layout(*LAYOUTS[name][:3])} debug.seed=0" for name in default_run]
     result = run_cli(
         [
             *PARITY_RUN,
@@ -126,7 +134,7 @@ def parity(tmp_path_factory):
     )
     point_runs = {
         name: mlflow_client(db).get_run((root / "run" / layout_folder(layout) / RUN_ID_FILE).read_text().strip())
-        for name, layout in zip(DEFAULT, layouts)
+        for name, layout in zip(default_run, layouts)
     }
 
     class Parity:

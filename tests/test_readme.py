@@ -1,7 +1,7 @@
 """Every command of the README, as written, on this machine (2 cores), in a fresh working folder and
 in the README's order (`compare` reads the sweep before it). A command that needs more than this
 machine says so in its comment, `(needs: ...)`, and is not run; a Hugging Face folder, a tokenizer
-and documents stand where the README names the user's (`M=...`, `corpus/`, `more/`)."""
+and documents stand where the README names the user's (`M=...`, `Q=...`, `corpus/`, `more/`)."""
 
 import os
 import re
@@ -41,33 +41,35 @@ def readme_commands() -> list[tuple[str, str]]:
     return commands
 
 
-def user_files(folder: Path) -> Path:
-    """What the README's Hugging Face block names: a Llama folder with its tokenizer, and documents."""
+def user_files(folder: Path) -> dict[str, str]:
+    """What the README's Hugging Face block names: a Llama folder and a Qwen3-MoE one (4 experts)
+    with their tokenizer, and documents. Returns the folders by the README's names for them."""
     docs = [f"Doc {i}: " + " ".join(["the quick brown fox jumps over the lazy dog"] * (i % 7 + 1)) for i in range(200)]
-    model = folder / "models" / "Llama-tiny"
-    config = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=512, max_position_embeddings=2048,
-    )  # fmt: skip
-    transformers.LlamaForCausalLM(config).save_pretrained(model)
-    (model / "tokenizer.json").write_text(train_tokenizer(docs, 300).to_str())
+    shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                 max_position_embeddings=2048)  # fmt: skip
+    llama, moe = folder / "models" / "Llama-tiny", folder / "models" / "Qwen3-MoE-tiny"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape, intermediate_size=160)).save_pretrained(llama)
+    moe_config = transformers.Qwen3MoeConfig(**shape, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48)
+    transformers.Qwen3MoeForCausalLM(moe_config).save_pretrained(moe)
+    for model in (llama, moe):
+        (model / "tokenizer.json").write_text(train_tokenizer(docs, 300).to_str())
     (folder / "corpus").mkdir()
     (folder / "corpus" / "docs.jsonl").write_text("".join(f'{{"text": "{doc}"}}\n' for doc in docs))
     (folder / "more").mkdir()
     pq.write_table(pa.table({"text": docs}), folder / "more" / "docs.parquet")
-    return model
+    return {"M": str(llama), "Q": str(moe)}
 
 
 @pytest.mark.slow  # every command the README shows: about 4 minutes on 2 cores
 def test_every_readme_command_runs_as_written_or_says_what_it_needs(tmp_path):
     commands = readme_commands()
     assert len(commands) > 15 and all(command for command, _ in commands)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "M": str(user_files(tmp_path))}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **user_files(tmp_path)}
     ran = []
     for command, comment in commands:
         if NEEDS in comment or command.startswith(tuple(RUN_ELSEWHERE)):
             continue
-        if re.fullmatch(r"M=\S+", command):  # the user's model folder: ours, in env
+        if re.fullmatch(r"[MQ]=\S+", command):  # the user's model folders: ours, in env
             continue
         command = command.removeprefix(SETUP)
         if command == "titan_exp ui":
@@ -84,7 +86,8 @@ def test_every_readme_command_runs_as_written_or_says_what_it_needs(tmp_path):
         "titan_exp -m parallelism.tensor_parallel_degree=1,2 training.steps=20",
         "titan_exp compare",
     } <= set(ran)
-    assert any(command.startswith("titan_exp model=hf") for command in ran) and len(ran) >= 14, ran
+    own = [command for command in ran if command.startswith("titan_exp model=hf")]
+    assert any("expert_parallel_degree=2" in command for command in own) and len(ran) >= 16, ran
 
 
 def _stops_on_ctrl_c(command: str, folder: Path, env: dict) -> None:

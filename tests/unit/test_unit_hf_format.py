@@ -94,12 +94,15 @@ OTHER_FLAVORS = {
     "deepseek_v3_debug": transformers.DeepseekV3ForCausalLM,
     "deepseek_v3_16b": transformers.DeepseekV3ForCausalLM,
     "deepseek_v3_671b": transformers.DeepseekV3ForCausalLM,
+    "gpt_oss_debug": transformers.GptOssForCausalLM,
+    "gpt_oss_20b": transformers.GptOssForCausalLM,
+    "gpt_oss_120b": transformers.GptOssForCausalLM,
 }
 
 
 @pytest.mark.parametrize("flavor", OTHER_FLAVORS)
 def test_transformers_builds_each_familys_model_from_our_config_json_and_it_reads_back(flavor):
-    """Qwen3, Qwen3-MoE and DeepSeek-V3: the config.json we write is one transformers builds the same
+    """Qwen3, Qwen3-MoE, DeepSeek-V3 and GPT-OSS: the config.json we write is one transformers builds the same
     model from (names and shapes, experts in its in-memory fused layout; the parameter count), and
     reading it back gives every field a checkpoint is compared on."""
     from operator import attrgetter

@@ -75,23 +75,16 @@ LAYOUTS = {
     "fsdp_pp": ("parallelism=fsdp_pp", 4, 2, "pp2·dp_shard2"),
     "cp": ("parallelism=cp", 2, 4, "cp2"),
     "tp2_cp2": (f"parallelism=fsdp_cp {TP2_CP2}", 4, 4, "cp2·tp2"),
-    # 2 pp ranks, 4 microbatches of 1 sample (DualPipeV needs one per stage): a schedule of each
-    # family, single-stage, looped (2 stages a rank) and V-shaped.
+    # 2 pp ranks, 4 microbatches of 1 sample; every other schedule (looped, V-shaped, zero-bubble)
+    # in test_every_pipeline_schedule_reproduces_the_single_device_curve (slow).
     "pp_1F1B": ("parallelism=pp parallelism.pipeline_parallel_schedule=1F1B", 2, GLOBAL_BATCH, "pp2"),
-    "pp_Interleaved1F1B": (
-        "parallelism=pp parallelism.pipeline_parallel_schedule=Interleaved1F1B",
-        2,
-        GLOBAL_BATCH,
-        "pp2",
-    ),
-    "pp_ZBVZeroBubble": ("parallelism=pp parallelism.pipeline_parallel_schedule=ZBVZeroBubble", 2, GLOBAL_BATCH, "pp2"),
     "fsdp_tp_pp": ("parallelism=fsdp_tp_pp", 8, 2, "pp2·dp_shard2·tp2"),
     "fsdp_cp": ("parallelism=fsdp_cp", 4, 2, "dp_shard2·cp2"),
     "pp2_cp2": (f"parallelism=cp {CP2_PP2}", 4, 4, "pp2·cp2"),
 }
 # Beyond the default run (each from its seed checkpoint, a job of its own). The default run holds
 # a layout of each dimension the other files do not train to the same loss by default: TP (with
-# SP), CP and a pipeline schedule of each family. DDP's and HSDP's gradients are held against one
+# SP), CP and a pipeline schedule. DDP's and HSDP's gradients are held against one
 # device's per parameter in test_expert_parallel.py (ddp2·tp2·ep2, hsdp2x2·ep2), FSDP's trained
 # weights against one device's in test_hf_weights.py; the layouts below put dimensions together
 # (and 8 ranks).

@@ -37,9 +37,11 @@ def parallelize(
             enable_async_tensor_parallel(tp_mesh)
     apply_activation_checkpointing(model.layers, ac)
     if compile_cfg.compiles("model"):
-        # Per block: the blocks are identical, so one compiled graph is reused for all of them.
+        # Per block: the blocks are identical, so one compiled graph is reused for all of them. A
+        # MoE block breaks its graph where the routed counts go to the host (the experts' splits,
+        # the load's bookkeeping), as torchtitan's MoE blocks do: compiled in parts.
         for block in model.layers.values():
-            block.compile(backend=compile_cfg.backend, fullgraph=True)
+            block.compile(backend=compile_cfg.backend, fullgraph=block.moe is None)
     if dims.fsdp_enabled:
         apply_fsdp(
             model, mesh, mixed_precision(*precision), parallelism.fsdp_reshard_after_forward, pipelined=dims.pp > 1

@@ -267,6 +267,22 @@ def hf_yarn_fields(rope: dict, within: str, refuse) -> dict[str, object]:
     }
 
 
+def hf_yarn_rope(cfg: ModelConfig) -> dict[str, object]:
+    """hf_yarn_fields written back: config.json's rope table of our rotary fields, default or YaRN
+    (a family adds its magnitude keys)."""
+    rope: dict[str, object] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
+    if cfg.rope_scaling_factor is None:
+        return rope
+    return rope | {
+        "rope_type": "yarn",
+        "factor": cfg.rope_scaling_factor,
+        "original_max_position_embeddings": cfg.rope_original_max_seq_len,
+        "beta_fast": cfg.rope_beta_fast,
+        "beta_slow": cfg.rope_beta_slow,
+        "truncate": cfg.rope_yarn_truncate,
+    }
+
+
 def refusing(key: str, folder: str):
     """What a format calls to refuse a folder's config.json, naming `key`, the config key that gave `folder`."""
 

@@ -9,7 +9,7 @@ permuted. The published weights are float8 with block scales: read dequantized
 from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.deepseek_v3.config import DeepSeekV3Config, MLAConfig
-from titan_exp.models.hf import HFFormat, hf_field, hf_rope, hf_value, hf_yarn_fields
+from titan_exp.models.hf import HFFormat, hf_field, hf_rope, hf_value, hf_yarn_fields, hf_yarn_rope
 
 # transformers' latent norms keep their own epsilon (DeepseekV3RMSNorm's default), whatever rms_norm_eps says.
 _LATENT_NORM_EPS = 1e-6
@@ -156,17 +156,9 @@ class DeepSeekV3Format(HFFormat):
 
     def hf_config(self, cfg: DeepSeekV3Config, dtype: str) -> dict:
         mla, moe = cfg.mla, cfg.moe
-        rope: dict[str, object] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
-        if cfg.rope_scaling_factor is not None:
-            rope.update(
-                rope_type="yarn",
-                factor=cfg.rope_scaling_factor,
-                original_max_position_embeddings=cfg.rope_original_max_seq_len,
-                beta_fast=cfg.rope_beta_fast,
-                beta_slow=cfg.rope_beta_slow,
-                mscale=mla.mscale,
-                mscale_all_dim=mla.mscale,
-            )
+        rope = hf_yarn_rope(cfg)
+        if cfg.rope_scaling_factor is not None:  # YaRN's magnitude on the softmax alone (mscale_all_dim)
+            rope |= {"mscale": mla.mscale, "mscale_all_dim": mla.mscale}
         return {
             **self.shared_config(cfg, dtype, rope),
             "architectures": ["DeepseekV3ForCausalLM"],

@@ -9,7 +9,7 @@ q/k rows and their biases are permuted as Llama's."""
 from titan_exp.models.common.moe.config import CLAMPED_GATE_GAIN, MoEConfig
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.gpt_oss.config import GptOssConfig
-from titan_exp.models.hf import HFFormat, hf_field, hf_rope, hf_value, hf_yarn_fields
+from titan_exp.models.hf import HFFormat, hf_field, hf_rope, hf_value, hf_yarn_fields, hf_yarn_rope
 
 _SLIDING, _FULL = "sliding_attention", "full_attention"
 
@@ -128,18 +128,8 @@ class GptOssFormat(HFFormat):
 
     def hf_config(self, cfg: GptOssConfig, dtype: str) -> dict:
         moe = cfg.moe
-        rope: dict[str, object] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
-        if cfg.rope_scaling_factor is not None:
-            rope.update(
-                rope_type="yarn",
-                factor=cfg.rope_scaling_factor,
-                original_max_position_embeddings=cfg.rope_original_max_seq_len,
-                beta_fast=cfg.rope_beta_fast,
-                beta_slow=cfg.rope_beta_slow,
-                truncate=cfg.rope_yarn_truncate,
-            )
         return {
-            **self.shared_config(cfg, dtype, rope),
+            **self.shared_config(cfg, dtype, hf_yarn_rope(cfg)),
             "architectures": ["GptOssForCausalLM"],
             "model_type": "gpt_oss",
             "num_key_value_heads": cfg.kv_heads,

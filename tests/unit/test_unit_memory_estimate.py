@@ -243,12 +243,15 @@ def _kept_by_autograd(m: ModelConfig, seq_len: int, batch: int = 2) -> float:
     return sum(kept.values()) / 4 / (batch * seq_len * m.n_layers)
 
 
-@pytest.mark.parametrize("name", ["llama3_debug", "qwen3_debug", "qwen3_moe_debug", "deepseek_v3_debug"])
+@pytest.mark.parametrize(
+    "name", ["llama3_debug", "qwen3_debug", "qwen3_moe_debug", "deepseek_v3_debug", "gpt_oss_debug"]
+)
 def test_kept_activations_per_token_are_what_autograd_saves_on_a_cpu(name: str) -> None:
     """The model's count per token of one eager block against the tensors torch's autograd keeps
     for that block's backward, on this CPU: Llama's attention, Qwen3's wider heads and q/k norms,
-    a MoE layer's routed rows, router and indices, and DeepSeek-V3's latent attention (SDPA's math
-    path on a CPU, its probabilities growing with the sequence) and shared expert."""
+    a MoE layer's routed rows, router and indices, DeepSeek-V3's latent attention (SDPA's math
+    path on a CPU, its probabilities growing with the sequence) and shared expert, and GPT-OSS's
+    attention with sinks (every score's probability) and clamped experts."""
     m = OmegaConf.to_object(compose_config([f"model={name}"])).model
     for seq_len in (64, 256):
         w = Workload(m, layout(), NO_AC, 2, seq_len, device="cpu")

@@ -180,9 +180,17 @@ def layer_activations(w: Workload, mode: str) -> float:
     moe_share = m.num_moe_layers / m.n_layers
     attention_whole, attention = m.attention_kept_per_token(norm_kept, w.device == "cpu", w.seq_len)
     whole = dim + (1 - moe_share) * dim + attention_whole
-    # The SwiGLU's four ffn-wide tensors.
-    sharded = 2 * norm_kept * dim + moe_share * dim + attention + 4 * ffn + _routed_rows(w)
+    sharded = 2 * norm_kept * dim + moe_share * dim + attention + _ffn_kept(m) + _routed_rows(w)
     return whole + sharded / tp
+
+
+def _ffn_kept(m: ModelConfig) -> float:
+    """The ffn-wide tensors a token keeps: the SwiGLU's four per hidden channel; a MoE layer's routed
+    experts' rows their activation's own (MoEConfig.activation_kept), its shared experts four."""
+    if not m.moe.enabled:
+        return 4 * m.ffn_hidden_dim
+    moe = m.moe
+    return (moe.activation_kept * moe.top_k + 4 * moe.num_shared_experts) * moe.hidden_dim
 
 
 def _routed_rows(w: Workload) -> float:

@@ -91,6 +91,13 @@ class MoEConfig(Section):
         biases = 2 * self.hidden_dim + dim if self.bias else 0
         return 3 * dim * self.hidden_dim + biases
 
+    @property
+    def activation_kept(self) -> int:
+        """Hidden-wide tensors an expert's row keeps for its backward: SwiGLU's four (w1's and w3's
+        outputs, silu's, their product); the clamped form's seven (the gate and up each clamps
+        reads, the sigmoid, the clamped gate, the gate times its sigmoid, up + 1, their product)."""
+        return 4 if self.swiglu_limit is None else 7
+
     def router_parameters(self, dim: int) -> int:
         """The router's: a score per expert from the token (and a bias per expert)."""
         return (dim + self.bias) * self.num_experts

@@ -108,8 +108,10 @@ class GroupedExperts(nn.Module):
         w1, w2, w3 = (_local(w) for w in (self.w1, self.w2, self.w3))
         biases = None
         if self.w1_bias is not None:
-            w2_share = _ShareInForward.apply(_local(self.w2_bias), self.hidden_split)
-            biases = (_local(self.w1_bias), w2_share, _local(self.w3_bias))
+            w2_bias = _local(self.w2_bias)
+            if self.hidden_split > 1:
+                w2_bias = _ShareInForward.apply(w2_bias, self.hidden_split)
+            biases = (_local(self.w1_bias), w2_bias, _local(self.w3_bias))
         if grouped_mm_applies(grouped, w1):
             return grouped_swiglu(grouped, counts, w1, w2, w3, self.activation, biases)
         # Elsewhere one matmul per expert: the same numbers, one kernel launch per expert.
@@ -144,7 +146,7 @@ class _ShareInForward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, bias: torch.Tensor, parts: int) -> torch.Tensor:
-        return bias / parts if parts > 1 else bias
+        return bias / parts
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):

@@ -249,3 +249,19 @@ def test_mxfp4_blocks_of_another_shape_are_refused_naming_the_tensor(saved, tmp_
         f"checkpoint.initial_load_path={tmp_path}: holds {name}_blocks as U8 [4, 64, 2, 8]; "
         "MXFP4 of the model's is U8 [4, 64, 2, 16]"
     )
+
+
+def test_what_a_config_json_leaves_out_is_what_transformers_takes(saved, tmp_path):
+    """No rotary table: transformers' GptOssConfig's own YaRN (factor 32, untruncated); no kv-head
+    count: its 8."""
+    config = json.loads((saved["folder"] / "config.json").read_text())
+    for key in ("rope_parameters", "rope_scaling", "num_key_value_heads"):
+        config.pop(key, None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    cfg = config_from_hf(str(tmp_path), "model.hf_path")
+    theirs = transformers.GptOssConfig.from_dict(config)
+    assert cfg.kv_heads == theirs.num_key_value_heads == 8
+    rope = theirs.rope_parameters
+    assert (cfg.rope_scaling_type, cfg.rope_scaling_factor, cfg.rope_yarn_truncate) == ("yarn", rope["factor"], False)
+    assert cfg.rope_original_max_seq_len == rope["original_max_position_embeddings"]
+    assert cfg.rope_theta == rope["rope_theta"]

@@ -37,7 +37,7 @@ def parallelize(
             enable_async_tensor_parallel(tp_mesh)
     apply_activation_checkpointing(model.layers, ac)
     if compile_cfg.compiles("model"):
-        # Per block: the blocks are identical, so one compiled graph is reused for all of them. A
+        # Per block: blocks alike share one compiled graph (GPT-OSS's windowed and full ones: two). A
         # MoE block breaks its graph where the routed counts go to the host (the experts' splits,
         # the load's bookkeeping), as torchtitan's MoE blocks do: compiled in parts.
         for block in model.layers.values():

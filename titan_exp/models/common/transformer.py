@@ -1,7 +1,8 @@
 """The decoder every family here shares: token embeddings, blocks of (RMSNorm, attention, RMSNorm,
 SwiGLU or mixture-of-experts feed-forward) with residuals, a final norm and the output head; its
 seeded initialization and its cut into pipeline stages. A family subclasses it to bring its own
-attention (`attention_class`, which also says how tensor parallelism splits it).
+attention (`attention_class`, which also says how tensor parallelism splits it; `build_attention`
+where its layers' attention differs by layer).
 
 Layers live in a ModuleDict keyed by their index so that a pipeline stage can drop the layers it does
 not own and keep the original names (and checkpoint keys).
@@ -133,12 +134,13 @@ class Transformer(nn.Module):
             param.copy_(full)
 
     def _init_one(self, name: str, t: torch.Tensor, gen: torch.Generator) -> None:
-        """torchtitan's init. A tied embedding (named tok_embeddings.weight, where it is registered
+        """torchtitan's init; GPT-OSS's biases as transformers starts them (zeros, but the router's,
+        drawn as its weight). A tied embedding (named tok_embeddings.weight, where it is registered
         first) is the output projection too and is initialised as one: N(0, 1) there would give
         logits a spread of about √dim at step 0."""
         if name.endswith("norm.weight"):
             t.fill_(1.0)
-        elif name.endswith("bias"):  # the linears' (GPT-OSS's), as transformers starts them
+        elif name.endswith("bias") and ".router." not in name:
             t.zero_()
         elif name == "tok_embeddings.weight" and not self.cfg.tie_word_embeddings:
             nn.init.normal_(t, std=1.0, generator=gen)

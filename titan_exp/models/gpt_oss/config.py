@@ -8,12 +8,18 @@ from dataclasses import dataclass
 from titan_exp.models.config import ModelConfig
 from titan_exp.rules import check_positive
 
+# FlexAttention's blocks (torch's _DEFAULT_SPARSE_BLOCK_SIZE): it computes a block the mask
+# leaves partly whole, so a window costs the key blocks it touches.
+_FLEX_BLOCK = 128
+
 
 @dataclass
 class GptOssConfig(ModelConfig):
     # Layers 0, 2, 4, ... attend to the last sliding_window tokens (the query's own among them),
     # the others to the whole window: GPT-OSS alternates so from its first layer.
     sliding_window: int = 128
+    # GPT-OSS's YaRN leaves its ramp's ends where they fall.
+    rope_yarn_truncate: bool = False
 
     def check(self, key: str) -> None:
         super().check(key)
@@ -46,17 +52,18 @@ class GptOssConfig(ModelConfig):
         log-sum-exp). On a CPU the scores are computed whole (models/gpt_oss/attention.py): per
         head q, k and v as it takes them, the probabilities over the keys and the sink (float32:
         two elements each at 16 bits; counted as one here, as the MLA math path), the output."""
-        if not cpu:
-            return super().attention_kept_per_token(norm_kept, cpu, seq_len)
+        if not cpu:  # grouped-query attention's, and the output the sink's share scales (a copy)
+            whole, per_head = super().attention_kept_per_token(norm_kept, cpu, seq_len)
+            return whole, per_head + self.n_heads * self.head_dim
         return 0.0, self.n_heads * (4 * self.head_dim + seq_len + 1)
 
     def keys_per_query(self, keys: float, seq_len: int, cuda: bool) -> float:
-        """On a GPU FlexAttention skips what the mask empties: a windowed layer's query computes at
-        most its window (the first `window` queries fewer: their mean over `seq_len` queries),
-        the others `keys`. On a CPU every layer computes its whole seq_len × seq_len scores."""
+        """On a GPU FlexAttention skips the blocks the mask empties and computes the others whole: a
+        windowed layer's query block computes the key blocks its window touches (its own and
+        ⌈window / block⌉ before it), the others `keys`. On a CPU every layer computes its whole
+        seq_len × seq_len scores."""
         if not cuda:
             return float(seq_len)
-        window = min(self.sliding_window, seq_len)
-        windowed = window - window * (window - 1) / (2 * seq_len)
+        windowed = (math.ceil(self.sliding_window / _FLEX_BLOCK) + 1) * _FLEX_BLOCK
         sliding = sum(self.is_sliding_layer(layer) for layer in range(self.n_layers))
         return (sliding * min(keys, windowed) + (self.n_layers - sliding) * keys) / self.n_layers

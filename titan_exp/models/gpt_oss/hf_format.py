@@ -12,6 +12,15 @@ from titan_exp.models.gpt_oss.config import GptOssConfig
 from titan_exp.models.hf import HFFormat, hf_field, hf_rope, hf_value, hf_yarn_fields, hf_yarn_rope
 
 _SLIDING, _FULL = "sliding_attention", "full_attention"
+# What transformers' GptOssConfig takes where config.json names no rotary scaling: GPT-OSS's YaRN.
+_DEFAULT_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
 
 
 class GptOssFormat(HFFormat):
@@ -48,6 +57,9 @@ class GptOssFormat(HFFormat):
         "norm_eps",
         "rope_theta",
         "rope_scaling_factor",
+        "rope_scaling_type",
+        "rope_original_max_seq_len",
+        "rope_yarn_truncate",
         "sliding_window",
         "moe.num_experts",
         "moe.top_k",
@@ -71,7 +83,7 @@ class GptOssFormat(HFFormat):
             "dim": hf_field(hf, "hidden_size", "dim", refuse),
             "n_layers": layers,
             "n_heads": heads,
-            "n_kv_heads": hf_field(hf, "num_key_value_heads", "n_kv_heads", refuse, heads),
+            "n_kv_heads": hf_field(hf, "num_key_value_heads", "n_kv_heads", refuse, 8),
             "attention_head_dim": hf_field(hf, "head_dim", "attention_head_dim", refuse, 64),
             "vocab_size": hf_field(hf, "vocab_size", "vocab_size", refuse),
             "norm_eps": hf_field(hf, "rms_norm_eps", "norm_eps", refuse, 1e-5),
@@ -97,6 +109,8 @@ class GptOssFormat(HFFormat):
     @staticmethod
     def _rope_fields(hf: dict, refuse) -> dict[str, object]:
         """None, or YaRN with its magnitude factor derived from its factor (GPT-OSS's)."""
+        if not (hf.get("rope_parameters") or hf.get("rope_scaling")):  # transformers' GptOssConfig's own then
+            hf = {**hf, "rope_parameters": _DEFAULT_ROPE}
         rope, within, kind, fields = hf_rope(hf, refuse, 150000.0)
         if kind == "default":
             return {**fields, "rope_scaling_factor": None}

@@ -9,8 +9,6 @@ from titan_exp.models.gpt_oss.config import GptOssConfig
 
 
 class GptOss(Transformer):
-    attention_class = SinkAttention
-
     @classmethod
     def build_attention(cls, cfg: GptOssConfig, layer: int) -> nn.Module:
         return SinkAttention(cfg, layer)

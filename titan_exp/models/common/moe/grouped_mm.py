@@ -45,7 +45,8 @@ def grouped_swiglu(
     up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets)
     if biases is not None:  # each padded row takes its expert's bias (the padding's outputs are dropped)
         expert_of_row = torch.arange(len(counts), device=rows.device).repeat_interleave(
-            torch.tensor(padded, device=rows.device)
+            torch.tensor(padded, device=rows.device),
+            output_size=sum(padded),  # the size known: no host sync
         )
         gate, up = gate + biases[0][expert_of_row], up + biases[2][expert_of_row]
     out = torch._grouped_mm(activation(gate, up), w2.transpose(-2, -1), offs=offsets)

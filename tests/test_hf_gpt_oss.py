@@ -253,15 +253,17 @@ def test_mxfp4_blocks_of_another_shape_are_refused_naming_the_tensor(saved, tmp_
 
 def test_what_a_config_json_leaves_out_is_what_transformers_takes(saved, tmp_path):
     """No rotary table: transformers' GptOssConfig's own YaRN (factor 32, untruncated); no kv-head
-    count: its 8."""
+    count: its 8 (which this folder's 4 heads cannot take: refused naming it)."""
     config = json.loads((saved["folder"] / "config.json").read_text())
-    for key in ("rope_parameters", "rope_scaling", "num_key_value_heads"):
+    for key in ("rope_parameters", "rope_scaling"):
         config.pop(key, None)
     (tmp_path / "config.json").write_text(json.dumps(config))
     cfg = config_from_hf(str(tmp_path), "model.hf_path")
-    theirs = transformers.GptOssConfig.from_dict(config)
-    assert cfg.kv_heads == theirs.num_key_value_heads == 8
-    rope = theirs.rope_parameters
+    rope = transformers.GptOssConfig.from_dict(config).rope_parameters
     assert (cfg.rope_scaling_type, cfg.rope_scaling_factor, cfg.rope_yarn_truncate) == ("yarn", rope["factor"], False)
     assert cfg.rope_original_max_seq_len == rope["original_max_position_embeddings"]
     assert cfg.rope_theta == rope["rope_theta"]
+    del config["num_key_value_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="its config.json makes model.n_kv_heads=8: must divide n_heads=4"):
+        config_from_hf(str(tmp_path), "model.hf_path")

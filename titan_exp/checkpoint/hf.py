@@ -13,7 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import HuggingFaceStorageWriter
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
@@ -119,18 +119,55 @@ def _read_fused(
     return fused[:, index::parts] if hf.fused_interleaved else fused
 
 
-def _fused_tensors(hf: HFFormat, whole: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF's fused expert tensors of each layer, from our whole stacked ones (`whole`, by name)."""
-    layers = sorted({name.split(".moe.")[0] for name in whole})
-    fused = {}
-    for layer in layers:
-        for theirs, parts in hf.fused_expert_keys.items():
-            ours = [whole[f"{layer}.{part}"] for part in parts]
-            joined = torch.stack(ours, dim=2).flatten(1, 2) if hf.fused_interleaved else torch.cat(ours, dim=1)
-            if hf.fused_transposed and joined.dim() == 3:
-                joined = joined.transpose(1, 2).contiguous()
-            fused[f"model.{layer}.{theirs}"] = joined
-    return fused
+def _fused_tensors(hf: HFFormat, experts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF's fused expert tensors of each layer, from our stacked ones (`experts`, by name)."""
+    layers = sorted({name.split(".moe.")[0] for name in experts})
+    return {
+        f"model.{layer}.{theirs}": _fused(hf, [experts[f"{layer}.{part}"] for part in parts])
+        for layer in layers
+        for theirs, parts in hf.fused_expert_keys.items()
+    }
+
+
+def _fused(hf: HFFormat, ours: list[torch.Tensor]) -> torch.Tensor:
+    """One fused tensor of our stacked `ours`: joined shard by shard where each rank's shards make
+    its shard of the fused tensor (split by expert, or along the rows in even parts), so that each
+    rank writes its own part and none holds the whole; else joined whole on every rank (DCP writes
+    it once)."""
+    first = ours[0]
+    placements = _fused_placements(hf, first, len(ours)) if isinstance(first, DTensor) else None
+    if placements is None:
+        return _join(hf, [_whole(t) for t in ours])
+    local = _join(hf, [t.to_local() for t in ours])
+    experts, rows, *cols = first.shape
+    shape = hf.stored((experts, rows * len(ours), *cols))
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, first.device_mesh, placements, run_check=False, shape=shape, stride=stride)
+
+
+def _join(hf: HFFormat, ours: list[torch.Tensor]) -> torch.Tensor:
+    joined = torch.stack(ours, dim=2).flatten(1, 2) if hf.fused_interleaved else torch.cat(ours, dim=1)
+    return joined.transpose(1, 2).contiguous() if hf.fused_transposed and joined.dim() == 3 else joined
+
+
+def _fused_placements(hf: HFFormat, first: DTensor, parts: int) -> list | None:
+    """The fused tensor's placements where its shards are joins of ours (None: they are not). Our
+    rows (dim 1) join into the fused rows; split among ranks they still line up where the parts
+    interleave and the split is even. A transposed matrix swaps rows and columns."""
+    placements = []
+    for mesh_dim, placement in enumerate(first.placements):
+        if isinstance(placement, Replicate) or (isinstance(placement, Shard) and placement.dim == 0):
+            placements.append(placement)
+            continue
+        if not isinstance(placement, Shard):
+            return None
+        if placement.dim == 1 and parts > 1:
+            even = first.shape[1] % first.device_mesh.size(mesh_dim) == 0
+            if not (hf.fused_interleaved and even):
+                return None
+        swapped = {1: 2, 2: 1} if hf.fused_transposed and first.dim() == 3 else {}
+        placements.append(Shard(swapped.get(placement.dim, placement.dim)))
+    return placements
 
 
 def _expert_matrices(hf: HFFormat, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -158,7 +195,7 @@ def save_hf(
     beside it), so the folder is a model others can use as it is (every rank takes part)."""
     hf = family_of(cfg).hf
     named: dict[str, torch.Tensor] = {}
-    experts_whole: dict[str, torch.Tensor] = {}  # of a format that has only fused experts
+    experts_fused: dict[str, torch.Tensor] = {}  # of a format that has only fused experts
     for part in parts:
         for name, tensor in get_model_state_dict(part).items():
             if hf.is_tied_output(name, cfg):
@@ -167,12 +204,12 @@ def save_hf(
                 named |= _expert_matrices(hf, name, tensor)
                 continue
             if hf.is_experts(name):
-                experts_whole[name] = _whole(tensor)  # whole on every rank: DCP writes it once
+                experts_fused[name] = tensor
                 continue
             if (heads := hf.permuted_heads(name, cfg)) is not None:
                 tensor = _rotary_to_hf(_whole(tensor), heads)  # whole on every rank: DCP writes it once
             named[hf.hf_key(name)] = tensor
-    named |= _fused_tensors(hf, experts_whole)
+    named |= _fused_tensors(hf, experts_fused)
     named = {name: tensor.to(dtype) for name, tensor in named.items()}
     writer = HuggingFaceStorageWriter(str(folder), save_distributed=True, enable_consolidation=True)
     ignore_unavoidable_warnings()

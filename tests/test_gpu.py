@@ -157,3 +157,18 @@ def test_gpt_oss_sink_attention_on_flex_attention_equals_the_dense_form():
         dense.square().sum().backward()
         for gpu_leaf, cpu_leaf in zip((q, k, v, sinks), leaves):
             torch.testing.assert_close(gpu_leaf.grad.cpu(), cpu_leaf.grad, rtol=2e-3, atol=2e-3)
+
+
+def test_gpt_oss_trains_on_a_gpu_as_on_the_cpu(tmp_path, store):
+    """gpt_oss_debug on one GPU (FlexAttention with sinks and windows, compiled) against a CPU rank
+    from the same seed, both in float32: the same curve within the kernels' differences."""
+    assert visible_gpus() > 0, "no GPU visible: this test needs a CUDA machine"
+    uri, db = store
+    common = ["experiment=smoke", "tracking=mlflow", uri, "model=gpt_oss_debug", "parallelism=single",
+              "training.local_batch_size=4", "training.steps=8", "debug=deterministic"]  # fmt: skip
+    for device in ("cpu", "cuda"):
+        result = run_cli([*common, f"launcher.device={device}"], tmp_path / device)
+        assert result.returncode == 0, result.stderr[-3000:]
+    curves = {run.data.tags["device"]: loss_curve(db, run.info.run_id) for run in mlflow_runs(db)}
+    assert curves["cuda"] == pytest.approx(curves["cpu"], rel=2e-2)
+    assert curves["cuda"][-1] < curves["cuda"][0]

@@ -138,6 +138,26 @@ def loss_curve(db: Path, run_id: str) -> list[float]:
     return [loss for _, loss in steps_and_losses(mlflow_client(db), run_id)]
 
 
+def assert_bfloat16_export_gives_our_logits(step: Path, inputs) -> None:
+    """A bfloat16 export (a checkpoint's step folder written with checkpoint.export_dtype=bfloat16)
+    opens in transformers as bfloat16, and gives the logits of our model of the same step's DCP
+    checkpoint with the export's rounding (both in float32)."""
+    import torch
+    import transformers
+
+    from titan_exp.checkpoint.manager import load_model
+    from titan_exp.models.registry import build_model, config_from_hf
+
+    exported = transformers.AutoModelForCausalLM.from_pretrained(step)
+    assert exported.dtype == torch.bfloat16
+    ours = build_model(config_from_hf(str(step), "model.hf_path"))
+    load_model(ours, str(step))
+    with torch.no_grad():
+        for param in ours.parameters():
+            param.copy_(param.to(torch.bfloat16).float())
+        torch.testing.assert_close(exported.float()(inputs).logits, ours(inputs), rtol=0, atol=1e-4)
+
+
 def assert_startup_adds_up(run, phases: tuple[str, ...]) -> None:
     """The run logged where its start-up went: at least `phases`, adding up to the total."""
     logged = {k: v for k, v in run.data.metrics.items() if k.startswith("startup/")}

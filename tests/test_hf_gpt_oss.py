@@ -18,7 +18,6 @@ from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import FP4_VALUES, _convert_moe_packed_tensors
 
 from titan_exp.checkpoint.hf import load_hf, save_hf
-from titan_exp.checkpoint.manager import load_model
 from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
 from titan_exp.data.config import DataConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
@@ -26,7 +25,7 @@ from titan_exp.models.hf import check_hf_checkpoint
 from titan_exp.models.registry import FAMILIES, build_model, config_from_hf
 from titan_exp.rules import ConfigError
 
-from conftest import loss_curve, mlflow_runs, run_cli, store_in
+from conftest import assert_bfloat16_export_gives_our_logits, loss_curve, mlflow_runs, run_cli, store_in
 
 VOCAB, SEQ, WINDOW = 160, 40, 8  # the window binds: queries beyond it see only their last 8 keys
 SHAPE = dict(
@@ -211,14 +210,7 @@ def test_ranks_load_their_boxes_to_transformers_first_loss_and_export_in_bfloat1
 
     step = tmp_path / "ckpt" / "step-2"
     assert json.loads((step / "config.json").read_text())["dtype"] == "bfloat16"
-    exported = transformers.AutoModelForCausalLM.from_pretrained(step)
-    assert exported.dtype == torch.bfloat16
-    ours = build_model(config_from_hf(str(step), "model.hf_path"))
-    load_model(ours, str(step))
-    with torch.no_grad():
-        for param in ours.parameters():  # the export's rounding, in float32
-            param.copy_(param.to(torch.bfloat16).float())
-        torch.testing.assert_close(exported.float()(inputs).logits, ours(inputs), rtol=0, atol=1e-4)
+    assert_bfloat16_export_gives_our_logits(step, inputs)
 
 
 def test_a_checkpoint_of_another_shape_is_refused_before_any_rank_starts(saved, tmp_path):

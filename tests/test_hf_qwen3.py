@@ -16,10 +16,9 @@ import torch.nn.functional as F
 import transformers
 
 from titan_exp.checkpoint.hf import load_hf
-from titan_exp.checkpoint.manager import load_model
 from titan_exp.models.registry import build_model, config_from_hf
 
-from conftest import loss_curve, mlflow_runs, run_cli, store_in
+from conftest import assert_bfloat16_export_gives_our_logits, loss_curve, mlflow_runs, run_cli, store_in
 
 VOCAB, SEQ = 320, 32
 SHAPE = dict(
@@ -169,12 +168,4 @@ def test_fsdp_with_expert_parallelism_loads_its_own_experts_trains_and_exports_t
     assert transformers.AutoTokenizer.from_pretrained(step).encode("words of the run") == [
         *transformers.AutoTokenizer.from_pretrained(tmp_path / "tok").encode("words of the run")
     ]
-    exported = transformers.AutoModelForCausalLM.from_pretrained(step)
-    assert exported.dtype == torch.bfloat16
-    ours = build_model(config_from_hf(str(step), "model.hf_path"))
-    load_model(ours, str(step))
-    with torch.no_grad():
-        for param in ours.parameters():  # the export's rounding, in float32
-            param.copy_(param.to(torch.bfloat16).float())
-        theirs = exported.float()(inputs).logits
-        torch.testing.assert_close(theirs, ours(inputs), rtol=0, atol=1e-4)
+    assert_bfloat16_export_gives_our_logits(step, inputs)

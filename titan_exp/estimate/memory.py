@@ -67,6 +67,7 @@ from titan_exp.estimate.workload import (
     pipeline_ranks,
     unit_parameters,
 )
+from titan_exp.models.common.moe.config import SWIGLU_KEPT
 from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import (
     SINGLE_STAGE_SCHEDULES,
@@ -185,12 +186,12 @@ def layer_activations(w: Workload, mode: str) -> float:
 
 
 def _ffn_kept(m: ModelConfig) -> float:
-    """The ffn-wide tensors a token keeps: the SwiGLU's four per hidden channel; a MoE layer's routed
-    experts' rows their activation's own (MoEConfig.activation_kept), its shared experts four."""
+    """The ffn-wide tensors a token keeps: a SwiGLU's per hidden channel; a MoE layer's routed
+    experts' rows their activation's own (MoEConfig.activation_kept), its shared experts a SwiGLU's."""
     if not m.moe.enabled:
-        return 4 * m.ffn_hidden_dim
+        return SWIGLU_KEPT * m.ffn_hidden_dim
     moe = m.moe
-    return (moe.activation_kept * moe.top_k + 4 * moe.num_shared_experts) * moe.hidden_dim
+    return (moe.activation_kept * moe.top_k + SWIGLU_KEPT * moe.num_shared_experts) * moe.hidden_dim
 
 
 def _routed_rows(w: Workload) -> float:

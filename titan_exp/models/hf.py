@@ -283,6 +283,19 @@ def hf_yarn_rope(cfg: ModelConfig) -> dict[str, object]:
     }
 
 
+def hf_num_experts(hf: dict, refuse) -> int:
+    """A MoE config.json's routed experts: published configs say num_experts, transformers 5 writes
+    num_local_experts (its configs map the one name to the other)."""
+    return hf_value(hf, "num_experts" if "num_experts" in hf else "num_local_experts", int, refuse)
+
+
+def hf_aux_loss_coeff(hf: dict, refuse) -> float | None:
+    """The auxiliary load-balancing loss's coefficient (router_aux_loss_coef), or None: transformers
+    adds that loss only where the config asks for router logits."""
+    aux = hf_value(hf, "router_aux_loss_coef", float, refuse, 0.001)
+    return aux if hf_value(hf, "output_router_logits", bool, refuse, False) and aux else None
+
+
 def refusing(key: str, folder: str):
     """What a format calls to refuse a folder's config.json, naming `key`, the config key that gave `folder`."""
 

@@ -9,7 +9,16 @@ q/k rows and their biases are permuted as Llama's."""
 from titan_exp.models.common.moe.config import CLAMPED_GATE_GAIN, MoEConfig
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.gpt_oss.config import GptOssConfig
-from titan_exp.models.hf import HFFormat, hf_field, hf_rope, hf_value, hf_yarn_fields, hf_yarn_rope
+from titan_exp.models.hf import (
+    HFFormat,
+    hf_aux_loss_coeff,
+    hf_field,
+    hf_num_experts,
+    hf_rope,
+    hf_value,
+    hf_yarn_fields,
+    hf_yarn_rope,
+)
 
 _SLIDING, _FULL = "sliding_attention", "full_attention"
 # What transformers' GptOssConfig takes where config.json names no rotary scaling: GPT-OSS's YaRN.
@@ -92,17 +101,14 @@ class GptOssFormat(HFFormat):
             "tie_word_embeddings": hf_field(hf, "tie_word_embeddings", "tie_word_embeddings", refuse, False),
             "sliding_window": hf_value(hf, "sliding_window", int, refuse, 128),
         }
-        aux = hf_value(hf, "router_aux_loss_coef", float, refuse, 0.001)
         moe = MoEConfig(
-            # transformers 5 writes num_local_experts; its config maps num_experts to it.
-            num_experts=hf_value(hf, "num_local_experts" if "num_local_experts" in hf else "num_experts", int, refuse),
+            num_experts=hf_num_experts(hf, refuse),
             top_k=hf_value(hf, "num_experts_per_tok", int, refuse),
             hidden_dim=hidden,
             route_norm=True,  # a softmax over the chosen experts' logits
             bias=True,
             swiglu_limit=hf_value(hf, "swiglu_limit", float, refuse, 7.0),
-            # transformers adds the auxiliary loss only where the config asks for router logits.
-            aux_loss_coeff=aux if hf_value(hf, "output_router_logits", bool, refuse, False) and aux else None,
+            aux_loss_coeff=hf_aux_loss_coeff(hf, refuse),
         )
         return {**fields, **self._rope_fields(hf, refuse), "moe": moe}
 

@@ -9,7 +9,7 @@ pair transformers writes with save_original_format=False (`mlp.experts.gate_up_p
 
 from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.hf import hf_value
+from titan_exp.models.hf import hf_aux_loss_coeff, hf_num_experts, hf_value
 from titan_exp.models.llama3.hf_format import LlamaFormat
 
 
@@ -49,16 +49,13 @@ class Qwen3Format(LlamaFormat):
         dense = hf_value(hf, "mlp_only_layers", list, refuse, [])
         if dense != list(range(len(dense))):
             raise refuse(f"mlp_only_layers={str(dense)[:40]}; here the dense layers are the first ones (0, 1, ...)")
-        aux = hf_value(hf, "router_aux_loss_coef", float, refuse, 0.001)
         return MoEConfig(
-            # Published configs say num_experts; transformers 5 writes its own name for it.
-            num_experts=hf_value(hf, "num_experts" if "num_experts" in hf else "num_local_experts", int, refuse),
+            num_experts=hf_num_experts(hf, refuse),
             top_k=hf_value(hf, "num_experts_per_tok", int, refuse),
             hidden_dim=hf_value(hf, "moe_intermediate_size", int, refuse),
             n_dense_layers=len(dense),
             route_norm=hf_value(hf, "norm_topk_prob", bool, refuse, False),
-            # transformers adds the auxiliary loss only where the config asks for router logits.
-            aux_loss_coeff=aux if hf_value(hf, "output_router_logits", bool, refuse, False) and aux else None,
+            aux_loss_coeff=hf_aux_loss_coeff(hf, refuse),
         )
 
     def refusal(self, cfg: ModelConfig) -> str | None:

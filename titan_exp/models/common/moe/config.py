@@ -6,6 +6,9 @@ from typing import Optional
 
 from titan_exp.rules import ConfigError, Section, check_positive, one_of
 
+# Hidden-wide tensors a SwiGLU keeps per hidden channel for its backward: w1's and w3's outputs,
+# silu's, their product.
+SWIGLU_KEPT = 4
 # GPT-OSS's gate gain in its clamped SwiGLU (its config's swiglu_alpha: x·σ(1.702·x) is the
 # sigmoid approximation of GELU).
 CLAMPED_GATE_GAIN = 1.702
@@ -93,10 +96,10 @@ class MoEConfig(Section):
 
     @property
     def activation_kept(self) -> int:
-        """Hidden-wide tensors an expert's row keeps for its backward: SwiGLU's four (w1's and w3's
-        outputs, silu's, their product); the clamped form's seven (the gate and up each clamps
-        reads, the sigmoid, the clamped gate, the gate times its sigmoid, up + 1, their product)."""
-        return 4 if self.swiglu_limit is None else 7
+        """Hidden-wide tensors an expert's row keeps for its backward: a SwiGLU's; the clamped
+        form's seven (the gate and up each clamp reads, the sigmoid, the clamped gate, the gate
+        times its sigmoid, up + 1, their product)."""
+        return SWIGLU_KEPT if self.swiglu_limit is None else 7
 
     def router_parameters(self, dim: int) -> int:
         """The router's: a score per expert from the token (and a bias per expert)."""

@@ -296,6 +296,11 @@ def hf_aux_loss_coeff(hf: dict, refuse) -> float | None:
     return aux if hf_value(hf, "output_router_logits", bool, refuse, False) and aux else None
 
 
+def hf_aux_loss_config(coeff: float | None) -> dict[str, object]:
+    """hf_aux_loss_coeff written back: the keys that make transformers add the loss, or not."""
+    return {"output_router_logits": coeff is not None, "router_aux_loss_coef": coeff or 0.0}
+
+
 def refusing(key: str, folder: str):
     """What a format calls to refuse a folder's config.json, naming `key`, the config key that gave `folder`."""
 

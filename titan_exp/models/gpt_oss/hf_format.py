@@ -12,6 +12,7 @@ from titan_exp.models.gpt_oss.config import GptOssConfig
 from titan_exp.models.hf import (
     HFFormat,
     hf_aux_loss_coeff,
+    hf_aux_loss_config,
     hf_field,
     hf_num_experts,
     hf_rope,
@@ -162,8 +163,7 @@ class GptOssFormat(HFFormat):
             "swiglu_alpha": CLAMPED_GATE_GAIN,
             "sliding_window": cfg.sliding_window,
             "layer_types": [_SLIDING if cfg.is_sliding_layer(i) else _FULL for i in range(cfg.n_layers)],
-            "output_router_logits": moe.aux_loss_coeff is not None,
-            "router_aux_loss_coef": moe.aux_loss_coeff or 0.0,
+            **hf_aux_loss_config(moe.aux_loss_coeff),
         }
 
     def layer_shapes(self, cfg: GptOssConfig, layer: int) -> dict[str, tuple[int, ...]]:

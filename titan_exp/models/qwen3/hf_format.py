@@ -9,7 +9,7 @@ pair transformers writes with save_original_format=False (`mlp.experts.gate_up_p
 
 from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.hf import hf_aux_loss_coeff, hf_num_experts, hf_value
+from titan_exp.models.hf import hf_aux_loss_coeff, hf_aux_loss_config, hf_num_experts, hf_value
 from titan_exp.models.llama3.hf_format import LlamaFormat
 
 
@@ -86,8 +86,7 @@ class Qwen3Format(LlamaFormat):
             "mlp_only_layers": list(range(moe.n_dense_layers)),
             "decoder_sparse_step": 1,
             "norm_topk_prob": moe.route_norm,
-            "output_router_logits": moe.aux_loss_coeff is not None,
-            "router_aux_loss_coef": moe.aux_loss_coeff or 0.0,
+            **hf_aux_loss_config(moe.aux_loss_coeff),
         }
 
     def layer_shapes(self, cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:

@@ -275,19 +275,22 @@ def test_a_job_slurm_would_refuse_is_refused_in_one_line_before_anything_is_writ
 def _task_pid(job_id: str, rank: int) -> int:
     """The pid of a task of a Slurm job on this machine: the Python process of the job's step whose
     environment names the rank (not srun, not rank 0's MLflow writer, a child of its task)."""
-    found = {}
+    found = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             command = (proc / "cmdline").read_bytes().split(b"\0")
             env = dict(v.split("=", 1) for v in (proc / "environ").read_bytes().decode().split("\0") if "=" in v)
             parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent_name = Path(f"/proc/{parent}/comm").read_text().strip()
         except (OSError, IndexError, ValueError):
             continue
         ours = env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank) and "SLURM_STEP_ID" in env
-        if ours and b"submitit.core._submit" in command and b"srun" not in command[0]:
-            found[int(proc.name)] = parent
-    [pid] = [pid for pid, parent in found.items() if parent not in found]
-    return pid
+        # The task itself is slurmstepd's child; its own children (a forked helper, one not yet
+        # exec'd) carry the same command line and environment.
+        if ours and b"submitit.core._submit" in command and b"srun" not in command[0] and parent_name == "slurmstepd":
+            found.append(int(proc.name))
+    assert len(found) == 1, f"rank {rank} of job {job_id}: tasks {found}"
+    return found[0]
 
 
 @pytest.mark.slurm

@@ -69,6 +69,17 @@ class PlacementRequest:
 
 
 @dataclass(frozen=True)
+class SharedFolder:
+    """A folder every node of a job must see (where the ranks' nodes need not share this machine's
+    disk): the key that names it, and the fix where a node does not."""
+
+    key: str
+    value: str  # the key's value, as the user wrote it
+    path: Path
+    fix: str
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """One job to place."""
 
@@ -81,6 +92,9 @@ class JobSpec:
     # The job saves checkpoints it can resume from: an engine may put it back in its queue when a
     # rank fell silent (its node failed) rather than end it.
     resumable: bool
+    # Folders the ranks write in that must be the ones this process sees (an SQLite store, the
+    # checkpoints): an engine whose nodes may not share this machine's disk checks them.
+    shared_folders: tuple[SharedFolder, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,15 @@ class RankEnv:
             local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
         )
 
+    def variables(self) -> dict[str, str]:
+        """torch.distributed's variables for this place (MASTER_ADDR/PORT aside)."""
+        return {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+        }
+
 
 def external_launcher() -> str | None:
     """'torchrun' or 'srun' when this process is already one rank of a job; None when we must spawn."""
@@ -69,7 +78,7 @@ def export_slurm_environment() -> None:
     env = RankEnv.from_environ()
     os.environ.setdefault("MASTER_ADDR", first_node())
     os.environ.setdefault("MASTER_PORT", str(job_port(int(os.environ["SLURM_JOB_ID"]))))
-    for key, value in _as_variables(env).items():
+    for key, value in env.variables().items():
         os.environ.setdefault(key, value)
 
 
@@ -81,16 +90,7 @@ def export_external_environment(started_by: str) -> None:
 
 def export(env: RankEnv, master_addr: str, master_port: int) -> None:
     """Set this process's torch.distributed variables."""
-    os.environ.update(_as_variables(env), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-
-
-def _as_variables(env: RankEnv) -> dict[str, str]:
-    return {
-        "RANK": str(env.rank),
-        "LOCAL_RANK": str(env.local_rank),
-        "WORLD_SIZE": str(env.world_size),
-        "LOCAL_WORLD_SIZE": str(env.local_world_size),
-    }
+    os.environ.update(env.variables(), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
 
 
 def wait_for_rendezvous(timeout_s: float) -> None:

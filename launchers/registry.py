@@ -3,6 +3,7 @@
 
 from launchers.base import Launcher
 from launchers.local import LocalLauncher
+from launchers.ray import RayLauncher
 from launchers.slurm import SlurmLauncher
 
 LAUNCHERS: dict[str, type[Launcher]] = {
@@ -10,6 +11,7 @@ LAUNCHERS: dict[str, type[Launcher]] = {
     for engine in (
         LocalLauncher,
         SlurmLauncher,
+        RayLauncher,
     )
 }
 

@@ -28,6 +28,7 @@ register_schema()
 # at the end. Measured on 2 cores, the default suite's over 30 s, then the marked runs'.
 LONGEST_MODULES = (
     "test_readme.py",  # marked only: every README command, about 5 minutes
+    "test_ray.py",  # marked only: a Ray cluster and its jobs, about 4 minutes
     "test_launcher.py",
     "test_parity.py",
     "test_moe.py",

@@ -7,7 +7,7 @@ process's work)."""
 
 from pathlib import Path
 
-from launchers.base import JobSpec
+from launchers.base import JobSpec, SharedFolder
 from launchers.entrypoint import Entrypoint
 from titan_exp.config.job import ResolvedJob
 from titan_exp.job import events
@@ -45,6 +45,7 @@ def run_job(job: ResolvedJob, job_dir: Path) -> dict[str, object]:
         timeout_min=cfg.launcher.timeout_min,
         heartbeat_timeout_s=cfg.launcher.heartbeat_timeout_s,
         resumable=cfg.checkpoint.enable,
+        shared_folders=_shared_folders(job),
     )
     folder = job_dir / engine.folder_name
     if (described := engine.described_only(spec, folder)) is not None:
@@ -63,10 +64,27 @@ def run_job(job: ResolvedJob, job_dir: Path) -> dict[str, object]:
         if placed.where:
             events.emit(job_dir, events.PLACED, where=placed.where)
         result = placed.follow()
+    except ConfigError:  # the engine found the job cannot run there: refused, nothing ran
+        raise
     except BaseException as err:
         _close_run_from_outside(job, ctx, err)
         raise
     return _outcome(result)
+
+
+def _shared_folders(job: ResolvedJob) -> tuple[SharedFolder, ...]:
+    """What the ranks write that this process reads back: the SQLite store, the checkpoints (an
+    engine whose nodes need not share this machine's disk checks that they see them)."""
+    cfg = job.config
+    folders = []
+    if job.store is not None and job.store.db is not None:
+        fix = "an SQLite store must be on a disk every node sees: run `mlflow server` and set tracking.uri=http://HOST:PORT"
+        folders.append(SharedFolder("tracking.uri", job.store.uri, job.store.db.parent, fix))
+    if cfg.checkpoint.enable:
+        fix = "checkpoints must go to a folder every node sees (a shared file system): set checkpoint.folder to one"
+        folder = Path(cfg.checkpoint.folder).absolute()
+        folders.append(SharedFolder("checkpoint.folder", cfg.checkpoint.folder, folder, fix))
+    return tuple(folders)
 
 
 def _outcome(result: RankResult) -> dict[str, object]:

@@ -1,0 +1,250 @@
+"""launcher=ray: a job's ranks on a Ray cluster (`ray start`, KubeRay), submitted as one Ray job
+through the cluster's job API (`launcher.address`), so that `ray job stop`, the dashboard and
+`ray job list` know it as any other. Ray runs the job's driver (launchers/ray_driver.py) on the
+head node: it gang-schedules the ranks in a placement group, starts and watches them, and writes
+on its output every rank's lines and, last, how the job ended. This process follows that output
+(RayJob): each rank's lines into the job folder, rank 0's on the console, the ending as a result or
+a failure. Nothing here imports ray until a job asks for it, and nothing imports torch."""
+
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launchers.base import ConfigError, JobSpec, Launcher, PlacedJob, Placement, PlacementRequest, check_one_line
+from launchers.ray_messages import (
+    ATTEMPT_VARIABLE,
+    DRIVER_STOP_WAIT_SECONDS,
+    PAYLOAD_FILE,
+    SUBMISSION_VARIABLE,
+    DriverPayload,
+    RayJobEnded,
+    follow_messages,
+    visibility_token_name,
+)
+
+# The Python that runs the driver on the head node, and its module.
+DRIVER = "python -m launchers.ray_driver " + PAYLOAD_FILE
+# How long this process waits for a job it stopped to end.
+STOP_GRACE_SECONDS = DRIVER_STOP_WAIT_SECONDS + 25.0
+
+
+@dataclass
+class RayOptions:
+    """The keys of the `launcher` section that launcher=ray alone reads."""
+
+    # The cluster's job API: auto (RAY_ADDRESS, else the cluster this machine is a node of),
+    # http://HEAD:8265 (the dashboard's port), or ray://HEAD:10001 (Ray Client's).
+    address: str = "auto"
+    # Sweep points placed as Ray jobs at once, at most.
+    max_concurrent_jobs: int = 8
+    # With checkpoint.enable: how many times a job that lost a node (a rank's node died, or a rank
+    # stopped answering) starts again, once the cluster has room, resuming from its last
+    # checkpoint in the same MLflow run.
+    max_retries: int = 2
+    # How long the ranks may wait for the cluster to have room for all of them at once (a
+    # placement group is all or nothing) before the job fails.
+    placement_timeout_s: float = 600.0
+    # Ray's runtime environment for the job's processes beyond what the launcher sets (env_vars,
+    # pip, container, ...): https://docs.ray.io/en/latest/ray-core/handling-dependencies.html
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+
+    def check_options(self) -> None:
+        check_one_line("launcher.address", self.address)
+        if self.address != "auto" and "://" not in self.address:
+            raise ConfigError(
+                "launcher.address", self.address, "must be auto, http://HEAD:8265 (the job API) or ray://HEAD:10001"
+            )
+        if self.max_concurrent_jobs <= 0:
+            raise ConfigError("launcher.max_concurrent_jobs", self.max_concurrent_jobs, "must be > 0")
+        if self.max_retries < 0:
+            raise ConfigError("launcher.max_retries", self.max_retries, "must be >= 0")
+        if not self.placement_timeout_s > 0:
+            raise ConfigError("launcher.placement_timeout_s", self.placement_timeout_s, "must be > 0")
+        if "working_dir" in self.runtime_env:
+            raise ConfigError(
+                "launcher.runtime_env.working_dir",
+                self.runtime_env["working_dir"],
+                "is the launcher's own (it carries the job); use py_modules or an image with your code",
+            )
+
+
+class RayLauncher(Launcher):
+    name = "ray"
+    options = RayOptions
+    folder_name = "ray"
+    on_this_machine = False
+
+    @staticmethod
+    def environment_tags() -> dict[str, str]:
+        return {"ray_job_id": os.environ.get(SUBMISSION_VARIABLE, "")}
+
+    def placement(self, request: PlacementRequest) -> Placement:
+        """A Ray cluster's nodes are not this machine: counts come from the config alone. Ranks per
+        node: launcher.nproc_per_node, else the degrees' product over the nodes; device auto is
+        cuda (a CPU cluster says launcher.device=cpu); a rank's threads (and the CPUs its share of
+        the placement group asks for): launcher.cpu_threads_per_rank, -1 one."""
+        _ray_or_refuse()
+        if request.started_by:
+            raise ConfigError(
+                "launcher",
+                "ray",
+                f"submits a Ray job of its own, but this process is already one rank of a {request.started_by} "
+                "job; drop launcher=ray there",
+            )
+        if request.nodes <= 0:
+            raise ConfigError("launcher.nodes", request.nodes, "must be > 0")
+        nproc = request.nproc_per_node
+        if nproc == -1:
+            if request.degrees_product is None:
+                raise ConfigError(
+                    "launcher.nproc_per_node",
+                    -1,
+                    "launcher=ray cannot count a node's devices from here; set launcher.nproc_per_node (or every "
+                    "parallel degree)",
+                )
+            if request.degrees_product % request.nodes:
+                raise ConfigError(
+                    "launcher.nodes",
+                    request.nodes,
+                    f"does not divide the degrees' product {request.degrees_product}; set launcher.nproc_per_node",
+                )
+            nproc = request.degrees_product // request.nodes
+        device = "cuda" if request.device == "auto" else request.device
+        threads = request.cpu_threads_per_rank if request.cpu_threads_per_rank != -1 else 1
+        return Placement(self.name, device, nproc, request.nodes, threads)
+
+    def restarted(self) -> bool:
+        return int(os.environ.get(ATTEMPT_VARIABLE, "0")) > 0
+
+    def points_in_flight(self) -> int:
+        return self.section.max_concurrent_jobs
+
+    def refusal(self, spec: JobSpec, folder: Path) -> str | None:
+        """Why the job cannot be submitted: no cluster answers at launcher.address."""
+        try:
+            _client(self.section.address)
+        except Exception as err:  # ConnectionError, or Ray's RuntimeError/ValueError for auto
+            said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            return (
+                f"no Ray cluster answers at launcher.address={self.section.address} ({said}); start one "
+                "(`ray start --head`) or point launcher.address at its job API (http://HEAD:8265)"
+            )
+        return None
+
+    def place(self, target: Callable[[Any], Any], arg: Any, spec: JobSpec, folder: Path, echo: Callable[[str], None]):
+        """Submit the job: its payload (target, arg and how to place them) travels as the Ray job's
+        working directory; a token file in each folder every node must see lets the driver check
+        that they do."""
+        import cloudpickle
+
+        placement, options = spec.placement, self.section
+        folder = folder.absolute()
+        submit_dir = folder / "submit"
+        submit_dir.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_hex(8)
+        checks = []
+        for shared in spec.shared_folders:
+            shared.path.mkdir(parents=True, exist_ok=True)
+            (shared.path / visibility_token_name(token)).write_text(token)
+            checks.append(shared)
+        submission_id = f"titan_exp-{time.strftime('%Y%m%d-%H%M%S')}-{token[:6]}"
+        payload = DriverPayload(
+            job=cloudpickle.dumps((target, arg)),
+            name=spec.name,
+            submission_id=submission_id,
+            device=placement.device,
+            nodes=placement.nodes,
+            nproc_per_node=placement.nproc_per_node,
+            threads_per_rank=placement.threads_per_rank,
+            heartbeat_timeout_s=spec.heartbeat_timeout_s,
+            retries=options.max_retries if spec.resumable else 0,
+            placement_timeout_s=options.placement_timeout_s,
+            timeout_s=60.0 * spec.timeout_min,
+            cwd=str(Path.cwd()),
+            shared_folders=tuple(checks),
+            token=token,
+        )
+        (submit_dir / PAYLOAD_FILE).write_bytes(cloudpickle.dumps(payload))
+        client = _client(options.address)
+        # Ray gives a stopped job's driver RAY_JOB_STOP_WAIT_TIME_S before SIGKILL: time to stop the ranks.
+        env_vars = {"RAY_JOB_STOP_WAIT_TIME_S": str(DRIVER_STOP_WAIT_SECONDS)} | options.runtime_env.get("env_vars", {})
+        runtime_env = {**options.runtime_env, "working_dir": str(submit_dir), "env_vars": env_vars}
+        client.submit_job(
+            entrypoint=DRIVER,
+            submission_id=submission_id,
+            runtime_env=runtime_env,
+            metadata={"titan_exp.run_name": spec.name},
+            entrypoint_num_cpus=0,
+        )
+        ranks = placement.world_size
+        echo(
+            f"Ray job {submission_id} submitted to {client.get_address()}: {ranks} ranks on {placement.nodes} "
+            f"node(s), logs {folder / '<rank>_log.out'}"
+        )
+        return RayJob(client, submission_id, folder, ranks, echo, [shared.path for shared in checks], token)
+
+
+class RayJob(PlacedJob):
+    """A submitted Ray job, followed through its driver's output."""
+
+    def __init__(self, client, submission_id: str, folder: Path, ranks: int, echo, shared: list[Path], token: str):
+        self.client, self.submission_id, self.folder, self.ranks = client, submission_id, folder, ranks
+        self.echo, self.shared, self.token = echo, shared, token
+        self.where = f"Ray job {submission_id}"
+
+    def follow(self) -> Any:
+        try:
+            try:
+                return follow_messages(self.client, self.submission_id, self.folder, self.ranks, self.echo)
+            except KeyboardInterrupt:
+                self.cancel()
+                raise
+        finally:
+            for path in self.shared:
+                (path / visibility_token_name(self.token)).unlink(missing_ok=True)
+
+    def cancel(self) -> None:
+        """`ray job stop`, and wait (STOP_GRACE_SECONDS at most) for the job to end."""
+        with contextlib.suppress(Exception):
+            self.client.stop_job(self.submission_id)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                if self.client.get_job_status(self.submission_id).is_terminal():
+                    return
+            time.sleep(0.5)
+
+
+_CLIENTS: dict[str, Any] = {}
+
+
+def _client(address: str):
+    """The job API client of the cluster at `address` (one per address and process: connecting
+    asks the cluster for its version)."""
+    if address not in _CLIENTS:
+        from ray.job_submission import JobSubmissionClient
+
+        # Its INFO lines (packages uploaded, the log stream closed) are not the job's.
+        for name in ("ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk", "ray._private"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+        _CLIENTS[address] = JobSubmissionClient(None if address == "auto" else address)
+    return _CLIENTS[address]
+
+
+def _ray_or_refuse() -> None:
+    try:
+        import ray.job_submission  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "launcher", "ray", "needs Ray's job API on this machine: pip install 'ray[default]' (or 'titan_exp[ray]')"
+        ) from None
+
+
+__all__ = ["RayJobEnded", "RayLauncher", "RayOptions"]

@@ -1,0 +1,155 @@
+"""One rank of a launcher=ray job: an actor (RankProcess) that the driver (launchers/ray_driver.py)
+places in its node's bundle, and the rank process it starts as a child of its own (`python -m
+launchers.ray_rank FOLDER ACTOR_PID`), as submitit's tasks are started locally: a process whose
+main thread is the rank's, which takes signals (Ctrl-C, SIGUSR2) as any rank does. The actor
+answers the driver's polls from the rank's node: the rank's new output lines, its heartbeat's age
+(launchers/heartbeat.py: a stopped rank stops beating), and once it exited, its result. Its files
+live in a folder of the node's own temporary space, removed when it stops."""
+
+import contextlib
+import faulthandler
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from launchers.heartbeat import heartbeat_file, silent_for, start_beating
+from launchers.processes import stop_when_gone
+from launchers.tasks import run_recording_failures
+
+_PAYLOAD, _RESULT, _LOG = "job.pkl", "result.pkl", "log.out"
+
+
+class RankProcess:
+    """What the actor that holds one rank does (the driver makes it an actor: Ray is imported there)."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="titan_exp_rank_"))
+        self.process: subprocess.Popen | None = None
+        self.offset = 0
+
+    def where(self) -> tuple[str, str | None]:
+        """This node's address, as Ray and the other ranks reach it, and its network interface."""
+        import ray
+
+        address = ray.util.get_node_ip_address()
+        return address, interface_of(address)
+
+    def free_port(self) -> int:
+        """A port free on every address of this node, for rank 0's rendezvous."""
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            return probe.getsockname()[1]
+
+    def missing(self, folders: tuple, token: str) -> list:
+        """The folders of `folders` whose token file this node does not see (not the launching
+        machine's disk, or another job's folder)."""
+        from launchers.ray_messages import visibility_token_name
+
+        unseen = []
+        for folder in folders:
+            try:
+                seen = (folder.path / visibility_token_name(token)).read_text() == token
+            except OSError:
+                seen = False
+            if not seen:
+                unseen.append(folder)
+        return unseen
+
+    def start(self, job: bytes, variables: dict[str, str], cwd: str) -> None:
+        """Start the rank: `job` (its pickled callable and argument) run in a child process with
+        torch.distributed's `variables`, in `cwd` where this node has it."""
+        (self.folder / _PAYLOAD).write_bytes(job)
+        with (self.folder / _LOG).open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-u", "-m", "launchers.ray_rank", str(self.folder), str(os.getpid())],
+                env={**os.environ, **variables},
+                cwd=cwd if Path(cwd).is_dir() else self.folder,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def poll(self) -> dict[str, Any]:
+        """The rank's new complete output lines (all that is left once it exited), seconds since
+        its last heartbeat (None before the first, or once exited), its exit status (None while it
+        runs) and, once exited, its result or error."""
+        code = self.process.poll()  # first: once it exited, the log holds all it wrote
+        with (self.folder / _LOG).open("rb") as log:
+            log.seek(self.offset)
+            text = log.read()
+        taken = text if code is not None else text[: text.rfind(b"\n") + 1]
+        self.offset += len(taken)
+        state = {"lines": taken.decode(errors="replace").splitlines(), "exit": code, "result": None, "error": None}
+        state["silent_s"] = None if code is not None else silent_for(heartbeat_file(self.folder, "rank", 0))
+        if code is not None and (self.folder / _RESULT).exists():
+            outcome, payload = cloudpickle.loads((self.folder / _RESULT).read_bytes())
+            if outcome == "ok":
+                state["result"] = cloudpickle.dumps(payload)  # unpickled only where it is used
+            else:
+                state["error"] = payload
+        return state
+
+    def stop(self, grace_s: float) -> None:
+        """SIGINT to a rank still running (it ends its run as interrupted), SIGKILL past `grace_s`;
+        the folder removed."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that holds the IPv4 `address` on this machine (None: none does).
+    Gloo otherwise binds to what the hostname resolves to, which on a pod or a namespace may be
+    a loopback address the other nodes cannot reach."""
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                request = struct.pack("256s", name.encode()[:15])
+                found = socket.inet_ntoa(fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)[20:24])
+            except OSError:  # no IPv4 address on it
+                continue
+        if found == address:
+            return name
+    return None
+
+
+_SIOCGIFADDR = 0x8915  # <linux/sockios.h>
+
+
+def _rank_main(folder: Path, actor_pid: int) -> int:
+    """The rank process: run the job's callable, leave ('ok', value) or ('error', traceback) in
+    the result file (written whole or not at all)."""
+    stop_when_gone(actor_pid)  # also listens to SIGINT
+    faulthandler.enable()
+    start_beating(heartbeat_file(folder, "rank", 0))
+    target, arg = cloudpickle.loads((folder / _PAYLOAD).read_bytes())
+    try:
+        outcome = ("ok", run_recording_failures(target, arg))
+    except Exception:
+        traceback.print_exc()
+        outcome = ("error", traceback.format_exc())
+    partial = folder / (_RESULT + ".partial")
+    partial.write_bytes(cloudpickle.dumps(outcome))
+    partial.replace(folder / _RESULT)
+    return 0 if outcome[0] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_rank_main(Path(sys.argv[1]), int(sys.argv[2])))

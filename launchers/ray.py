@@ -10,17 +10,29 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launchers.base import ConfigError, JobSpec, Launcher, PlacedJob, Placement, PlacementRequest, check_one_line
+from launchers import signals
+from launchers.base import (
+    ConfigError,
+    JobSpec,
+    Launcher,
+    PlacedJob,
+    Placement,
+    PlacementRequest,
+    SharedFolder,
+    check_one_line,
+)
 from launchers.ray_messages import (
     ATTEMPT_VARIABLE,
     DRIVER_STOP_WAIT_SECONDS,
     PAYLOAD_FILE,
+    STOP_WAIT_SECONDS,
     SUBMISSION_VARIABLE,
     DriverPayload,
     RayJobEnded,
@@ -30,8 +42,6 @@ from launchers.ray_messages import (
 
 # The Python that runs the driver on the head node, and its module.
 DRIVER = "python -m launchers.ray_driver " + PAYLOAD_FILE
-# How long this process waits for a job it stopped to end.
-STOP_GRACE_SECONDS = DRIVER_STOP_WAIT_SECONDS + 25.0
 
 
 @dataclass
@@ -148,15 +158,9 @@ class RayLauncher(Launcher):
         submit_dir = folder / "submit"
         submit_dir.mkdir(parents=True, exist_ok=True)
         token = secrets.token_hex(8)
-        checks = []
-        for shared in spec.shared_folders:
-            shared.path.mkdir(parents=True, exist_ok=True)
-            (shared.path / visibility_token_name(token)).write_text(token)
-            checks.append(shared)
         submission_id = f"titan_exp-{time.strftime('%Y%m%d-%H%M%S')}-{token[:6]}"
         payload = DriverPayload(
             job=cloudpickle.dumps((target, arg)),
-            name=spec.name,
             submission_id=submission_id,
             device=placement.device,
             nodes=placement.nodes,
@@ -167,58 +171,78 @@ class RayLauncher(Launcher):
             placement_timeout_s=options.placement_timeout_s,
             timeout_s=60.0 * spec.timeout_min,
             cwd=str(Path.cwd()),
-            shared_folders=tuple(checks),
+            shared_folders=spec.shared_folders,
             token=token,
         )
         (submit_dir / PAYLOAD_FILE).write_bytes(cloudpickle.dumps(payload))
-        client = _client(options.address)
         # Ray gives a stopped job's driver RAY_JOB_STOP_WAIT_TIME_S before SIGKILL: time to stop the ranks.
         env_vars = {"RAY_JOB_STOP_WAIT_TIME_S": str(DRIVER_STOP_WAIT_SECONDS)} | options.runtime_env.get("env_vars", {})
         runtime_env = {**options.runtime_env, "working_dir": str(submit_dir), "env_vars": env_vars}
-        client.submit_job(
-            entrypoint=DRIVER,
-            submission_id=submission_id,
-            runtime_env=runtime_env,
-            metadata={"titan_exp.run_name": spec.name},
-            entrypoint_num_cpus=0,
-        )
+        client = _client(options.address)
+        job = RayJob(client, submission_id, folder, echo, spec.shared_folders, token)
+        try:
+            for shared in spec.shared_folders:
+                shared.path.mkdir(parents=True, exist_ok=True)
+                (shared.path / visibility_token_name(token)).write_text(token)
+            client.submit_job(
+                entrypoint=DRIVER,
+                submission_id=submission_id,
+                runtime_env=runtime_env,
+                metadata={"titan_exp.run_name": spec.name},
+                entrypoint_num_cpus=0,
+            )
+        except BaseException:  # the id is ours: a job that was submitted after all is stopped
+            job.cancel(wait=False)
+            job.remove_tokens()
+            raise
         ranks = placement.world_size
         echo(
             f"Ray job {submission_id} submitted to {client.get_address()}: {ranks} ranks on {placement.nodes} "
             f"node(s), logs {folder / '<rank>_log.out'}"
         )
-        return RayJob(client, submission_id, folder, ranks, echo, [shared.path for shared in checks], token)
+        return job
 
 
 class RayJob(PlacedJob):
     """A submitted Ray job, followed through its driver's output."""
 
-    def __init__(self, client, submission_id: str, folder: Path, ranks: int, echo, shared: list[Path], token: str):
-        self.client, self.submission_id, self.folder, self.ranks = client, submission_id, folder, ranks
-        self.echo, self.shared, self.token = echo, shared, token
+    def __init__(self, client, submission_id: str, folder: Path, echo, shared: tuple[SharedFolder, ...], token: str):
+        self.client, self.submission_id, self.folder, self.echo = client, submission_id, folder, echo
+        self.shared, self.token = shared, token
         self.where = f"Ray job {submission_id}"
 
     def follow(self) -> Any:
+        """Rank 0's result, or what ended the job; a job this process stops following for any other
+        reason (an error here, Ctrl-C) is stopped."""
         try:
-            try:
-                return follow_messages(self.client, self.submission_id, self.folder, self.ranks, self.echo)
-            except KeyboardInterrupt:
-                self.cancel()
-                raise
+            return follow_messages(self.client, self.submission_id, self.folder, self.echo, self._stop)
+        except BaseException as err:
+            if not self._ended():  # a Ctrl-C has stopped it and waited already
+                self.cancel(wait=not isinstance(err, KeyboardInterrupt))
+            raise
         finally:
-            for path in self.shared:
-                (path / visibility_token_name(self.token)).unlink(missing_ok=True)
+            self.remove_tokens()
 
-    def cancel(self) -> None:
-        """`ray job stop`, and wait (STOP_GRACE_SECONDS at most) for the job to end."""
-        with contextlib.suppress(Exception):
-            self.client.stop_job(self.submission_id)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                if self.client.get_job_status(self.submission_id).is_terminal():
-                    return
+    def cancel(self, wait: bool = True) -> None:
+        """`ray job stop`; then wait (STOP_WAIT_SECONDS at most) for the job to end."""
+        self._stop()
+        deadline = time.monotonic() + (STOP_WAIT_SECONDS if wait else 0.0)
+        while time.monotonic() < deadline and not self._ended():
             time.sleep(0.5)
+
+    def remove_tokens(self) -> None:
+        for shared in self.shared:
+            (shared.path / visibility_token_name(self.token)).unlink(missing_ok=True)
+
+    def _stop(self) -> None:
+        with signals.ignored(signal.SIGINT, signal.SIGTERM), contextlib.suppress(Exception):
+            self.client.stop_job(self.submission_id)
+
+    def _ended(self) -> bool:
+        try:
+            return self.client.get_job_status(self.submission_id).is_terminal()
+        except Exception:  # not submitted, or the cluster is gone: nothing to stop
+            return True
 
 
 _CLIENTS: dict[str, Any] = {}
@@ -234,7 +258,14 @@ def _client(address: str):
         for name in ("ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk", "ray._private"):
             logging.getLogger(name).setLevel(logging.WARNING)
 
-        _CLIENTS[address] = JobSubmissionClient(None if address == "auto" else address)
+        # Ray's client takes RAY_API_SERVER_ADDRESS or RAY_ADDRESS over the address it is given:
+        # only `auto` reads them here.
+        names = () if address == "auto" else ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+        saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+        try:
+            _CLIENTS[address] = JobSubmissionClient(None if address == "auto" else address)
+        finally:
+            os.environ.update(saved)
     return _CLIENTS[address]
 
 

@@ -15,15 +15,15 @@ naming the node, or, with checkpoints and retries left, starts the whole job aga
 its checkpoint. `ray job stop` (SIGTERM here) stops every rank and ends the job STOPPED."""
 
 import contextlib
-import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import cloudpickle
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -52,6 +52,15 @@ POLL_SECONDS = 1.0
 ACTOR_START_SECONDS = 300.0
 
 
+class Place(NamedTuple):
+    """Where a rank's actor runs: its node's address, the interface holding it ("" where the node
+    sets GLOO_SOCKET_IFNAME itself, or none holds it), and Ray's id of the node."""
+
+    address: str
+    interface: str
+    node_id: str | None
+
+
 class NodeLost(Exception):
     """A rank's node died or the rank stopped answering: the job may start again where it can resume."""
 
@@ -70,13 +79,19 @@ class Refused(Exception):
 
 
 class Ended(Exception):
-    """The job cannot go on (no room on the cluster, past its time limit)."""
+    """The job cannot go on (no room on the cluster, or past its time limit: `timed_out`)."""
+
+    def __init__(self, why: str, timed_out: bool = False):
+        super().__init__(why)
+        self.timed_out = timed_out
 
 
 def main(payload_file: str) -> int:
     payload: DriverPayload = cloudpickle.loads(Path(payload_file).read_bytes())
-    signal.signal(signal.SIGTERM, raise_interrupted)  # `ray job stop`: the ranks are stopped first
     ray.init(log_to_driver=False, logging_level="WARNING")
+    # `ray job stop` sends SIGTERM: the ranks are stopped (_run's finally) before this exits.
+    # After ray.init, which sets a handler of its own.
+    signal.signal(signal.SIGTERM, raise_interrupted)
     deadline = time.monotonic() + payload.timeout_s
     for attempt in range(payload.retries + 1):
         try:
@@ -94,10 +109,13 @@ def main(payload_file: str) -> int:
             say(failure={"rank": failed.rank, "reason": failed.reason})
             return 1
         except Refused as refused:
-            say(refused={"key": refused.key, "value": refused.value, "fix": refused.fix})
+            if attempt == 0:  # nothing ran: a config error
+                say(refused={"key": refused.key, "value": refused.value, "fix": refused.fix})
+            else:  # its run exists: it fails
+                say(ended=f"{refused.key}={refused.value}: {refused.fix}", timed_out=False)
             return 1
         except Ended as ended:
-            say(ended=str(ended))
+            say(ended=str(ended), timed_out=ended.timed_out)
             return 1
         say(result=encode(result))
         return 0
@@ -115,9 +133,14 @@ def _run(p: DriverPayload, attempt: int, deadline: float) -> bytes:
     ranks: list = []
     grace_s = RANK_STOP_GRACE_SECONDS  # to stop ranks that are well (`ray job stop`)
     try:
+        left_s = deadline - time.monotonic()
         try:
-            ray.get(group.ready(), timeout=min(p.placement_timeout_s, max(deadline - time.monotonic(), 1.0)))
+            ray.get(group.ready(), timeout=max(min(p.placement_timeout_s, left_s), 1.0))
         except GetTimeoutError:
+            if left_s < p.placement_timeout_s:
+                raise Ended(
+                    "it ran past launcher.timeout_min waiting for room on the cluster", timed_out=True
+                ) from None
             raise Ended(
                 f"the cluster had no room for {p.nodes} node(s) of {_resources(bundle)} at once within "
                 f"launcher.placement_timeout_s={p.placement_timeout_s:g}"
@@ -130,29 +153,9 @@ def _run(p: DriverPayload, attempt: int, deadline: float) -> bytes:
                     num_cpus=p.threads_per_rank, num_gpus=1 if p.device == "cuda" else 0, scheduling_strategy=strategy
                 ).remote()
             )
-        hosts, interfaces = zip(*ray.get([rank.where.remote() for rank in ranks], timeout=ACTOR_START_SECONDS))
-        say(note=f"ranks placed by Ray: {_layout(hosts)}")
-        for rank, host in enumerate(hosts):
-            for folder in ray.get(ranks[rank].missing.remote(p.shared_folders, p.token)):
-                raise Refused(folder.key, folder.value, f"{folder.fix} (Ray node {host} does not see {folder.path})")
-        port = ray.get(ranks[0].free_port.remote())
-        starts = []
-        for rank, actor in enumerate(ranks):
-            env = RankEnv(rank, rank % p.nproc_per_node, world, p.nproc_per_node)
-            variables = {
-                **env.variables(),
-                "MASTER_ADDR": hosts[0],
-                "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": str(p.threads_per_rank),
-                SUBMISSION_VARIABLE: p.submission_id,
-                ATTEMPT_VARIABLE: str(attempt),
-            }
-            if interfaces[rank] and "GLOO_SOCKET_IFNAME" not in os.environ:  # gloo binds where Ray's node address is
-                variables["GLOO_SOCKET_IFNAME"] = interfaces[rank]
-            starts.append(actor.start.remote(p.job, variables, p.cwd))
-        ray.get(starts)
+        places = _start(ranks, p, attempt)
         try:
-            return _watch(ranks, hosts, p.heartbeat_timeout_s, deadline)
+            return _watch(ranks, places, p.heartbeat_timeout_s, deadline)
         except (NodeLost, RankFailed):
             grace_s = FAILED_STOP_GRACE_SECONDS  # the others wait for a peer that is gone
             raise
@@ -160,6 +163,44 @@ def _run(p: DriverPayload, attempt: int, deadline: float) -> bytes:
         _stop(ranks, grace_s)
         with contextlib.suppress(Exception):
             remove_placement_group(group)
+
+
+def _start(ranks: list, p: DriverPayload, attempt: int) -> list[Place]:
+    """Where each rank's actor is, the folders checked, and each rank started with its
+    torch.distributed environment. An actor lost meanwhile is its node's loss (or its process's)."""
+    world = len(ranks)
+    places: list[Place] = [Place("?", "", None)] * world
+    try:
+        places = [Place(*place) for place in ray.get([r.where.remote() for r in ranks], timeout=ACTOR_START_SECONDS)]
+        say(note=f"ranks placed by Ray: {_layout([place.address for place in places])}")
+        unseen = ray.get([r.missing.remote(p.shared_folders, p.token) for r in ranks], timeout=ACTOR_START_SECONDS)
+        for place, folders in zip(places, unseen, strict=True):
+            for folder in folders:
+                raise Refused(
+                    folder.key, folder.value, f"{folder.fix} (Ray node {place.address} does not see {folder.path})"
+                )
+        port = ray.get(ranks[0].free_port.remote(), timeout=ACTOR_START_SECONDS)
+        starts = []
+        for rank, actor in enumerate(ranks):
+            env = RankEnv(rank, rank % p.nproc_per_node, world, p.nproc_per_node)
+            variables = {
+                **env.variables(),
+                "MASTER_ADDR": places[0].address,
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": str(p.threads_per_rank),
+                SUBMISSION_VARIABLE: p.submission_id,
+                ATTEMPT_VARIABLE: str(attempt),
+            }
+            if places[rank].interface:  # gloo binds where Ray's node address is
+                variables["GLOO_SOCKET_IFNAME"] = places[rank].interface
+            starts.append(actor.start.remote(p.job, variables, p.cwd))
+        ray.get(starts, timeout=ACTOR_START_SECONDS)
+    except RayActorError as err:
+        rank = next((i for i, r in enumerate(ranks) if r._actor_id.hex() == err.actor_id), 0)  # hex, or None
+        raise _actor_died(rank, places[rank], err) from None
+    except GetTimeoutError:
+        raise Ended(f"the ranks' actors did not start within {ACTOR_START_SECONDS:g} s") from None
+    return places
 
 
 def _check_room(bundle: dict[str, float], nodes: int) -> None:
@@ -195,61 +236,68 @@ def _layout(hosts: list[str]) -> str:
     return ", ".join(f"rank {a} on {h}" if a == b else f"ranks {a}-{b} on {h}" for a, b, h in spans)
 
 
-def _watch(ranks: list, hosts: list[str], heartbeat_timeout_s: float, deadline: float) -> bytes:
+def _watch(ranks: list, places: list[Place], heartbeat_timeout_s: float, deadline: float) -> bytes:
     """Ask every rank for its output and state each POLL_SECONDS until all finished; rank 0's
-    pickled result, or raise what ended the job (the root cause first: a lost node, then a rank
-    gone without a result, then the rank that raised)."""
+    pickled result, or raise what ended the job, the root cause first: a lost node, then a rank
+    gone without a result, then the rank that raised. A rank that raised is held back while
+    another's answer is late: a node that dies resets its peers' connections, and they raise
+    before Ray (or the heartbeat limit) names the node."""
     answered = [time.monotonic()] * len(ranks)
     asked: dict[int, ray.ObjectRef] = {}
     results: dict[int, bytes] = {}
+    failed: list[RankFailed] = []  # exited without a result: gone first, then raised
     while len(results) < len(ranks):
         round_end = time.monotonic() + POLL_SECONDS
         if round_end > deadline:
-            raise Ended("it ran past launcher.timeout_min; its ranks were stopped")
+            raise Ended("it ran past launcher.timeout_min; its ranks were stopped", timed_out=True)
+        finished = results.keys() | {failure.rank for failure in failed}
         for rank, actor in enumerate(ranks):
-            if rank not in asked and rank not in results:
+            if rank not in asked and rank not in finished:
                 asked[rank] = actor.poll.remote()
         ray.wait(list(asked.values()), num_returns=len(asked), timeout=POLL_SECONDS)
-        lost, gone, raised = [], [], []
         for rank, ref in list(asked.items()):
             try:
                 state = ray.get(ref, timeout=0)
-            except GetTimeoutError:
+            except GetTimeoutError:  # late: lost once silent past the limit
                 silent = time.monotonic() - answered[rank]
                 if silent > heartbeat_timeout_s:
-                    lost.append(NodeLost(rank, silence(silent, heartbeat_timeout_s, "its ranks stopped", hosts[rank])))
+                    reason = silence(silent, heartbeat_timeout_s, "its ranks stopped", places[rank].address)
+                    raise NodeLost(rank, reason) from None
+                continue
+            except ActorUnavailableError:  # unreachable for now (Ray retries): asked again next round
+                del asked[rank]
                 continue
             except RayActorError as err:
-                del asked[rank]
-                lost.append(_actor_died(rank, hosts[rank], err))
-                continue
+                raise _actor_died(rank, places[rank], err) from None
             del asked[rank]
             answered[rank] = time.monotonic()
             for line in state["lines"]:
                 say(rank=rank, line=line)
             if state["silent_s"] is not None and state["silent_s"] > heartbeat_timeout_s:
-                reason = silence(state["silent_s"], heartbeat_timeout_s, "its ranks stopped", hosts[rank])
-                lost.append(NodeLost(rank, reason))
-            elif state["exit"] is not None:
-                if state["result"] is not None:
-                    results[rank] = state["result"]
-                elif state["error"] is not None:
-                    raised.append(RankFailed(rank, last_line(state["error"])))
-                else:
-                    gone.append(RankFailed(rank, f"exited with status {state['exit']} without a result"))
-        if lost or gone or raised:
-            raise (lost or gone or raised)[0]
+                reason = silence(state["silent_s"], heartbeat_timeout_s, "its ranks stopped", places[rank].address)
+                raise NodeLost(rank, reason)
+            if state["exit"] is None:
+                continue
+            if state["result"] is not None:
+                results[rank] = state["result"]
+            elif state["error"] is not None:
+                failed.append(RankFailed(rank, last_line(state["error"])))
+            else:
+                failed.insert(0, RankFailed(rank, f"exited with status {state['exit']} without a result"))
+        if failed and not asked:  # every rank still running answered: none was lost
+            raise failed[0]
         time.sleep(max(round_end - time.monotonic(), 0.0))
     return results[0]
 
 
-def _actor_died(rank: int, host: str, err: RayActorError) -> Exception:
-    """A rank's actor is dead: its node died (Ray no longer counts it alive), or only its process."""
-    alive = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+def _actor_died(rank: int, place: Place, err: RayActorError) -> Exception:
+    """A rank's actor is dead: its node died (Ray no longer counts it alive; Ray reports an actor
+    lost with its node once it marked the node dead), or only its process."""
+    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
     said = last_line(str(err))
-    if host not in alive:
-        return NodeLost(rank, f"lost its node {host}: Ray marked the node dead ({said})")
-    return RankFailed(rank, f"its Ray worker process on {host} died ({said})")
+    if place.node_id not in alive:
+        return NodeLost(rank, f"lost its node {place.address}: Ray marked the node dead ({said})")
+    return RankFailed(rank, f"its Ray worker process on {place.address} died ({said})")
 
 
 def _stop(ranks: list, grace_s: float) -> None:

@@ -38,12 +38,14 @@ class RankProcess:
         self.process: subprocess.Popen | None = None
         self.offset = 0
 
-    def where(self) -> tuple[str, str | None]:
-        """This node's address, as Ray and the other ranks reach it, and its network interface."""
+    def where(self) -> tuple[str, str, str]:
+        """This node's address, as Ray and the other ranks reach it; the network interface that
+        holds it, for gloo ("" where the node sets GLOO_SOCKET_IFNAME itself); Ray's node id."""
         import ray
 
         address = ray.util.get_node_ip_address()
-        return address, interface_of(address)
+        interface = "" if "GLOO_SOCKET_IFNAME" in os.environ else interface_of(address) or ""
+        return address, interface, ray.get_runtime_context().get_node_id()
 
     def free_port(self) -> int:
         """A port free on every address of this node, for rank 0's rendezvous."""

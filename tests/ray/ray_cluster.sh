@@ -44,8 +44,8 @@ start_ray() {
   local common=(--disable-usage-stats --num-cpus "$cpus" --object-store-memory 100000000
     --temp-dir "$(temp_dir "$1")" --node-ip-address "$(address "$1")")
   if [ "$node" = rh ]; then
-    # The head's GCS declares a node dead after 3 missed health checks a second apart (Ray's
-    # defaults take about 30 s), so that a dead worker's end comes quickly in the tests.
+    # The head's GCS declares a node dead after 3 missed health checks a second apart, each
+    # allowed a second (docs/ray.md gives Ray's defaults), so a dead worker's end comes quickly.
     inside rh env RAY_health_check_period_ms=1000 RAY_health_check_timeout_ms=1000 \
       RAY_health_check_failure_threshold=3 ray start --head \
       --port "$GCS_PORT" --dashboard-host 0.0.0.0 --dashboard-port "$DASHBOARD_PORT" --include-dashboard true \

@@ -37,15 +37,16 @@ JOB = ["data=synthetic", "training.seq_len=64", "training.local_batch_size=2", "
 
 
 @contextlib.contextmanager
-def slurm_cluster(state: Path):
-    """The test suite's one-node cluster; yields the environment that points at it."""
-    script = REPO / "tests" / "slurm" / "cluster.sh"
+def slurm_cluster(state: Path, script: str = "cluster.sh"):
+    """A test suite's Slurm cluster (tests/slurm/: cluster.sh, one node; two_node_cluster.sh, hosts
+    tn1 and tn2); yields the environment that points at it."""
+    script_path = REPO / "tests" / "slurm" / script
     env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port())}
-    subprocess.run(["bash", str(script), "start", str(state)], env=env, check=True, capture_output=True)
+    subprocess.run(["bash", str(script_path), "start", str(state)], env=env, check=True, capture_output=True)
     try:
         yield {**os.environ, "SLURM_CONF": str(state / "slurm.conf"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     finally:
-        subprocess.run(["bash", str(script), "stop", str(state)], check=False)
+        subprocess.run(["bash", str(script_path), "stop", str(state)], check=False)
 
 
 def first_step_on_slurm(workdir: Path, repeats: int) -> dict:
@@ -68,18 +69,6 @@ def first_step_on_slurm(workdir: Path, repeats: int) -> dict:
 
 
 @contextlib.contextmanager
-def two_node_slurm_cluster(state: Path):
-    """The test suite's two-node cluster (hosts tn1, tn2); yields the environment that points at it."""
-    script = REPO / "tests" / "slurm" / "two_node_cluster.sh"
-    env = {**os.environ, "SLURMCTLD_PORT": str(free_port()), "SLURMD_PORT": str(free_port())}
-    subprocess.run(["bash", str(script), "start", str(state)], env=env, check=True, capture_output=True)
-    try:
-        yield {**os.environ, "SLURM_CONF": str(state / "slurm.conf"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    finally:
-        subprocess.run(["bash", str(script), "stop", str(state)], check=False)
-
-
-@contextlib.contextmanager
 def ray_cluster(state: Path):
     """The test suite's Ray cluster (head rh, workers rw1 and rw2); yields its job API's address."""
     script = REPO / "tests" / "ray" / "ray_cluster.sh"
@@ -94,7 +83,7 @@ def first_step_on_ray(workdir: Path, repeats: int) -> dict:
     job = [sys.executable, "-m", "titan_exp", *JOB, "parallelism=fsdp", "launcher.device=cpu", "training.steps=1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     samples: dict[str, list[float]] = {"ray_1_node_s": [], "local_s": [], "ray_2_nodes_s": [], "slurm_2_nodes_s": []}
-    with ray_cluster(workdir / "ray") as address, two_node_slurm_cluster(workdir / "slurm2") as slurm_env:
+    with ray_cluster(workdir / "ray") as address, slurm_cluster(workdir / "slurm2", "two_node_cluster.sh") as slurm_env:
         on_ray = [*job, "launcher=ray", f"launcher.address={address}"]
         sides = {
             "ray_1_node_s": ([*on_ray, "launcher.nproc_per_node=2"], env),

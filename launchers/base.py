@@ -68,6 +68,39 @@ class PlacementRequest:
     started_by: str | None
 
 
+def check_submitted_from_here(request: PlacementRequest, engine: str, job: str, where: str = "") -> None:
+    """An engine that submits `job` (a Slurm job, a Ray job) of its own: not from inside one rank of
+    another job, and on at least one node."""
+    if request.started_by:
+        raise ConfigError(
+            "launcher",
+            engine,
+            f"submits {job} of its own, but this process is already one rank of a {request.started_by} job; "
+            f"drop launcher={engine} there{where}",
+        )
+    if request.nodes <= 0:
+        raise ConfigError("launcher.nodes", request.nodes, "must be > 0")
+
+
+def ranks_per_node_by_degrees(request: PlacementRequest, engine: str, or_else: str = "") -> int:
+    """Ranks per node for an engine that cannot count a node's devices from here: the parallel
+    degrees' product over the nodes; `or_else`: the engine's other way to say it ("KEY, or ")."""
+    if request.degrees_product is None:
+        raise ConfigError(
+            "launcher.nproc_per_node",
+            -1,
+            f"launcher={engine} cannot count a node's devices from here; set launcher.nproc_per_node "
+            f"(or {or_else}every parallel degree)",
+        )
+    if request.degrees_product % request.nodes:
+        raise ConfigError(
+            "launcher.nodes",
+            request.nodes,
+            f"does not divide the degrees' product {request.degrees_product}; set launcher.nproc_per_node",
+        )
+    return request.degrees_product // request.nodes
+
+
 @dataclass(frozen=True)
 class SharedFolder:
     """A folder every node of a job must see (where the ranks' nodes need not share this machine's

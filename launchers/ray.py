@@ -27,6 +27,8 @@ from launchers.base import (
     PlacementRequest,
     SharedFolder,
     check_one_line,
+    check_submitted_from_here,
+    ranks_per_node_by_degrees,
 )
 from launchers.ray_messages import (
     ATTEMPT_VARIABLE,
@@ -100,31 +102,10 @@ class RayLauncher(Launcher):
         cuda (a CPU cluster says launcher.device=cpu); a rank's threads (and the CPUs its share of
         the placement group asks for): launcher.cpu_threads_per_rank, -1 one."""
         _ray_or_refuse()
-        if request.started_by:
-            raise ConfigError(
-                "launcher",
-                "ray",
-                f"submits a Ray job of its own, but this process is already one rank of a {request.started_by} "
-                "job; drop launcher=ray there",
-            )
-        if request.nodes <= 0:
-            raise ConfigError("launcher.nodes", request.nodes, "must be > 0")
+        check_submitted_from_here(request, self.name, "a Ray job")
         nproc = request.nproc_per_node
         if nproc == -1:
-            if request.degrees_product is None:
-                raise ConfigError(
-                    "launcher.nproc_per_node",
-                    -1,
-                    "launcher=ray cannot count a node's devices from here; set launcher.nproc_per_node (or every "
-                    "parallel degree)",
-                )
-            if request.degrees_product % request.nodes:
-                raise ConfigError(
-                    "launcher.nodes",
-                    request.nodes,
-                    f"does not divide the degrees' product {request.degrees_product}; set launcher.nproc_per_node",
-                )
-            nproc = request.degrees_product // request.nodes
+            nproc = ranks_per_node_by_degrees(request, self.name)
         device = "cuda" if request.device == "auto" else request.device
         threads = request.cpu_threads_per_rank if request.cpu_threads_per_rank != -1 else 1
         return Placement(self.name, device, nproc, request.nodes, threads)

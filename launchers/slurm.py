@@ -37,6 +37,8 @@ from launchers.base import (
     PlacementRequest,
     Requeue,
     check_one_line,
+    check_submitted_from_here,
+    ranks_per_node_by_degrees,
 )
 from launchers.env import export_slurm_environment
 from launchers.heartbeat import heartbeat_file, start_beating
@@ -246,31 +248,10 @@ class SlurmLauncher(Launcher):
         node: launcher.nproc_per_node, else one per GPU of launcher.gpus_per_node, else the degrees'
         product over the nodes; device auto is cuda unless launcher.gpus_per_node=0."""
         o = self.section
-        if request.started_by:
-            raise ConfigError(
-                "launcher",
-                "slurm",
-                f"submits a Slurm job of its own, but this process is already one rank of a {request.started_by} "
-                "job; drop launcher=slurm there (or submit from outside the job step)",
-            )
-        if request.nodes <= 0:
-            raise ConfigError("launcher.nodes", request.nodes, "must be > 0")
+        check_submitted_from_here(request, self.name, "a Slurm job", " (or submit from outside the job step)")
         if request.nproc_per_node == -1 and o.gpus_per_node <= 0:
-            if request.degrees_product is None:
-                # With gpus_per_node=0 (CPU nodes) there are no GPUs to count ranks by.
-                by_gpus = "" if o.gpus_per_node == 0 else "launcher.gpus_per_node, or "
-                raise ConfigError(
-                    "launcher.nproc_per_node",
-                    -1,
-                    "launcher=slurm cannot count a node's devices from here; set launcher.nproc_per_node "
-                    f"(or {by_gpus}every parallel degree)",
-                )
-            if request.degrees_product % request.nodes:
-                raise ConfigError(
-                    "launcher.nodes",
-                    request.nodes,
-                    f"does not divide the degrees' product {request.degrees_product}; set launcher.nproc_per_node",
-                )
+            # With gpus_per_node=0 (CPU nodes) there are no GPUs to count ranks by.
+            ranks_per_node_by_degrees(request, self.name, "" if o.gpus_per_node == 0 else "launcher.gpus_per_node, or ")
         if request.device == "cpu" and o.gpus_per_node > 0:
             raise ConfigError(
                 "launcher.gpus_per_node", o.gpus_per_node, "launcher.device=cpu takes no GPUs; set it to 0"
@@ -282,7 +263,7 @@ class SlurmLauncher(Launcher):
             )
         device = request.device if request.device != "auto" else ("cpu" if gpus == 0 else "cuda")
         if nproc == -1:
-            nproc = gpus if gpus > 0 else request.degrees_product // request.nodes
+            nproc = gpus if gpus > 0 else ranks_per_node_by_degrees(request, self.name)
         threads = request.cpu_threads_per_rank
         if threads == -1:
             threads = o.cpus_per_task or 1

@@ -283,6 +283,19 @@ def chromium(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedPr
     return subprocess.run([*prefix, binary, *flags, *args], capture_output=True, text=True, timeout=180)
 
 
+def processes_naming(folder: Path) -> list[str]:
+    """The command lines of live processes that name `folder` (a test cluster's daemons do)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(folder) in command:
+            found.append(command)
+    return found
+
+
 def wait_for_output(tmp_path: Path, pattern: str, timeout: float = 120.0) -> re.Match:
     """The first match of `pattern` in tmp_path/out.txt (a started command's output), waited for."""
     deadline = time.monotonic() + timeout

@@ -24,7 +24,17 @@ from launchers.ray import RayLauncher
 from launchers.tasks import RankFailure
 from titan_exp.compare.runs import loss_curve as steps_and_losses
 
-from conftest import REPO, SMALL_MODEL, loss_curve, mlflow_client, mlflow_runs, run_cli, store_in, wait_for_output
+from conftest import (
+    REPO,
+    SMALL_MODEL,
+    loss_curve,
+    mlflow_client,
+    mlflow_runs,
+    processes_naming,
+    run_cli,
+    store_in,
+    wait_for_output,
+)
 
 pytestmark = pytest.mark.ray
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks run this module's functions
@@ -48,7 +58,7 @@ def cluster(tmp_path_factory) -> Iterator[RayTestCluster]:
         yield started
     finally:
         started.stop()
-    assert not _processes_naming(state), _processes_naming(state)
+    assert not processes_naming(state), processes_naming(state)
     assert not [name for name in _namespaces() if name.startswith(f"tr{(state / 'tag').read_text().strip()}-")]
 
 
@@ -272,15 +282,3 @@ def _start(args: list[str], tmp_path: Path) -> subprocess.Popen:
 def _namespaces() -> list[str]:
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     return [line.split()[0] for line in listed.splitlines() if line.strip()]
-
-
-def _processes_naming(folder: Path) -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            command = cmdline.read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(folder) in command:
-            found.append(command[:200])
-    return found

@@ -20,7 +20,17 @@ from slurm_cluster import TwoNodeCluster
 
 from launchers.rendezvous import expand_nodelist, job_port
 
-from conftest import REPO, SMALL_MODEL, loss_curve, mlflow_client, mlflow_runs, run_cli, store_in, wait_for_output
+from conftest import (
+    REPO,
+    SMALL_MODEL,
+    loss_curve,
+    mlflow_client,
+    mlflow_runs,
+    processes_naming,
+    run_cli,
+    store_in,
+    wait_for_output,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -87,11 +97,11 @@ def test_two_node_cluster_stops_without_a_trace_and_a_failed_start_cleans_up(tmp
         assert _namespaces_and_links() != before
     finally:
         cluster.stop()
-    assert _namespaces_and_links() == before and not _daemons_of(tmp_path / "good")
+    assert _namespaces_and_links() == before and not processes_naming(tmp_path / "good")
 
     failing = TwoNodeCluster(tmp_path / "bad", {**cluster.ports, "SLURMD_PORT": "notaport"})
     assert failing.script("start", check=False).returncode != 0
-    assert _namespaces_and_links() == before and not _daemons_of(tmp_path / "bad")
+    assert _namespaces_and_links() == before and not processes_naming(tmp_path / "bad")
 
 
 def _namespaces_and_links() -> tuple[str, ...]:
@@ -100,19 +110,6 @@ def _namespaces_and_links() -> tuple[str, ...]:
     return tuple(
         sorted([name.split()[0] for name in names if name.strip()] + re.findall(r"^\d+: ([^:@]+)", links, re.M))
     )
-
-
-def _daemons_of(state: Path) -> list[str]:
-    """Live processes whose command line names the cluster's folder (its daemons)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            command = cmdline.read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(state) in command:
-            found.append(command)
-    return found
 
 
 def test_two_node_lists_expand_as_scontrol_does(cluster):

@@ -102,18 +102,27 @@ class RankProcess:
         return state
 
     def stop(self, grace_s: float) -> None:
-        """SIGINT to a rank still running (it ends its run as interrupted), SIGKILL past `grace_s`;
-        the folder removed."""
+        """SIGINT to a rank still running (it ends its run as interrupted), SIGKILL past `grace_s`,
+        or at once where it is stopped (SIGSTOP, a debugger: it would take no SIGINT); the folder
+        removed."""
         process = self.process
         if process is not None and process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGINT)
             try:
-                process.wait(timeout=grace_s)
+                process.wait(timeout=0.0 if _stopped(process.pid) else grace_s)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal or a tracer (/proc: state T or t)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 def interface_of(address: str) -> str | None:

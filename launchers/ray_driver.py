@@ -27,6 +27,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from launchers.base import ConfigError
 from launchers.env import RankEnv
 from launchers.heartbeat import silence
 from launchers.ray_messages import (
@@ -61,21 +62,13 @@ class Place(NamedTuple):
     node_id: str | None
 
 
-class NodeLost(Exception):
-    """A rank's node died or the rank stopped answering: the job may start again where it can resume."""
-
-    def __init__(self, rank: int, reason: str):
-        self.rank, self.reason = rank, reason
-
-
 class RankFailed(Exception):
     def __init__(self, rank: int, reason: str):
         self.rank, self.reason = rank, reason
 
 
-class Refused(Exception):
-    def __init__(self, key: str, value: str, fix: str):
-        self.key, self.value, self.fix = key, value, fix
+class NodeLost(RankFailed):
+    """A rank's node died or the rank stopped answering: the job may start again where it can resume."""
 
 
 class Ended(Exception):
@@ -108,11 +101,11 @@ def main(payload_file: str) -> int:
         except RankFailed as failed:
             say(failure={"rank": failed.rank, "reason": failed.reason})
             return 1
-        except Refused as refused:
+        except ConfigError as refused:  # the cluster cannot run the job as configured
             if attempt == 0:  # nothing ran: a config error
                 say(refused={"key": refused.key, "value": refused.value, "fix": refused.fix})
             else:  # its run exists: it fails
-                say(ended=f"{refused.key}={refused.value}: {refused.fix}", timed_out=False)
+                say(ended=str(refused), timed_out=False)
             return 1
         except Ended as ended:
             say(ended=str(ended), timed_out=ended.timed_out)
@@ -156,7 +149,7 @@ def _run(p: DriverPayload, attempt: int, deadline: float) -> bytes:
         places = _start(ranks, p, attempt)
         try:
             return _watch(ranks, places, p.heartbeat_timeout_s, deadline)
-        except (NodeLost, RankFailed):
+        except RankFailed:
             grace_s = FAILED_STOP_GRACE_SECONDS  # the others wait for a peer that is gone
             raise
     finally:
@@ -176,7 +169,7 @@ def _start(ranks: list, p: DriverPayload, attempt: int) -> list[Place]:
         unseen = ray.get([r.missing.remote(p.shared_folders, p.token) for r in ranks], timeout=ACTOR_START_SECONDS)
         for place, folders in zip(places, unseen, strict=True):
             for folder in folders:
-                raise Refused(
+                raise ConfigError(
                     folder.key, folder.value, f"{folder.fix} (Ray node {place.address} does not see {folder.path})"
                 )
         port = ray.get(ranks[0].free_port.remote(), timeout=ACTOR_START_SECONDS)
@@ -212,7 +205,7 @@ def _check_room(bundle: dict[str, float], nodes: int) -> None:
         if node["Alive"] and all(node["Resources"].get(key, 0.0) >= amount for key, amount in bundle.items())
     ]
     if len(fitting) < nodes:
-        raise Refused(
+        raise ConfigError(
             "launcher.nodes",
             str(nodes),
             f"the Ray cluster has {len(fitting)} node(s) with {_resources(bundle)} (a node's ranks: "

@@ -8,12 +8,10 @@ live in a folder of the node's own temporary space, removed when it stops."""
 
 import contextlib
 import faulthandler
-import fcntl
 import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import psutil
 
 from launchers.heartbeat import heartbeat_file, silent_for, start_beating
 from launchers.processes import stop_when_gone
@@ -129,19 +128,10 @@ def interface_of(address: str) -> str | None:
     """The network interface that holds the IPv4 `address` on this machine (None: none does).
     Gloo otherwise binds to what the hostname resolves to, which on a pod or a namespace may be
     a loopback address the other nodes cannot reach."""
-    for _, name in socket.if_nameindex():
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            try:
-                request = struct.pack("256s", name.encode()[:15])
-                found = socket.inet_ntoa(fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)[20:24])
-            except OSError:  # no IPv4 address on it
-                continue
-        if found == address:
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addresses):
             return name
     return None
-
-
-_SIOCGIFADDR = 0x8915  # <linux/sockios.h>
 
 
 def _rank_main(folder: Path, actor_pid: int) -> int:

@@ -255,9 +255,11 @@ def _qwen3_32b(gpus: int, batch: int, tp: int = 1, *more: str) -> list[str]:
     ]
 
 
-# IBM's nodes: 400 Gb/s a node (A100s), 800 Gb/s (H100s); HSDP within a node for 7B.
-IBM_A100 = [*A100, "hardware.nics_per_node=1"]
-IBM_H100 = [*H100, "hardware.nics_per_node=2"]
+# IBM's nodes: 400 Gb/s a node (A100s), 800 Gb/s (H100s); HSDP within a node for 7B; fms-fsdp's
+# mixed precision ("bfSixteen") reduces the gradients in bf16.
+IBM_BF16_REDUCE = "training.mixed_precision_reduce=bfloat16"
+IBM_A100 = [*A100, "hardware.nics_per_node=1", IBM_BF16_REDUCE]
+IBM_H100 = [*H100, "hardware.nics_per_node=2", IBM_BF16_REDUCE]
 HSDP_NODE = [
     "parallelism=hsdp",
     "parallelism.data_parallel_shard_degree=8",

@@ -6,6 +6,8 @@ kept. Targets (issue 23): memory within 15%, TPS/GPU within 20%, every order kep
 is torch's max_reserved (what torchtitan logs), so it is compared with the predicted reserved peak.
 Then each source's runs again, with the profile figures fitted on the other sources' runs
 (plan/calibrate.py): the error on runs the figures were not set against (issue 45: mean ≤ 12%).
+Last, the HELD_OUT runs, published runs found after the model's terms were written and kept out
+of every fit, as the same table and summary (`--no-refits` skips the refits: seconds, not minutes).
 
 Every run names its source; its settings are the source's, the rest torchtitan's defaults of the
 time (bf16 parameters, fp32 gradient reduction, AdamW). Runs whose source gives no memory, or no

@@ -48,9 +48,13 @@ Each term, with its source:
   change; its casts (float8 weight and input, one byte an element) are temporaries;
 - torch.compile (per block): the partitioner recomputes pointwise work inside fused kernels, so a
   block keeps only matmul and attention inputs and outputs and its backward's temporaries shrink;
-- reserved beyond active: on CUDA the caching allocator, with expandable segments (which the ranks
-  turn on, as torchtitan's launch script does), keeps what it mapped at the high-water mark: up to
-  one largest transient block (the float32 logits, or a gathered unit) lies free inside it; on a
+- reserved beyond active: on CUDA the caching allocator reuses a block only on the stream it was
+  allocated on, so each stream's pool stands at its own high-water mark: FSDP2's sharded gradients
+  (written on its reduce-scatter stream: `_fully_shard/_fsdp_collectives.py`, `foreach_reduce`) and
+  its gathered units (all-gather stream) beside the compute stream's peak, at the loss or at the end
+  of backward; with expandable segments (which the ranks turn on, as torchtitan's launch script
+  does) it keeps what it mapped at the high-water mark: up to one largest transient block (the
+  float32 logits, or a gathered unit) lies free inside it; on a
   CPU, glibc keeps ~10% of freed memory and a process holds ~0.4 GiB before any tensor; beyond
   that, the profile's `allocator_slack` share of the live tensors (0 unless `titan_exp plan
   calibrate` found fragmentation in the team's own runs).
@@ -323,7 +327,9 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
             logits=int(b.logits),
             temporaries=int(b.layer_transient),
             communication=int(held * (1 if w.float8_all_gather else DTYPE_BYTES[w.param_dtype]) if fsdp else buckets),
-            allocator=0,
+            # The last microbatch's reduce-scatters write the sharded gradients in their own
+            # stream's pool (below), which nothing on the compute stream can reuse.
+            allocator=b.sharded_grads if fsdp else 0,
             process=0,
             phase="pipeline steady state",
         )
@@ -354,7 +360,22 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
         process=0,
         phase="end of backward",
     )
-    return max(loss_backward, end_of_backward, key=lambda r: r.total)
+    peak = max(loss_backward, end_of_backward, key=lambda r: r.total)
+    if not fsdp:
+        return peak
+    # Reserved: each stream's pool at its own high-water mark (the caching allocator reuses a
+    # block only on the stream it was allocated on). FSDP2 writes the sharded gradients on its
+    # reduce-scatter stream (torch's _fully_shard/_fsdp_collectives.py, foreach_reduce:
+    # reduce_output, of which each parameter's .grad is a view) and gathers units on its
+    # all-gather stream; the compute stream's pool peaks on its own, at the loss (the logits) or
+    # at the end of backward. A step's gradients therefore add to the loss's peak rather than
+    # taking the room its logits freed.
+    compute_stream = max(
+        loss_backward.total - loss_backward.gradients - gathered_after_forward,
+        end_of_backward.total - end_of_backward.gradients - 2 * layer_unit,
+    )
+    pools = compute_stream + b.sharded_grads + max(gathered_after_forward, 2 * layer_unit)
+    return dataclasses.replace(peak, allocator=int(max(0.0, pools - peak.total)))
 
 
 def rank_memory(w: Workload, pp_rank: int | None = None) -> RankMemory:
@@ -374,16 +395,4 @@ def rank_memory(w: Workload, pp_rank: int | None = None) -> RankMemory:
         else 0.0,
         sum(unit_parameters(w)) * DTYPE_BYTES[w.param_dtype],
     )
-    return dataclasses.replace(peak, allocator=int(largest_transient + _stream_pools(w, peak) + fitted))
-
-
-def _stream_pools(w: Workload, peak: RankMemory) -> float:
-    """What FSDP2's own streams keep cached beyond what is live at the peak: the caching allocator
-    reuses a block only on the stream that freed it, so the all-gather stream keeps two gathered
-    units (the running one and the prefetched one) and the reduce-scatter stream a unit's gradient
-    in the reduce dtype and its input copy (torch's FSDP2 `_fsdp_collectives`, one stream each)."""
-    if w.fsdp_shards <= 1:
-        return 0.0
-    unit, _ = _fsdp_units(w, PipelineRank(1, False, False, 1))
-    gradient = sum(unit_parameters(w)) * DTYPE_BYTES[w.reduce_dtype]
-    return max(0.0, 2 * unit + 2 * gradient - peak.communication)
+    return dataclasses.replace(peak, allocator=int(peak.allocator + largest_transient + fitted))

@@ -384,6 +384,23 @@ def test_a_gpus_allocator_keeps_its_largest_transient_block() -> None:
     assert loss.reserved == loss.active + loss.allocator
 
 
+def test_fsdps_gradients_keep_their_own_streams_pool_beside_the_losss_peak() -> None:
+    """FSDP 2, fp32, batch 4 × 256: the loss's backward (no gradients live yet) is the peak; its
+    reserved memory holds, beside the compute stream's peak and the largest transient block, the
+    sharded gradients the reduce-scatter stream wrote (a view of its output: they stay in its pool)
+    and the all-gather stream's two units, less the gathered units the peak already counts."""
+    m = memory(layout(dp_shard=2))
+    assert m.phase == "loss backward" and m.gradients == 0
+    sharded_grads = DEBUG_PARAMS // 2 * 4
+    head, block = DEBUG_EMBEDDING * 4, DEBUG_LAYER * 4  # the output matrix and a block, gathered in fp32
+    logits = 4 * 256 * 2048 * 4  # the largest transient: the float32 logits
+    assert m.communication == block + head  # the last block and the head stay gathered after forward
+    assert m.allocator == sharded_grads + max(block + head, 2 * block) - (block + head) + logits
+    # No FSDP: the gradients are the compute stream's own (the end of backward counts them).
+    single = memory(layout())
+    assert single.allocator == logits
+
+
 def test_total_is_the_sum_and_describe_leaves_out_empty_parts() -> None:
     m = RankMemory(
         parameters=GIB, buffers=0, gradients=0, optimizer_state=2 * GIB, activations=GIB // 2,

@@ -8,7 +8,9 @@ from layouts import layout
 from omegaconf import OmegaConf
 
 from titan_exp.estimate.gpu_compute import (
+    _elementwise_bytes,
     _gemm,
+    _gradient_sums_bytes,
     _linear,
     block_seconds,
     gpu_compute,
@@ -84,6 +86,36 @@ def test_tensor_parallel_splits_a_blocks_work() -> None:
     one = sum(block_seconds(H100, workload()).values())
     tp2 = sum(block_seconds(H100, workload(parallelism=layout(dp_shard=4, tp=2))).values())
     assert one / 2 <= tp2 < one
+
+
+def test_backwards_gradient_sums_are_whole_on_every_tensor_parallel_rank() -> None:
+    """Llama's wq, wk and wv read one normed input, w1 and w3 another: three adds of a 4096-wide
+    bf16 gradient per token, eager read 2 and write 1 each, compiled one more read each (fused into
+    the next kernel); under TP every rank sums the whole gathered sequence's."""
+    assert _gradient_sums_bytes(workload()) == 3 * 3 * 4096 * 2
+    assert _gradient_sums_bytes(workload(compiled=True)) == 3 * 4096 * 2
+    assert _gradient_sums_bytes(workload(parallelism=layout(dp_shard=4, tp=2))) == 3 * 3 * 4096 * 2
+
+
+def test_qwen3s_query_key_norms_and_wider_heads_cost_pointwise_traffic() -> None:
+    """Qwen3-32B's attention spans 64 × 128 = 8192 channels of a 5120-wide model and normalizes q
+    and k per head. Against the same model with heads of 80 (spanning dim), eager: 20 bytes an
+    element more for the norms over (64 + 8) × 48 more channels and for the rotary over 3456 more
+    q and k channels; the output copy and K/V repeat, in bf16, over the wider q and k."""
+    shape = {"dim": 5120, "n_layers": 64, "n_heads": 64, "n_kv_heads": 8, "attention_head_dim": 128}
+    qwen3 = OmegaConf.to_object(compose_config(["model=qwen3_8b", *(f"model.{k}={v}" for k, v in shape.items())]))
+    wide, narrow = qwen3.model, dataclasses.replace(qwen3.model, attention_head_dim=80)
+    norms = 20 * (64 + 8) * (128 - 80)
+    rotary = 20 * ((64 + 8) * 128 - (64 + 8) * 80)
+    copies = (2 * (8 * 128 + 8192) + 2 * 8192 - 2 * (8 * 80 + 5120) - 2 * 5120) * 2
+    difference = _elementwise_bytes(workload(model=wide)) - _elementwise_bytes(workload(model=narrow))
+    assert difference == pytest.approx(norms + rotary + copies)
+    # A model without norms inside attention (Llama) pays only the widths.
+    heads = {"dim": 5120, "n_heads": 64, "n_kv_heads": 8, "attention_head_dim": 128}
+    llama = dataclasses.replace(LLAMA3_8B, **heads, intermediate_size=wide.intermediate_size)
+    assert _elementwise_bytes(workload(model=wide)) - _elementwise_bytes(workload(model=llama)) == pytest.approx(
+        20 * (64 + 8) * 128
+    )
 
 
 def test_a_compiled_loss_costs_less_than_the_float32_one() -> None:

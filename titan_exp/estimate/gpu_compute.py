@@ -17,7 +17,9 @@ block runs, each timed by what bounds it, summed; the output head and loss; the 
 - **Bandwidth-bound work** (norms, rotary, SwiGLU, residuals, GQA's K/V repeat, the copies SDPA
   needs): bytes each op reads and writes (`_ELEMENTWISE`), in eager as the model's ops run them
   (nn.RMSNorm and rotary upcast to float32), compiled as inductor fuses each region into one read
-  and one write; backward twice the forward's traffic.
+  and one write; backward twice the forward's traffic, and the sums of the input gradients of the
+  linears that read one tensor (whole on every tp rank: the gathered sequence's). Attention's widths
+  are the family's (Qwen3's q/k norms over every head; latent attention's rope channels).
 - **Activation checkpointing**: full recomputes the block's forward; torchtitan's selective "op"
   policy keeps every other matmul's output and attention's, so it recomputes wk, wo, w3 (the
   second, fourth and sixth matmuls) and the bandwidth-bound work.
@@ -155,21 +157,38 @@ def _linear(hw: HardwareConfig, w: Workload, tokens: float, fan_in: float, fan_o
 
 def _elementwise_bytes(w: Workload) -> float:
     """Bytes one token's forward through a block reads and writes outside matmuls and attention,
-    on one rank (sequence parallel under TP: everything is split over tp)."""
+    on one rank (sequence parallel under TP: everything is split over tp). Attention's pointwise
+    widths are the family's (ModelConfig.attention_pointwise_widths: q's heads need not span dim)."""
     m, tp, a = w.model, w.parallelism.tensor_parallel_degree, DTYPE_BYTES[w.param_dtype]
-    dim, kv, ffn = m.dim, m.kv_heads * m.head_dim, m.active_ffn_hidden_dim
+    dim, ffn = m.dim, m.active_ffn_hidden_dim
+    attention = m.attention_pointwise_widths()
     if w.compiled:
-        # Fused regions: residual + norm (read 2, write 2) twice; rotary on q and k; K/V repeated to
-        # every head for SDPA; attention's output made contiguous; SwiGLU (read 2, write 1).
-        elements = 8 * dim + 2 * (dim + kv) + 2 * (kv + dim) + 2 * dim + 3 * ffn
+        # Fused regions: residual + norm (read 2, write 2) twice; rotary on q and k (with any norm
+        # before it); attention's copies before its kernel (K/V repeated to every head); its
+        # output made contiguous; SwiGLU (read 2, write 1).
+        elements = 8 * dim + 2 * attention.rotary + attention.copied + 2 * attention.output + 3 * ffn
         return elements * a / tp + _routing_bytes(w)
-    # Eager: each RMSNorm ~20 bytes an element (upcast, square, mean, scale, cast back, weight);
-    # rotary 20 (float32 complex multiply and casts); repeat_interleave of K and V; the output's
+    # Eager: each RMSNorm ~20 bytes an element (upcast, square, mean, scale, cast back, weight),
+    # the block's two and any inside attention (Qwen3's q and k norms); rotary 20 (float32 complex
+    # multiply and casts); attention's copies (repeat_interleave of K and V); the output's
     # contiguous copy; two residual adds (read 2, write 1); silu then multiply (read 3, write 2).
-    norms = 2 * 20 * dim
-    rotary = 20 * (dim + kv)
-    copies = 2 * (kv + dim) * a + 2 * dim * a
-    return (norms + rotary + copies + 2 * 3 * dim * a + 5 * ffn * a) / tp + _routing_bytes(w)
+    norms = 20 * (2 * dim + attention.inner_norms)
+    copies = (attention.copied + 2 * attention.output) * a
+    return (norms + 20 * attention.rotary + copies + 2 * 3 * dim * a + 5 * ffn * a) / tp + _routing_bytes(w)
+
+
+def _gradient_sums_bytes(w: Workload) -> float:
+    """Bytes per token backward adds beside the forward's pointwise work: autograd sums the input
+    gradients of the linears that read one tensor into one (the attention's that read the block's
+    normed input, then the SwiGLU's w1 and w3), over the whole input: under TP each rank sums its
+    partial gradients of the gathered sequence before their reduce-scatter, so tp does not divide
+    it. Eager, each add is a kernel of its own (read 2, write 1); compiled, inductor fuses the sums
+    into the pointwise kernel that reads them next (the norm's backward, or the reduce-scatter's
+    input copy), which then reads one more tensor per add."""
+    m = w.model
+    readers = sum(1 for linear in m.attention_linears().values() if linear.split != "row" and linear.fan_in == m.dim)
+    adds = (readers - 1) + 1
+    return (1 if w.compiled else 3) * adds * m.dim * DTYPE_BYTES[w.param_dtype]
 
 
 def _routing_bytes(w: Workload) -> float:
@@ -214,6 +233,7 @@ def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:
     attention = _attention(hw, w)
     forward = sum(f for f, _ in linears.values()) + attention[0] + elementwise
     backward = sum(b for _, b in linears.values()) + attention[1] + 2 * elementwise
+    backward += tokens * _gradient_sums_bytes(w) / _bandwidth(hw)
     ac = w.ac
     if ac.mode == "full":
         recompute = forward

@@ -43,6 +43,17 @@ class Linear(NamedTuple):
         return self.fan_in * self.fan_out
 
 
+class PointwiseWidths(NamedTuple):
+    """Elements per token of an attention's pointwise work (ModelConfig.attention_pointwise_widths):
+    what the rotary embedding turns, what norms inside attention normalize, what its copies before
+    the kernel read and write, and its output (copied once to be contiguous)."""
+
+    rotary: float
+    inner_norms: float
+    copied: float
+    output: float
+
+
 @dataclass
 class ModelConfig(Section):
     # Labels of the model option (conf/model/<name>_<flavor>.yaml), in run names and tables; the
@@ -160,6 +171,14 @@ class ModelConfig(Section):
             "wv": Linear(self.dim, kv, "column"),
             "wo": Linear(q, self.dim, "row"),
         }
+
+    def attention_pointwise_widths(self) -> "PointwiseWidths":
+        """Per token, the widths of attention's pointwise work (the planner's bandwidth-bound
+        traffic, estimate/gpu_compute.py): grouped-query attention turns q's and k's channels,
+        normalizes none inside, repeats K and V to every query head (each read at its width and
+        written at q's) and makes its output contiguous."""
+        q, kv = self.n_heads * self.head_dim, self.kv_heads * self.head_dim
+        return PointwiseWidths(rotary=q + kv, inner_norms=0, copied=2 * (kv + q), output=q)
 
     def attention_parameters(self) -> int:
         """One layer's attention weights: its linears' (a family adds its norms' weights)."""

@@ -4,7 +4,7 @@ MoE layers after dense ones, shared experts, grouped sigmoid routing) are the sh
 
 from dataclasses import dataclass, field
 
-from titan_exp.models.config import Linear, ModelConfig, output_copies
+from titan_exp.models.config import Linear, ModelConfig, PointwiseWidths, output_copies
 from titan_exp.rules import Section, check_at_least, check_positive
 
 
@@ -73,6 +73,20 @@ class DeepSeekV3Config(ModelConfig):
     def attention_parameters(self) -> int:
         """The linears', and the norms of the latents (q's where it has one)."""
         return super().attention_parameters() + self.mla.kv_lora_rank + self.mla.q_lora_rank
+
+    def attention_pointwise_widths(self) -> PointwiseWidths:
+        """Latent attention's (models/deepseek_v3/attention.py): the rotary embedding turns each
+        head's rope channels of q and the one rope key all heads share; its norms run over the
+        latents (q's where there is one); q is joined from its parts and scaled, k joined from
+        its part and the shared rope key (each a read and a write of every head's q·k width); the
+        output is each head's values."""
+        mla, heads = self.mla, self.n_heads
+        return PointwiseWidths(
+            rotary=(heads + 1) * mla.qk_rope_head_dim,
+            inner_norms=mla.q_lora_rank + mla.kv_lora_rank,
+            copied=3 * 2 * heads * mla.qk_head_dim,
+            output=heads * mla.v_head_dim,
+        )
 
     def attention_kept_per_token(self, norm_kept: int, cpu: bool, seq_len: int) -> tuple[float, float]:
         """The latents (normed, read by wq_b and wkv_b: whole, as TP does not split their

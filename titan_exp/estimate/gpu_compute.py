@@ -179,15 +179,23 @@ def _elementwise_bytes(w: Workload) -> float:
 
 def _gradient_sums_bytes(w: Workload) -> float:
     """Bytes per token backward adds beside the forward's pointwise work: autograd sums the input
-    gradients of the linears that read one tensor into one (the attention's that read the block's
-    normed input, then the SwiGLU's w1 and w3), over the whole input: under TP each rank sums its
+    gradients of the linears that read one tensor into one. Attention's that read the block's
+    normed input, and a dense layer's w1 and w3, over the whole input: under TP each rank sums its
     partial gradients of the gathered sequence before their reduce-scatter, so tp does not divide
-    it. Eager, each add is a kernel of its own (read 2, write 1); compiled, inductor fuses the sums
-    into the pointwise kernel that reads them next (the norm's backward, or the reduce-scatter's
-    input copy), which then reads one more tensor per add."""
-    m = w.model
+    them. A MoE layer's router, routed experts and any shared experts read its normed input, and
+    each routed row is read by the experts' w1 and w3: on the rows the rank routes (its sequence
+    slice, or every tp rank's where TP splits the experts; the busiest EP rank's). Eager, each add
+    is a kernel of its own (read 2, write 1); compiled, inductor fuses the sums into the pointwise
+    kernel that reads them next (the norm's backward, or the reduce-scatter's input copy), which
+    then reads one more tensor per add. Averaged over the layers."""
+    m, p = w.model, w.parallelism
     readers = sum(1 for linear in m.attention_linears().values() if linear.split != "row" and linear.fan_in == m.dim)
-    adds = (readers - 1) + 1
+    moe_share = m.num_moe_layers / m.n_layers
+    adds = (readers - 1) + (1 - moe_share)
+    if m.moe.enabled:
+        moe = m.moe
+        routed = moe.top_k * w.expert_load_imbalance + (1 + 2 * (moe.num_shared_experts > 0))
+        adds += moe_share * routed * w.experts_tp / p.tensor_parallel_degree
     return (1 if w.compiled else 3) * adds * m.dim * DTYPE_BYTES[w.param_dtype]
 
 

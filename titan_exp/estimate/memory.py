@@ -49,15 +49,14 @@ Each term, with its source:
 - torch.compile (per block): the partitioner recomputes pointwise work inside fused kernels, so a
   block keeps only matmul and attention inputs and outputs and its backward's temporaries shrink;
 - reserved beyond active: on CUDA the caching allocator reuses a block only on the stream it was
-  allocated on, so each stream's pool stands at its own high-water mark: FSDP2's sharded gradients
-  (written on its reduce-scatter stream: `_fully_shard/_fsdp_collectives.py`, `foreach_reduce`) and
-  its gathered units (all-gather stream) beside the compute stream's peak, at the loss or at the end
-  of backward; with expandable segments (which the ranks turn on, as torchtitan's launch script
-  does) it keeps what it mapped at the high-water mark: up to one largest transient block (the
-  float32 logits, or a gathered unit) lies free inside it; on a
-  CPU, glibc keeps ~10% of freed memory and a process holds ~0.4 GiB before any tensor; beyond
-  that, the profile's `allocator_slack` share of the live tensors (0 unless `titan_exp plan
-  calibrate` found fragmentation in the team's own runs).
+  allocated on, so each pool stands at its own high-water mark: FSDP2's sharded gradients (views of
+  `foreach_reduce`'s output, on its reduce-scatter stream: `_fully_shard/_fsdp_collectives.py`) and
+  the flat buffers of the last two units gathered (`foreach_all_gather`, copy-in stream) beside the
+  compute stream's peak (the loss or the end of backward), which a step's gradients cannot reuse;
+  with expandable segments (the ranks', as torchtitan's launch script) one largest transient block
+  (the float32 logits, or a gathered unit) lies free in what is mapped; on a CPU, glibc keeps ~10%
+  of freed memory and a process holds ~0.4 GiB before any tensor; beyond that, the profile's
+  `allocator_slack` share of the live tensors (0 unless `plan calibrate` fitted it to your runs).
 """
 
 import dataclasses
@@ -301,6 +300,28 @@ def _fsdp_units(w: Workload, rank: PipelineRank) -> tuple[float, float]:
     return sum(unit_parameters(w)) * gathered, head
 
 
+def _pipeline_steady_state(
+    w: Workload, rank: PipelineRank, pp_rank: int, b: _Buffers, common: dict, buckets: float
+) -> RankMemory:
+    """A pipeline rank's peak: its steady state, with the schedule's microbatches in flight."""
+    p, fsdp = w.parallelism, w.fsdp_shards > 1
+    chunks = pipeline_chunks_in_flight(p, w.local_batch_size // w.microbatch, pp_rank)
+    held = rank.parameters(w.model) / p.tensor_parallel_degree
+    return RankMemory(
+        **common,
+        # Accumulated unsharded in the reduce dtype under FSDP (sharded ones come at the end).
+        gradients=int(held * DTYPE_BYTES[w.reduce_dtype] if fsdp else b.sharded_grads),
+        activations=int(b.kept * rank.layers / rank.stages * chunks + b.head_activations),
+        logits=int(b.logits),
+        temporaries=int(b.layer_transient),
+        communication=int(held * (1 if w.float8_all_gather else DTYPE_BYTES[w.param_dtype]) if fsdp else buckets),
+        # The last microbatch's sharded gradients, in the reduce-scatter stream's own pool.
+        allocator=b.sharded_grads if fsdp else 0,
+        process=0,
+        phase="pipeline steady state",
+    )
+
+
 def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
     """The larger of a rank's two moments (see the module's docstring)."""
     m, p = w.model, w.parallelism
@@ -316,23 +337,7 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
     common = {"parameters": b.states[0], "optimizer_state": b.states[1], "buffers": rope_table_bytes(m) * rank.stages}
 
     if p.pipeline_parallel_degree > 1:
-        microbatches = w.local_batch_size // w.microbatch
-        chunks = pipeline_chunks_in_flight(p, microbatches, pp_rank)
-        held = rank.parameters(m) / tp
-        return RankMemory(
-            **common,
-            # Accumulated unsharded in the reduce dtype under FSDP (sharded ones come at the end).
-            gradients=int(held * reduce_bytes if fsdp else b.sharded_grads),
-            activations=int(b.kept * rank.layers / rank.stages * chunks + b.head_activations),
-            logits=int(b.logits),
-            temporaries=int(b.layer_transient),
-            communication=int(held * (1 if w.float8_all_gather else DTYPE_BYTES[w.param_dtype]) if fsdp else buckets),
-            # The last microbatch's reduce-scatters write the sharded gradients in their own
-            # stream's pool (below), which nothing on the compute stream can reuse.
-            allocator=b.sharded_grads if fsdp else 0,
-            process=0,
-            phase="pipeline steady state",
-        )
+        return _pipeline_steady_state(w, rank, pp_rank, b, common, buckets)
 
     kept_all = b.kept * rank.layers + b.head_activations
     reshard = p.fsdp_reshard_after_forward
@@ -363,19 +368,16 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
     peak = max(loss_backward, end_of_backward, key=lambda r: r.total)
     if not fsdp:
         return peak
-    # Reserved: each stream's pool at its own high-water mark (the caching allocator reuses a
-    # block only on the stream it was allocated on). FSDP2 writes the sharded gradients on its
-    # reduce-scatter stream (torch's _fully_shard/_fsdp_collectives.py, foreach_reduce:
-    # reduce_output, of which each parameter's .grad is a view) and gathers units on its
-    # all-gather stream; the compute stream's pool peaks on its own, at the loss (the logits) or
-    # at the end of backward. A step's gradients therefore add to the loss's peak rather than
-    # taking the room its logits freed.
-    compute_stream = max(
-        loss_backward.total - loss_backward.gradients - gathered_after_forward,
-        end_of_backward.total - end_of_backward.gradients - 2 * layer_unit,
-    )
-    pools = compute_stream + b.sharded_grads + max(gathered_after_forward, 2 * layer_unit)
-    return dataclasses.replace(peak, allocator=int(max(0.0, pools - peak.total)))
+    reserved = _reserved_by_stream((loss_backward, end_of_backward), b.sharded_grads, (layer_unit, head_unit))
+    return dataclasses.replace(peak, allocator=int(max(0.0, reserved - peak.total)))
+
+
+def _reserved_by_stream(moments: tuple[RankMemory, ...], sharded_grads: int, units: tuple[float, float]) -> float:
+    """An FSDP rank's reserved bytes, each stream's pool at its own high-water mark (the module's
+    docstring); `units`: a block's and the head's gathered bytes."""
+    layer_unit, head_unit = units
+    compute_stream = max(moment.total - moment.gradients for moment in moments)
+    return compute_stream + sharded_grads + max(2 * layer_unit, layer_unit + head_unit)
 
 
 def rank_memory(w: Workload, pp_rank: int | None = None) -> RankMemory:

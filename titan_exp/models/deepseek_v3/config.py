@@ -78,13 +78,14 @@ class DeepSeekV3Config(ModelConfig):
         """Latent attention's (models/deepseek_v3/attention.py): the rotary embedding turns each
         head's rope channels of q and the one rope key all heads share; its norms run over the
         latents (q's where there is one); q is joined from its parts and scaled, k joined from
-        its part and the shared rope key (each a read and a write of every head's q·k width); the
+        its part and the shared rope key (each a read and a write of every head's q·k width), and
+        k and v copied once more by the attention's repeat to every head (one each here); the
         output is each head's values."""
         mla, heads = self.mla, self.n_heads
         return PointwiseWidths(
             rotary=(heads + 1) * mla.qk_rope_head_dim,
             inner_norms=mla.q_lora_rank + mla.kv_lora_rank,
-            copied=3 * 2 * heads * mla.qk_head_dim,
+            copied=3 * 2 * heads * mla.qk_head_dim + 2 * heads * (mla.qk_head_dim + mla.v_head_dim),
             output=heads * mla.v_head_dim,
         )
 

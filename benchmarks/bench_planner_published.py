@@ -94,7 +94,7 @@ def orders(rows: list[dict]) -> list[dict]:
     return checks
 
 
-def print_held_out(rows: list[dict]) -> None:
+def print_left_out(rows: list[dict]) -> None:
     print("\nleave one source out (profile figures fitted on the other sources' runs):")
     print("| run | fitted on | TPS error | figures |\n|---|---|---|---|")
     for r in rows:
@@ -154,13 +154,13 @@ def main() -> None:
     register_schema()
     jobs = {run.name: compose_point([*BASE, *run.overrides]) for run in [*RUNS, *HELD_OUT]}
     rows, summary = compared(RUNS, jobs)
-    held_out = [] if args.no_refits else leave_one_source_out(jobs)
-    if held_out:
-        print_held_out(held_out)
-        held_out_errors = [abs(r["tps_error_pct"]) for r in held_out]
+    left_out = [] if args.no_refits else leave_one_source_out(jobs)
+    if left_out:
+        print_left_out(left_out)
+        left_out_errors = [abs(r["tps_error_pct"]) for r in left_out]
         summary |= {
-            "loso_tps_mean_abs_error_pct": statistics.mean(held_out_errors),
-            "loso_tps_within_20pct": sum(e <= 20 for e in held_out_errors),
+            "loso_tps_mean_abs_error_pct": statistics.mean(left_out_errors),
+            "loso_tps_within_20pct": sum(e <= 20 for e in left_out_errors),
             # No memory figure is fitted per profile: a left-out source's memory error is its error above.
             "loso_memory_mean_abs_error_pct": summary["memory_mean_abs_error_pct"],
         }
@@ -170,7 +170,7 @@ def main() -> None:
     print("\n" + json.dumps(unseen, indent=2))
     if args.json:
         args.json.write_text(json.dumps({
-            "summary": summary, "runs": rows, "leave_one_source_out": held_out,
+            "summary": summary, "runs": rows, "leave_one_source_out": left_out,
             "held_out_summary": unseen, "held_out_runs": unseen_rows,
         }, indent=2))  # fmt: skip
 

@@ -172,7 +172,7 @@ class ModelConfig(Section):
             "wo": Linear(q, self.dim, "row"),
         }
 
-    def attention_pointwise_widths(self) -> "PointwiseWidths":
+    def attention_pointwise_widths(self) -> PointwiseWidths:
         """Per token, the widths of attention's pointwise work (the planner's bandwidth-bound
         traffic, estimate/gpu_compute.py): grouped-query attention turns q's and k's channels,
         normalizes none inside, repeats K and V to every query head (each read at its width and

@@ -26,7 +26,7 @@ from published_runs import BASE, HELD_OUT, RUNS, Published
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import register_schema
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.plan.calibrate import GPU_FIGURES, Observation, fit
+from titan_exp.plan.calibrate import GPU_FIGURES, MIN_RUNS, Observation, fit
 from titan_exp.plan.point import compose_point, plan_one
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,10 +39,10 @@ def predicted(job: ResolvedJob) -> dict[str, float]:
 
 def leave_one_source_out(jobs: dict[str, ResolvedJob]) -> list[dict]:
     """Each source's runs predicted with the profile figures a calibration (plan/calibrate.py) fits
-    on the other sources' runs: of the same profile where there are any, else of the profiles that
-    share its efficiency figures (h200 states h100's); a profile with neither keeps its figures,
-    which come from kernel benchmarks, not from these runs (a100's). What the planner would say of
-    a source it never saw."""
+    on the other sources' runs: of the same profile where there are at least MIN_RUNS, else of the
+    profiles that share its efficiency figures (h200 states h100's); a profile with neither keeps
+    its figures, which come from kernel benchmarks, not from these runs (a100's). What the planner
+    would say of a source it never saw."""
     observations = [Observation(r.name, jobs[r.name], jobs[r.name].config.hardware, r.tps) for r in RUNS if r.tps]
     source = {r.name: r.source for r in RUNS}
 
@@ -55,8 +55,11 @@ def leave_one_source_out(jobs: dict[str, ResolvedJob]) -> list[dict]:
         fitted: dict[str, tuple[str, dict[str, float]]] = {}  # by profile: what it was fitted on, the figures
         for o in (o for o in observations if source[o.label] == left_out):
             if o.hw.name not in fitted:
+                # As `plan calibrate`, which refuses fewer than MIN_RUNS runs: fewer leave the figures
+                # underdetermined (one MoE run alone drives B200's to their bounds).
                 same_profile = [other for other in rest if other.hw.name == o.hw.name]
                 same_kernels = [other for other in rest if kernels(other.hw) == kernels(o.hw)]
+                same_profile, same_kernels = (r if len(r) >= MIN_RUNS else [] for r in (same_profile, same_kernels))
                 if same_profile or same_kernels:
                     basis = "same profile" if same_profile else "same kernel figures"
                     fitted[o.hw.name] = (basis, fit(same_profile or same_kernels, GPU_FIGURES, o.hw))

@@ -49,6 +49,8 @@ CPU_FIGURES: dict[str, tuple[float, float]] = {
 # The allocator's slack (hardware.allocator_slack): from none to most of the live tensors again
 # (fragmentation beyond that is a bug to fix, not a figure to plan with).
 SLACK_BOUNDS = (0.0, 0.9)
+# Fewer runs than this leave the figures a fit moves underdetermined.
+MIN_RUNS = 3
 # Rounds over the figures until none moves by more than 0.1% (figures that trade off, as the
 # matmuls' and attention's efficiencies do, take several).
 _MAX_ROUNDS, _CONVERGED = 30, 1e-3

@@ -27,14 +27,12 @@ from titan_exp import user_conf_dir
 from titan_exp.compare.runs import experiment_training_runs
 from titan_exp.config.schema import register_schema
 from titan_exp.estimate.hardware_profiles import hardware_profiles
-from titan_exp.plan.calibrate import CPU_FIGURES, GPU_FIGURES, Observation, fit, fit_allocator_slack
+from titan_exp.plan.calibrate import CPU_FIGURES, GPU_FIGURES, MIN_RUNS, Observation, fit, fit_allocator_slack
 from titan_exp.plan.point import compose_point, step_inputs
 from titan_exp.tracking.config import TrackingConfig, masked
 from titan_exp.tracking.run import DEVICE_PROFILE_PARAM
 from titan_exp.tracking.store import open_experiment
 
-# Fewer runs than this leave the figures a fit moves underdetermined.
-MIN_RUNS = 3
 OVERRIDES_ARTIFACT = "config/hydra/overrides.yaml"
 
 

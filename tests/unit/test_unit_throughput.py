@@ -113,3 +113,21 @@ def test_a_peak_the_run_beats_is_raised_so_that_mfu_never_exceeds_100(clock: Sim
     alone.add_step(1000, 0.0)
     clock.now = 3.0
     assert alone.collect()["throughput/mfu_pct"] == pytest.approx(100.0)
+
+
+def test_the_steady_state_starts_once_the_writer_is_idle(clock: SimpleNamespace) -> None:
+    """While rank 0's MLflow writer starts up beside the ranks, intervals run slower; the means cover
+    the intervals after it, and until one has run, every interval after the first."""
+    idle = SimpleNamespace(now=False)
+    meter = ThroughputMeter(
+        FLOPS_PER_TOKEN, PEAK, non_data_parallel_size=1, device=torch.device("cpu"), undisturbed=lambda: idle.now
+    )
+    tps = []
+    for seconds, idle_at_the_end in ((1.0, False), (2.0, False), (2.0, True), (1.0, True), (1.0, True)):
+        meter.add_step(1000, 0.0)
+        clock.now += seconds
+        idle.now = idle_at_the_end
+        tps.append(meter.collect().get("throughput/tps_per_device_mean"))
+    # Intervals 2 and 3 ran beside the writer (500 tokens/s); it was idle at the end of 3.
+    assert tps[:3] == [None, 500, 500]
+    assert tps[3:] == [1000, 1000]  # from the end of interval 3 on: the steady state alone

@@ -19,18 +19,25 @@ class ThroughputMeter:
         non_data_parallel_size: int,
         device: torch.device,
         raise_peak: Callable[[float], float] | None = None,
+        undisturbed: Callable[[], bool] = lambda: True,
     ):
         """peak_flops None: MFU is not defined (low-precision matmuls) and is not reported.
         `raise_peak(achieved)`: the peak once the run's FLOP/s beat it (a CPU's measured peak, taken
-        while the machine was busy), at least `achieved`; without it the achieved rate stands in."""
+        while the machine was busy), at least `achieved`; without it the achieved rate stands in.
+        `undisturbed()`: whether nothing of the job's own takes the ranks' CPU any more (rank 0's
+        MLflow writer starting up beside ranks that fill the cores: ~2.7 CPU-seconds over the
+        first steps, which ran ~40% slower on 2 CPU ranks); the steady state starts after it."""
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         self._raise_peak = raise_peak
         self.non_data_parallel_size = non_data_parallel_size
         self.memory = MemoryMonitor(device)
         self.tokens_seen = 0
-        # Where the steady state starts: the end of the first interval (step 1: start-up, compilation).
+        # Where the steady state starts: the end of the first interval (step 1: start-up,
+        # compilation), then the end of the first interval that ended undisturbed, once one has run.
         self._steady_start: tuple[float, int] | None = None
+        self._undisturbed = undisturbed
+        self._undisturbed_start: tuple[float, int] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -51,12 +58,15 @@ class ThroughputMeter:
         self.interval_start += seconds
         if self._steady_start is not None:
             self._steady_start = (self._steady_start[0] + seconds, self._steady_start[1])
+        if self._undisturbed_start is not None:
+            self._undisturbed_start = (self._undisturbed_start[0] + seconds, self._undisturbed_start[1])
 
     def collect(self) -> dict[str, float]:
         """Metrics of the interval since the previous call, then start a new interval.
 
-        The `_mean` throughput figures cover everything after the first interval: the run's
-        steady-state numbers, which strategy comparisons read.
+        The `_mean` throughput figures cover everything after the first interval that ended
+        undisturbed (the first interval where `undisturbed` always holds): the run's steady-state
+        numbers, which strategy comparisons and `plan calibrate` read.
         """
         now = time.perf_counter()
         tps = self._tps(self.interval_tokens, now - self.interval_start)
@@ -75,11 +85,15 @@ class ThroughputMeter:
         if self._steady_start is None:
             self._steady_start = (now, self.tokens_seen)
         else:
-            start, tokens_before = self._steady_start
+            # From the first undisturbed interval's end once an interval has run since; before (a
+            # run too short for its writer's start-up), from the first interval's.
+            start, tokens_before = self._undisturbed_start or self._steady_start
             mean_tps = self._tps(self.tokens_seen - tokens_before, now - start)
             metrics[names.TPS_MEAN] = mean_tps
             if self.peak_flops:
                 metrics[names.MFU_MEAN] = self._mfu(mean_tps)
+        if self._undisturbed_start is None and self._undisturbed():
+            self._undisturbed_start = (now, self.tokens_seen)
         self._reset()
         return metrics
 

@@ -12,7 +12,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from launchers import signals
@@ -84,9 +84,11 @@ class BackgroundTracker:
         # tracker (started with the queue) keep across exec: they die with rank 0 instead.
         with signals.ignored(*JOB_SIGNALS):
             self._queue = context.Queue()
+            # Set by the writer once its start-up is over and it runs only on idle cores.
+            self._idle = context.Event()
             self._process = context.Process(
                 target=_write_run,
-                args=(self._queue, cfg, created, run_id_files, os.getpid()),
+                args=(self._queue, self._idle, cfg, created, run_id_files, os.getpid()),
                 name="mlflow-tracker",
                 daemon=True,
             )
@@ -98,6 +100,11 @@ class BackgroundTracker:
         if self._process.pid is None:
             with signals.ignored(*JOB_SIGNALS):
                 self._process.start()
+
+    def writer_idle(self) -> bool:
+        """Whether the writer's start-up is over (or the writer has ended): until then it takes CPU
+        from the ranks, so a throughput's steady state starts after it (metrics/throughput.py)."""
+        return self._idle.is_set() or (self._process.pid is not None and not self._process.is_alive())
 
     def log_params(self, params: dict[str, object]) -> None:
         self._send("log_params", {key: str(value) for key, value in params.items()})
@@ -172,8 +179,11 @@ def interrupts_ignored() -> contextlib.AbstractContextManager[None]:
     return signals.ignored(signal.SIGINT, signal.SIGTERM)
 
 
-def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_files: tuple[Path, ...], parent_pid: int) -> None:
-    """The writer process's body; `created`: the run to create or resume, as journaled."""
+def _write_run(
+    calls, idle, cfg: TrackingConfig, created: dict, run_id_files: tuple[Path, ...], parent_pid: int
+) -> None:
+    """The writer process's body; `created`: the run to create or resume, as journaled; `idle`: an
+    event set once the start-up is over."""
     _die_with_parent(parent_pid)
     # The rank decides when writing ends (close), and the writer dies with it anyway.
     for sig in JOB_SIGNALS:
@@ -192,11 +202,12 @@ def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_files: tuple[Pa
             write_run_id(path, run.run_id, owner)
         print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
         monitor = start_system_metrics(cfg, run.run_id) if cfg.system_metrics else None
-    training = False
-    for method, args in _batches(calls):
-        if method == "log_metrics" and not training:
-            training = True
-            _run_only_on_idle_cores()  # see BackgroundTracker
+
+    def training_started() -> None:
+        _run_only_on_idle_cores()  # see BackgroundTracker
+        idle.set()
+
+    for method, args in _batches(calls, training_started):
         if run is None:
             continue  # drain, so the training loop's queue never fills up
         if method == "finish" and monitor is not None:
@@ -219,15 +230,19 @@ def _write_run(calls, cfg: TrackingConfig, created: dict, run_id_files: tuple[Pa
         sys.exit(_EXIT_INCOMPLETE)
 
 
-def _batches(calls):
+def _batches(calls, training_started: Callable[[], None]):
     """The queued calls in order until the stop marker; log_metrics calls that arrive within
-    _METRICS_FLUSH_SECONDS of each other are merged into one."""
-    pending = None
+    _METRICS_FLUSH_SECONDS of each other are merged into one. `training_started()` is called when
+    the first metrics arrive (see BackgroundTracker), before their flush window."""
+    pending, training = None, False
     while True:
         item, pending = pending or calls.get(), None
         if item == _STOP:
             return
         if item[0] == "log_metrics":
+            if not training:
+                training = True
+                training_started()
             records = list(item[1][0])
             deadline = time.monotonic() + _METRICS_FLUSH_SECONDS
             while (wait := deadline - time.monotonic()) > 0:

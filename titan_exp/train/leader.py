@@ -136,7 +136,12 @@ class Leader(Follower):
         # MFU is not defined against a bf16 peak once matmuls run in lower precision (torchtitan omits it too).
         mfu_peak = None if job.config.quantize.low_precision else self.peak_flops
         self.meter = ThroughputMeter(
-            per_token, mfu_peak, dims.non_data_parallel_size, facts.device, self.raise_peak and self._peak_beaten
+            per_token,
+            mfu_peak,
+            dims.non_data_parallel_size,
+            facts.device,
+            self.raise_peak and self._peak_beaten,
+            self.tracker.writer_idle if self.tracker else lambda: True,
         )
         self.tokens_per_step = t.local_batch_size * t.seq_len * job.accumulation
 

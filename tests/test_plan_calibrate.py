@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 # Two ranks each: DDP, FSDP and TP at two batch sizes; small enough that gloo's collectives, which
 # the fit moves, weigh as much as the compute the planner measures.
 SWEEP = ["parallelism=ddp,fsdp,tp", "training.local_batch_size=2,8"]
-TRAINING = ["launcher.nproc_per_node=2", "training.steps=40", "metrics.log_freq=5", "data=synthetic", *SMALL_MODEL]
+TRAINING = ["launcher.nproc_per_node=2", "training.steps=160", "metrics.log_freq=10", "data=synthetic", *SMALL_MODEL]
 
 
 def test_a_calibration_on_three_layouts_predicts_three_others_better(tmp_path, store):

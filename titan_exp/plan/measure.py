@@ -43,15 +43,15 @@ from titan_exp.units import GIB
 _GLOO_SIZES = (1024, 2 * 1024**2, 8 * 1024**2, 32 * 1024**2)
 
 
-def _timed(fn, repeats: int = 3, best: bool = False) -> float:
-    """Median (or best) seconds of `fn` after one warm-up call."""
+def _timed(fn, repeats: int = 3) -> float:
+    """Median seconds of `fn` after one warm-up call."""
     fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return min(times) if best else statistics.median(times)
+    return statistics.median(times)
 
 
 def _memory_gbps() -> float:
@@ -294,11 +294,13 @@ def _timed_parts(
     def layer_step(index: int) -> None:
         model.layers[str(index)](hidden, freqs).sum().backward()
 
-    # Best of five: a rank's steady steps run undisturbed; a first measurement here may not.
+    # The median of seven, as a run's steady step is read (bench_planner.py, metrics/throughput.py):
+    # on this machine the same pass's times spread by ~25% between its fastest and its median, in
+    # one process alone and in two side by side, so the fastest would predict steps ~20% short.
     layer_seconds = sum(
-        share * _timed(functools.partial(layer_step, index), repeats=5, best=True) for index, share in shares.items()
+        share * _timed(functools.partial(layer_step, index), repeats=7) for index, share in shares.items()
     )
-    return layer_seconds, _timed(head_step, repeats=5, best=True), optimizer_seconds
+    return layer_seconds, _timed(head_step, repeats=7), optimizer_seconds
 
 
 # The dry run's categories (MemTracker's, at rank 0's peak) as the memory model's, and which of

@@ -1,6 +1,7 @@
 """How well `python -m titan_exp plan` predicts real runs on this machine: for each layout, the
 planner's peak memory per rank and step time against a real run's (memory: torch's MemTracker audit
-of the last step on rank 0, tensor-level, not RSS; time: the median of the steady steps before it).
+of the last step on rank 0, tensor-level, not RSS; time: the median of the steady steps before it,
+after the MLflow writer's start-up).
 Prints a table, the memory error of each layout, the step time's mean absolute percentage error,
 Kendall's τ between the predicted and measured TPS/device rankings, and one JSON object.
 
@@ -16,7 +17,7 @@ With --repeats N each layout trains N times: the measured figures are the runs' 
 spread of their step times (slowest over fastest, less 1) is this machine's own noise, the floor
 under any step-time error.
 
-Usage: python benchmarks/bench_planner.py [--only NAME ...] [--steps 8] [--repeats 1]
+Usage: python benchmarks/bench_planner.py [--only NAME ...] [--steps 16] [--repeats 1]
 """
 
 import argparse
@@ -95,19 +96,25 @@ LAYOUTS = {
 
 
 def measured(workdir: Path, overrides: list[str], steps: int) -> dict[str, float]:
-    """A real run: the median step seconds of steps 3..steps-1 and the audit of step `steps`."""
+    """A real run: the median step seconds of the steps after its MLflow writer's start-up (the
+    first after it and the last, the audit's, left out) and the audit of step `steps`. Where the
+    ranks fill the cores the writer starts after step 1 and its start-up slows the next several
+    steps by up to half (see tracking/writer.py); it prints the run's id once it has created it."""
     db = workdir / "mlflow.db"
     audit = ["profiling=memory", f"profiling.memory_snapshot_freq={steps}", f"training.steps={steps}"]
     command = [sys.executable, "-m", "titan_exp", *COMMON, *overrides, *audit, f"tracking.uri=sqlite:///{db}"]
     _, lines = stream([*command, f"hydra.run.dir={workdir}/run"], env_with(1), f"step {steps:5d}")
-    seconds = [float(line.split(" step ")[1].split("s")[0]) for line in lines if line.startswith("step ")]
+    created = next(i for i, line in enumerate(lines) if line.startswith("MLflow run "))
+    seconds = [float(line.split(" step ")[1].split("s")[0]) for line in lines[created:] if line.startswith("step ")]
+    if len(seconds) < 4:
+        raise SystemExit(f"{workdir.name}: {len(seconds)} steps after the writer's start-up; raise --steps")
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{db}")
     [run] = client.search_runs(client.get_experiment_by_name("titan_exp").experiment_id, max_results=1)
     metrics = run.data.metrics
     return {
-        "step_s": statistics.median(seconds[2 : steps - 1]),
+        "step_s": statistics.median(seconds[1:-1]),
         "peak_gib": metrics["memory/audit_memtracker_peak_gib"],
         "tps_per_device": metrics[names.TPS_MEAN],
     }
@@ -136,7 +143,7 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", default=list(LAYOUTS))
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1, help="runs per layout (their spread: the noise)")
     args = parser.parse_args()
     os.chdir(REPO)  # the planner's relative paths (outputs/cache) are the training runs'

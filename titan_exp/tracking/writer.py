@@ -102,9 +102,10 @@ class BackgroundTracker:
                 self._process.start()
 
     def writer_idle(self) -> bool:
-        """Whether the writer's start-up is over (or the writer has ended): until then it takes CPU
-        from the ranks, so a throughput's steady state starts after it (metrics/throughput.py)."""
-        return self._idle.is_set() or (self._process.pid is not None and not self._process.is_alive())
+        """Whether the writer's start-up is over: until then it takes CPU from the ranks, so a
+        throughput's steady state starts after it (metrics/throughput.py). (Not whether it is
+        alive: asking reaps a dead writer, whose pid `close` and `paused` then cannot signal.)"""
+        return self._idle.is_set()
 
     def log_params(self, params: dict[str, object]) -> None:
         self._send("log_params", {key: str(value) for key, value in params.items()})

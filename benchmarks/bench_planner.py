@@ -99,12 +99,15 @@ def measured(workdir: Path, overrides: list[str], steps: int) -> dict[str, float
     """A real run: the median step seconds of the steps after its MLflow writer's start-up (the
     first after it and the last, the audit's, left out) and the audit of step `steps`. Where the
     ranks fill the cores the writer starts after step 1 and its start-up slows the next several
-    steps by up to half (see tracking/writer.py); it prints the run's id once it has created it."""
+    steps by up to half (see tracking/writer.py); it prints the run's id once it has created it, a
+    moment before its start-up ends."""
     db = workdir / "mlflow.db"
     audit = ["profiling=memory", f"profiling.memory_snapshot_freq={steps}", f"training.steps={steps}"]
     command = [sys.executable, "-m", "titan_exp", *COMMON, *overrides, *audit, f"tracking.uri=sqlite:///{db}"]
     _, lines = stream([*command, f"hydra.run.dir={workdir}/run"], env_with(1), f"step {steps:5d}")
-    created = next(i for i, line in enumerate(lines) if line.startswith("MLflow run "))
+    created = next((i for i, line in enumerate(lines) if line.startswith("MLflow run ")), None)
+    if created is None:
+        raise SystemExit(f"{workdir.name}: its MLflow writer never said it created the run (see {workdir}/run)")
     seconds = [float(line.split(" step ")[1].split("s")[0]) for line in lines[created:] if line.startswith("step ")]
     if len(seconds) < 4:
         raise SystemExit(f"{workdir.name}: {len(seconds)} steps after the writer's start-up; raise --steps")

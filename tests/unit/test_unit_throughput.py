@@ -131,3 +131,20 @@ def test_the_steady_state_starts_once_the_writer_is_idle(clock: SimpleNamespace)
     # Intervals 2 and 3 ran beside the writer (500 tokens/s); it was idle at the end of 3.
     assert tps[:3] == [None, 500, 500]
     assert tps[3:] == [1000, 1000]  # from the end of interval 3 on: the steady state alone
+
+
+def test_the_time_a_peak_takes_to_measure_again_is_in_no_interval(clock: SimpleNamespace) -> None:
+    """Measuring the peak again (raise_peak) takes time after the interval ended: not in its step
+    seconds, the next interval's or the steady mean."""
+
+    def raise_peak(achieved: float) -> float:
+        clock.now += 5.0  # the measurement
+        return achieved * 2
+
+    meter = ThroughputMeter(FLOPS_PER_TOKEN, FLOPS_PER_TOKEN * 100, 1, torch.device("cpu"), raise_peak)
+    for interval in range(3):
+        meter.add_step(1000, 0.0)
+        clock.now += 1.0
+        metrics = meter.collect()
+        assert metrics["time/step_s"] == 1.0 and metrics["throughput/tps_per_device"] == 1000
+    assert metrics["throughput/tps_per_device_mean"] == 1000

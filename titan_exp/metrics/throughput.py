@@ -64,37 +64,37 @@ class ThroughputMeter:
     def collect(self) -> dict[str, float]:
         """Metrics of the interval since the previous call, then start a new interval.
 
-        The `_mean` throughput figures cover everything after the first interval that ended
-        undisturbed (the first interval where `undisturbed` always holds): the run's steady-state
-        numbers, which strategy comparisons and `plan calibrate` read.
+        The `_mean` throughput figures are the run's steady state, which strategy comparisons and
+        `plan calibrate` read: from the end of the first interval at whose end `undisturbed()`
+        held, once an interval has run since; until then from the end of the first interval.
         """
         now = time.perf_counter()
-        tps = self._tps(self.interval_tokens, now - self.interval_start)
-        self._keep_peak_above(self.flops_per_token * tps)
+        elapsed = now - self.interval_start
+        tps = self._tps(self.interval_tokens, elapsed)
+        self._keep_peak_above(self.flops_per_token * tps)  # its time comes after `now`: in no interval
         metrics = {
             names.TPS: tps,
             names.TFLOPS: self.flops_per_token * tps / 1e12,
-            names.STEP_SECONDS: (now - self.interval_start) / self.interval_steps,
+            names.STEP_SECONDS: elapsed / self.interval_steps,
             names.DATA_SECONDS: self.data_seconds / self.interval_steps,
-            names.DATA_PCT: 100 * self.data_seconds / (now - self.interval_start),
+            names.DATA_PCT: 100 * self.data_seconds / elapsed,
             names.TOKENS_SEEN: self.tokens_seen,
             **self.memory.peak(),
         }
         if self.peak_flops:
             metrics[names.MFU] = self._mfu(tps)
-        if self._steady_start is None:
-            self._steady_start = (now, self.tokens_seen)
-        else:
-            # From the first undisturbed interval's end once an interval has run since; before (a
-            # run too short for its writer's start-up), from the first interval's.
+        if self._steady_start is not None:
             start, tokens_before = self._undisturbed_start or self._steady_start
             mean_tps = self._tps(self.tokens_seen - tokens_before, now - start)
             metrics[names.TPS_MEAN] = mean_tps
             if self.peak_flops:
                 metrics[names.MFU_MEAN] = self._mfu(mean_tps)
-        if self._undisturbed_start is None and self._undisturbed():
-            self._undisturbed_start = (now, self.tokens_seen)
         self._reset()
+        here = (self.interval_start, self.tokens_seen)  # the next interval's start
+        if self._steady_start is None:
+            self._steady_start = here
+        if self._undisturbed_start is None and self._undisturbed():
+            self._undisturbed_start = here
         return metrics
 
     def _keep_peak_above(self, achieved: float) -> None:

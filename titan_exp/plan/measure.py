@@ -294,9 +294,9 @@ def _timed_parts(
     def layer_step(index: int) -> None:
         model.layers[str(index)](hidden, freqs).sum().backward()
 
-    # The median of seven, as a run's steady step is read (bench_planner.py, metrics/throughput.py):
-    # on this machine the same pass's times spread by ~25% between its fastest and its median, in
-    # one process alone and in two side by side, so the fastest would predict steps ~20% short.
+    # The median of seven: a run's steady steps are typical passes, not its fastest (on this
+    # machine the same pass's times spread by ~25% between the fastest and the median, in one
+    # process alone and in two side by side, so the fastest would predict steps ~20% short).
     layer_seconds = sum(
         share * _timed(functools.partial(layer_step, index), repeats=7) for index, share in shares.items()
     )

@@ -84,8 +84,9 @@ class BackgroundTracker:
         # tracker (started with the queue) keep across exec: they die with rank 0 instead.
         with signals.ignored(*JOB_SIGNALS):
             self._queue = context.Queue()
-            # Set by the writer once its start-up is over and it runs only on idle cores.
-            self._idle = context.Event()
+            # Set (to 1) by the writer once its start-up is over. A flag without a lock: an Event's
+            # lock, held by a writer killed at the wrong moment, would hang the training loop.
+            self._idle = context.RawValue("b", 0)
             self._process = context.Process(
                 target=_write_run,
                 args=(self._queue, self._idle, cfg, created, run_id_files, os.getpid()),
@@ -102,10 +103,11 @@ class BackgroundTracker:
                 self._process.start()
 
     def writer_idle(self) -> bool:
-        """Whether the writer's start-up is over: until then it takes CPU from the ranks, so a
-        throughput's steady state starts after it (metrics/throughput.py). (Not whether it is
-        alive: asking reaps a dead writer, whose pid `close` and `paused` then cannot signal.)"""
-        return self._idle.is_set()
+        """Whether the writer's start-up (MLflow's import, the run's creation) is over: until then
+        it takes CPU from the ranks, so a throughput's steady state starts after it
+        (metrics/throughput.py). (Not whether it is alive: asking reaps a dead writer, whose pid
+        `close` and `paused` then cannot signal.)"""
+        return bool(self._idle.value)
 
     def log_params(self, params: dict[str, object]) -> None:
         self._send("log_params", {key: str(value) for key, value in params.items()})
@@ -183,8 +185,8 @@ def interrupts_ignored() -> contextlib.AbstractContextManager[None]:
 def _write_run(
     calls, idle, cfg: TrackingConfig, created: dict, run_id_files: tuple[Path, ...], parent_pid: int
 ) -> None:
-    """The writer process's body; `created`: the run to create or resume, as journaled; `idle`: an
-    event set once the start-up is over."""
+    """The writer process's body; `created`: the run to create or resume, as journaled; `idle`: a
+    shared flag set to 1 once the start-up is over."""
     _die_with_parent(parent_pid)
     # The rank decides when writing ends (close), and the writer dies with it anyway.
     for sig in JOB_SIGNALS:
@@ -203,12 +205,8 @@ def _write_run(
             write_run_id(path, run.run_id, owner)
         print(f"MLflow run {run.run_id} ({run_name}) in {cfg.uri}", flush=True)
         monitor = start_system_metrics(cfg, run.run_id) if cfg.system_metrics else None
-
-    def training_started() -> None:
-        _run_only_on_idle_cores()  # see BackgroundTracker
-        idle.set()
-
-    for method, args in _batches(calls, training_started):
+    idle.value = 1  # what is left (the queued params and tags) takes a fraction of a second
+    for method, args in _batches(calls, training_started=_run_only_on_idle_cores):
         if run is None:
             continue  # drain, so the training loop's queue never fills up
         if method == "finish" and monitor is not None:

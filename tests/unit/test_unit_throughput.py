@@ -142,7 +142,7 @@ def test_the_time_a_peak_takes_to_measure_again_is_in_no_interval(clock: SimpleN
         return achieved * 2
 
     meter = ThroughputMeter(FLOPS_PER_TOKEN, FLOPS_PER_TOKEN * 100, 1, torch.device("cpu"), raise_peak)
-    for interval in range(3):
+    for _ in range(3):
         meter.add_step(1000, 0.0)
         clock.now += 1.0
         metrics = meter.collect()

@@ -145,9 +145,10 @@ def _start(command: list[str]) -> subprocess.Popen:
         with contextlib.suppress(OSError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
-    # Without MLflow's job runner (GenAI scoring, trace rollups: nothing this UI shows): its huey
-    # consumers start in sessions of their own, out of reach of stopping this one, and outlived
-    # a Ctrl-C that came while they started (holding its output open).
+    # Without MLflow's job runner (GenAI scoring, trace rollups: nothing this UI shows): it runs
+    # its periodic tasks (online scoring, every minute) as processes in sessions of their own
+    # (mlflow/server/jobs/local_executor.py), out of reach of stopping this one; one running at a
+    # Ctrl-C outlived it, holding its output open.
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     return subprocess.Popen(
         command,

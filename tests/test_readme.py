@@ -101,7 +101,7 @@ def _stops_on_ctrl_c(command: str, folder: Path, env: dict) -> None:
             line = ui.stdout.readline()
             assert line, f"{command} ended before its links: {said[-2000:]}"
             said += line
-        # MLflow's job runner would start in sessions of its own, beyond a Ctrl-C's reach.
+        # MLflow's job runner, whose tasks run in sessions of their own beyond a Ctrl-C's reach, is off.
         assert not _huey_consumers(), said
     assert ui.returncode == 0
 

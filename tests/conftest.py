@@ -283,15 +283,15 @@ def chromium(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedPr
     return subprocess.run([*prefix, binary, *flags, *args], capture_output=True, text=True, timeout=180)
 
 
-def processes_naming(folder: Path) -> list[str]:
-    """The command lines of live processes that name `folder` (a test cluster's daemons do)."""
+def processes_naming(name: Path | str) -> list[str]:
+    """The command lines of live processes that name `name` (a test cluster's daemons name its folder)."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             command = cmdline.read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if str(folder) in command:
+        if str(name) in command:
             found.append(command)
     return found
 

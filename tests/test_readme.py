@@ -3,7 +3,6 @@ in the README's order (`compare` reads the sweep before it). A command that need
 machine says so in its comment, `(needs: ...)`, and is not run; a Hugging Face folder, a tokenizer
 and documents stand where the README names the user's (`M=...`, `Q=...`, `corpus/`, `more/`)."""
 
-import contextlib
 import os
 import re
 import signal
@@ -17,7 +16,7 @@ import transformers
 
 from titan_exp.data.text import train_tokenizer
 
-from conftest import REPO, stopped_for_good
+from conftest import REPO, processes_naming, stopped_for_good
 
 NEEDS = "(needs: "
 # Commands run elsewhere, by what runs them.
@@ -102,15 +101,5 @@ def _stops_on_ctrl_c(command: str, folder: Path, env: dict) -> None:
             assert line, f"{command} ended before its links: {said[-2000:]}"
             said += line
         # MLflow's job runner, whose tasks run in sessions of their own beyond a Ctrl-C's reach, is off.
-        assert not _huey_consumers(), said
+        assert not processes_naming("huey_consumer"), said
     assert ui.returncode == 0
-
-
-def _huey_consumers() -> list[str]:
-    """The command lines of MLflow job runners (huey consumers) running on this machine."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):
-            if b"huey_consumer" in (text := cmdline.read_bytes()):
-                found.append(text.replace(b"\0", b" ").decode(errors="replace"))
-    return found

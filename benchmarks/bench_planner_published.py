@@ -21,7 +21,7 @@ import os
 import statistics
 from pathlib import Path
 
-from published_runs import BASE, HELD_OUT, RUNS, Published
+from published_runs import HELD_OUT, RUNS, Published
 
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import register_schema
@@ -155,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     os.chdir(REPO)
     register_schema()
-    jobs = {run.name: compose_point([*BASE, *run.overrides]) for run in [*RUNS, *HELD_OUT]}
+    jobs = {run.name: compose_point(run.composed) for run in [*RUNS, *HELD_OUT]}
     rows, summary = compared(RUNS, jobs)
     left_out = [] if args.no_refits else leave_one_source_out(jobs)
     if left_out:

@@ -25,6 +25,11 @@ PITH_TRAIN = "mlc-ai/pith-train issue 79 (torchtitan on 8 B200, five steps)"
 TT_PERFORMANCE = "pytorch/torchtitan docs/performance.md @4d88a8a4 (tables of 2024-04 and 2024-08)"
 
 
+# torchtitan ran foreach AdamW until it made fused its default on 2025-02-24 (its #881); PR 355, which
+# added the fused option, ran it. IBM's fms-fsdp takes torch's default (foreach).
+FUSED_ADAMW_SINCE = "2025-02-24"
+
+
 @dataclass(frozen=True)
 class Published:
     name: str
@@ -35,6 +40,12 @@ class Published:
     memory_gib: float | None
     notes: str = ""
     extra: dict = field(default_factory=dict)
+
+    @property
+    def composed(self) -> list[str]:
+        """The overrides a plan composes it from: the recipe of the time, then the source's settings."""
+        fused = _RAN[self.source] >= FUSED_ADAMW_SINCE or self.source == TT_PR.format(355, "655d834c")
+        return [*BASE, f"optimizer.implementation={'fused' if fused else 'foreach'}", *self.overrides]
 
 
 def fsdp(model: str, gpus: int, hardware: list[str], batch: int) -> list[str]:
@@ -247,6 +258,28 @@ IBM_AC = {
     "13b": ["activation_checkpoint.mode=selective", "activation_checkpoint.selective_ac_option=2"],
     "34b": FULL_AC,
     "70b": FULL_AC,
+}
+
+# When each source's runs ran (as precise as the source says): which AdamW torchtitan ran then.
+_RAN = {
+    TT_202412: "2024-12",
+    TORCHAO_FLOAT8: "2025-03",
+    TORCHAO_MX: "2025-08",
+    TT_ASYNC_TP: "2025-06",
+    TT_TRAINY: "2025-06",
+    TT_DSV3_SCALING: "2026-08",
+    PITH_TRAIN: "2025-10",
+    TT_PERFORMANCE: "2024-08",
+    TT_PR.format(1690, "00c95c0f"): "2025-09-17",
+    TT_PR.format(355, "655d834c"): "2024-06-06",
+    TT_PR.format(467, "9dc418a8"): "2024-07",
+    TT_PR.format("822/996/1287", "b4087730"): "2025-03",  # five dates, February to July 2025
+    TT_PR.format(642, "6b2f6731"): "2024-10",
+    TT_PR.format(165, "02923f02"): "2024-03-28",
+    TT_PR.format(1504, "decfd3fe"): "2025-08-01",
+    IBM_FSDP: "2024-03",
+    IBM_COMPILE: "2024-05",
+    AWS_SAGEMAKER: "2024-10",
 }
 
 HELD_OUT: list[Published] = [

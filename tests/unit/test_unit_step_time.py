@@ -128,6 +128,23 @@ def test_fsdp_by_hand() -> None:
     assert s.communication == pytest.approx(12 * gather + 7 * scatter + reductions(BLOCKING, 2))
 
 
+def test_fsdp_copies_its_units_on_the_compute_stream_by_hand() -> None:
+    """FSDP over 2 ranks, bf16 parameters, fp32 reduction, 2 microbatches: per microbatch each of
+    the 6 layers gathered twice (forward, backward) and the root (embedding, norm, output) once,
+    each copied out of its flat buffer (read 2 B, write 2 B an element); once a step every unit's
+    gradients copied into the reduce-scatter's input (read 2 B, write 4 B), at 1000 GB/s. DDP
+    copies nothing of the kind."""
+    n, layer = model_parameters(DEBUG), layer_parameters(DEBUG)
+    root = n - 6 * layer
+    copied_out = 2 * 2 * (2 * 6 * layer + root) * 2
+    copied_in = (2 + 4) * n
+    fsdp = step(layout(dp_shard=2), HW, param_bytes=2, accumulation=2)
+    assert fsdp.compute == pytest.approx(2 * (6 * 0.01 + 0.02) + 0.05 + (copied_out + copied_in) / 1000e9)
+    assert step(layout(dp_replicate=2), HW, param_bytes=2, accumulation=2).compute == pytest.approx(
+        2 * (6 * 0.01 + 0.02) + 0.05
+    )
+
+
 @pytest.mark.parametrize(
     "p",
     [layout(dp_shard=4), layout(dp_replicate=4), layout(tp=4), layout(cp=4), layout(pp=2), layout(dp_shard=2, tp=2)],

@@ -24,8 +24,9 @@ block runs, each timed by what bounds it, summed; the output head and loss; the 
   policy keeps every other matmul's output and attention's, so it recomputes wk, wo, w3 (the
   second, fourth and sixth matmuls) and the bandwidth-bound work.
 - **Head**: the output matmul, and cross-entropy over float32 logits (bandwidth-bound).
-- **Optimizer**: AdamW's foreach step reads and writes fp32 weights, gradients and two moments
-  (28 bytes per parameter) plus the gradient-norm clip's read (4).
+- **Optimizer**: AdamW's step, bandwidth-bound, by implementation (`_OPTIMIZER_BYTES`), after the
+  gradient-norm clip (torch's foreach norm reads the fp32 gradients, its foreach scale reads and
+  writes them: 12 bytes a parameter).
 """
 
 import dataclasses
@@ -44,6 +45,14 @@ _ATTENTION_BACKWARD_FLOPS, _ATTENTION_BACKWARD_EFFICIENCY = 2.5, 0.8
 # Rowwise-scaled float8 GEMMs against tensorwise ones (torchao's float8 README, GEMM benchmarks on
 # H100: rowwise's per-row scales cost ~15% of the GEMM's throughput).
 _ROWWISE_GEMM = 0.85
+# Bytes per fp32 parameter of AdamW's step (decoupled weight decay) as torch/optim/adam.py runs it:
+# fused, one kernel reading weight, gradient and both moments and writing weight and moments (28);
+# foreach (_multi_tensor_adam), one pass per op: weight decay (8), lerp of the first moment (12),
+# scale and addcmul of the second (8 + 12), its sqrt into a new tensor (8), the bias correction's
+# divide and eps's add (8 + 8), addcdiv into the weights (16); for-loop, the same ops tensor by
+# tensor (its per-tensor launches left out).
+_OPTIMIZER_BYTES = {"fused": 28, "foreach": 80, "for-loop": 80}
+_CLIP_BYTES = 4 + 8
 # Bytes an element costs per cast: an amax read of the high-precision tensor (2 B), a read and a
 # one-byte write for the scaled cast; compiled, the amax and cast fuse into the producer.
 _CAST_BYTES = {False: 2 + 2 + 1, True: 1 + 1}
@@ -270,5 +279,5 @@ def head_seconds(hw: HardwareConfig, w: Workload) -> float:
 def gpu_compute(w: Workload, hw: HardwareConfig) -> ComputeTimes:
     """Per microbatch: a block (forward + backward + recomputation), the head; the optimizer step."""
     block = block_seconds(hw, w)
-    optimizer = 32 * local_parameters(w) / _bandwidth(hw)
+    optimizer = (_OPTIMIZER_BYTES[w.optimizer] + _CLIP_BYTES) * local_parameters(w) / _bandwidth(hw)
     return ComputeTimes(layer=sum(block.values()), head=head_seconds(hw, w), optimizer=optimizer)

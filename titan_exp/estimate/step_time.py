@@ -8,7 +8,9 @@ under activation checkpointing), and its layout's collectives:
 - FSDP: each unit's all-gather in forward and again in backward (resharded after forward), its
   gradients' reduce-scatter in backward (the last microbatch only). On GPUs they run on their own
   streams, prefetched one unit ahead: per unit, only what exceeds that unit's compute shows, and
-  the first all-gather and the last reduce-scatter, which nothing covers;
+  the first all-gather and the last reduce-scatter, which nothing covers; the copies around
+  them (a gathered unit out of its flat buffer, gradients into the reduce-scatter's input) run on
+  the compute stream, bandwidth-bound, with the compute;
 - DDP / HSDP's replicas: an all-reduce of the gradients, overlapped with the backward;
 - tensor + sequence parallel: per layer, an all-gather and a reduce-scatter of the activations
   around attention and around the MLP, in forward, in backward and in recomputation; blocking,
@@ -101,6 +103,7 @@ def step_time(w: Workload, hw: HardwareConfig, compute: ComputeTimes, oversubscr
     blocking += _context_parallel(w, links, layers, microbatches)
     blocking += _expert_parallel(w, links, layers, microbatches)
     work += microbatches * layers * compute.layer * _expert_share(w) * (w.expert_load_imbalance - 1)
+    work += _fsdp_copies(w, hw, layers, microbatches)
     overlapped = _data_parallel(w, links, compute, layers, microbatches)
     if p.pipeline_parallel_degree > 1:
         boundary = w.tokens / p.tensor_parallel_degree * m.dim * DTYPE_BYTES[w.param_dtype]
@@ -257,6 +260,27 @@ def _unit_collective(w: Workload, links: _Links, bytes_per_param: float, kind: s
         return links.collective((dense + experts) * bytes_per_param, "dp_shard", kind)
     dense_part = links.collective(dense * bytes_per_param, "dp_shard", kind)
     return dense_part + links.collective(experts * bytes_per_param, "expert_shard", kind)
+
+
+def _fsdp_copies(w: Workload, hw: HardwareConfig, layers: int, microbatches: int) -> float:
+    """Seconds of the copies FSDP2 runs on the compute stream around its collectives, memory-bound:
+    after each all-gather, the gathered flat buffer split into the unit's unsharded parameters
+    (`foreach_all_gather_copy_out`: read and written once); before each reduce-scatter, the unit's
+    unsharded gradients copied, cast to the reduce dtype, into its input (`foreach_reduce_scatter_copy_in`,
+    on the current stream before the reduce-scatter stream waits on it). Torch's
+    `_fully_shard/_fsdp_collectives.py`. The all-gather's own copy-in (a shard, 1/shards of this)
+    runs on its own stream. Counted as the collectives are (`_data_parallel`): each layer gathered
+    in forward and again in backward per microbatch, reduced once a step."""
+    if w.fsdp_shards == 1:
+        return 0.0
+    m, p = w.model, w.parallelism
+    unit = sum(unit_parameters(w))
+    outside = part_parameters(m, p) / p.tensor_parallel_degree - layers * layer_parameters(m) / p.tensor_parallel_degree
+    param_bytes = DTYPE_BYTES[w.param_dtype]
+    gathered = 1 if w.float8_all_gather else param_bytes  # the linears' weights; embeddings and head stay
+    copied_out = 2 * (2 * layers * unit * gathered + outside * param_bytes) * microbatches
+    copied_in = (param_bytes + DTYPE_BYTES[w.reduce_dtype]) * (layers * unit + outside)
+    return (copied_out + copied_in) / (hw.memory_gbps * 1e9 * hw.memory_efficiency)
 
 
 def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: int, microbatches: int) -> float:

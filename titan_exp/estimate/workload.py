@@ -42,6 +42,8 @@ class Workload:
     allocator_slack: float = 0.0
     # The mean keys a query attends to (estimate/documents.py); None: causal over the window.
     attended_keys: float | None = None
+    # AdamW's kernels (optimizer.implementation): foreach, fused or for-loop.
+    optimizer: str = "foreach"
 
     @property
     def keys_per_query(self) -> float:

@@ -45,6 +45,7 @@ def workload(cfg: JobConfig, device: str) -> Workload:
         # A profile's slack is its device's: a job checked for another device leaves it out.
         allocator_slack=cfg.hardware.allocator_slack if cfg.hardware.device == device else 0.0,
         attended_keys=_attended_keys(cfg) if cfg.model.attn_mask_type == "block_causal" else None,
+        optimizer=cfg.optimizer.implementation,
     )
 
 

@@ -104,15 +104,24 @@ def block_parameters(m: ModelConfig, layer: int) -> int:
     return attention + ffn + 2 * m.dim
 
 
+def _blocks_parameters(m: ModelConfig) -> int:
+    """Every block's: a block's count depends only on its kind (dense or MoE), so one of each kind
+    is counted (the planner asks this thousands of times a fit)."""
+    counts: dict[bool, list[int]] = {}
+    for layer in range(m.n_layers):
+        counts.setdefault(m.is_moe_layer(layer), [layer, 0])[1] += 1
+    return sum(n * block_parameters(m, layer) for layer, n in counts.values())
+
+
 def layer_parameters(m: ModelConfig) -> int:
     """One block's (their mean where dense and MoE blocks mix: the estimates take every layer alike)."""
-    return sum(block_parameters(m, layer) for layer in range(m.n_layers)) // m.n_layers
+    return _blocks_parameters(m) // m.n_layers
 
 
 def model_parameters(m: ModelConfig) -> int:
     """Every parameter of the model (a tied output counted once)."""
     outside_layers = m.vocab_size * m.dim * (1 if m.tie_word_embeddings else 2) + m.dim
-    return sum(block_parameters(m, layer) for layer in range(m.n_layers)) + outside_layers
+    return _blocks_parameters(m) + outside_layers
 
 
 def routed_expert_parameters(m: ModelConfig) -> float:

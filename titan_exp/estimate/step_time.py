@@ -262,6 +262,12 @@ def _unit_collective(w: Workload, links: _Links, bytes_per_param: float, kind: s
     return dense_part + links.collective(experts * bytes_per_param, "expert_shard", kind)
 
 
+def _outside_layers(w: Workload, layers: int) -> float:
+    """Parameters a rank holds outside its `layers` blocks (embeddings, final norm, output), unsharded."""
+    m, p = w.model, w.parallelism
+    return (part_parameters(m, p) - layers * layer_parameters(m)) / p.tensor_parallel_degree
+
+
 def _fsdp_copies(w: Workload, hw: HardwareConfig, layers: int, microbatches: int) -> float:
     """Seconds of the copies FSDP2 runs on the compute stream around its collectives, memory-bound:
     after each all-gather, the gathered flat buffer split into the unit's unsharded parameters
@@ -273,9 +279,7 @@ def _fsdp_copies(w: Workload, hw: HardwareConfig, layers: int, microbatches: int
     in forward and again in backward per microbatch, reduced once a step."""
     if w.fsdp_shards == 1:
         return 0.0
-    m, p = w.model, w.parallelism
-    unit = sum(unit_parameters(w))
-    outside = part_parameters(m, p) / p.tensor_parallel_degree - layers * layer_parameters(m) / p.tensor_parallel_degree
+    unit, outside = sum(unit_parameters(w)), _outside_layers(w, layers)
     param_bytes = DTYPE_BYTES[w.param_dtype]
     gathered = 1 if w.float8_all_gather else param_bytes  # the linears' weights; embeddings and head stay
     copied_out = 2 * (2 * layers * unit * gathered + outside * param_bytes) * microbatches
@@ -300,7 +304,7 @@ def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: in
         units = layers + 1
         if p.expert_parallel_degree > 1:
             # The layers' units gather only a rank's own experts: counted apart from the others.
-            outside = (held - layers * layer_parameters(m) / p.tensor_parallel_degree) / (units - layers)
+            outside = _outside_layers(w, layers) / (units - layers)
             gather = links.collective(outside * param_bytes, "dp_shard", "all_gather")
             scatter = links.collective(outside * reduce_bytes, "dp_shard", "reduce_scatter")
             layer_gather = _unit_collective(w, links, param_bytes, "all_gather")
@@ -316,7 +320,7 @@ def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: in
     gather = _unit_collective(w, links, 1 if w.float8_all_gather else param_bytes, "all_gather")
     scatter = _unit_collective(w, links, reduce_bytes, "reduce_scatter")
     # Embeddings and head: gathered in forward, behind the head's compute.
-    outside = held - layers * layer_parameters(m) / p.tensor_parallel_degree
+    outside = _outside_layers(w, layers)
     head = links.collective(outside * param_bytes, "dp_shard", "all_gather")
     head += links.collective(outside * reduce_bytes, "dp_shard", "reduce_scatter") / microbatches
     # Per microbatch: each unit's gather behind the previous unit's forward (~1/3 of a layer's

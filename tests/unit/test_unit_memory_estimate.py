@@ -14,7 +14,6 @@ from titan_exp.estimate.memory import (
     GIB,
     RankMemory,
     layer_activations,
-    pipeline_chunks_in_flight,
     rank_memory,
 )
 from titan_exp.estimate.workload import (
@@ -23,11 +22,13 @@ from titan_exp.estimate.workload import (
     layer_parameters,
     model_parameters,
     part_parameters,
+    pipeline_chunks_in_flight,
     whole_under_tensor_parallel,
 )
 from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.registry import build_model
+from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
 from titan_exp.parallel.stages import StagePlan
 
@@ -209,8 +210,10 @@ def test_activation_checkpointing_full_keeps_less_than_selective_less_than_none(
         # compiled: the block's input, q and k/v before rotary (dim + 2·kv), attention's output,
         # the residual, w1's and w3's outputs (2·ffn)
         (NO_AC, True, 4 * 256 + 2 * 64 + 2 * 768),  # 2,688
+        # compiled op: as eager op without w2's output, which no backward reads
+        (ActivationCheckpointConfig("selective", "op"), True, 3 * 256 + 64 + 768),  # 1,600
     ],
-    ids=["none", "op", "every_2", "compiled"],
+    ids=["none", "op", "every_2", "compiled", "compiled_op"],
 )
 def test_kept_activations_per_layer_by_hand(ac: ActivationCheckpointConfig, compiled: bool, per_token: int) -> None:
     """Batch 8 × 1024 tokens, fp32, at the loss's backward: 6 layers × `per_token` elements a token,
@@ -256,6 +259,36 @@ def test_kept_activations_per_token_are_what_autograd_saves_on_a_cpu(name: str) 
     for seq_len in (64, 256):
         w = Workload(m, layout(), NO_AC, 2, seq_len, device="cpu")
         assert layer_activations(w, "none") == pytest.approx(_kept_by_autograd(m, seq_len=seq_len), rel=0.02)
+
+
+def test_compiled_selective_checkpointing_keeps_what_the_partitioner_saves_on_a_cpu() -> None:
+    """Per-op SAC in a compiled block: the model's count per token against the tensors the compiled
+    blocks save for backward, through AOTAutograd's min-cut partitioner (the one inductor runs;
+    `aot_eager_decomp_partition` skips inductor's code generation): the SAC policy's saved outputs
+    that a backward reads, not w2's (its log-sum-exp, one float a head, is the 1% left)."""
+    m, seq_len, batch = DEBUG, 256, 2
+    torch.manual_seed(0)
+    model = build_model(m)
+    apply_activation_checkpointing(model.layers, ActivationCheckpointConfig("selective", "op"))
+    for block in model.layers.values():
+        block.compile(backend="aot_eager_decomp_partition", fullgraph=True)
+    held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in held:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    outputs = []  # kept alive, so that no storage is freed and its address reused
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for block in model.layers.values():
+            outputs.append(block(torch.randn(batch, seq_len, m.dim, requires_grad=True), model.freqs_cis[:seq_len]))
+    measured = sum(saved.values()) / 4 / (batch * seq_len * m.n_layers)
+    w = Workload(m, layout(), ActivationCheckpointConfig("selective", "op"), batch, seq_len, compiled=True)
+    assert layer_activations(w, "op") == 3 * m.dim + m.kv_heads * m.head_dim + m.ffn_hidden_dim
+    assert layer_activations(w, "op") == pytest.approx(measured, rel=0.02)
+    assert measured < layer_activations(dataclasses.replace(w, compiled=False), "op")
 
 
 def test_compile_keeps_less_without_checkpointing_and_a_compiled_loss_shrinks_the_logits() -> None:

@@ -48,6 +48,7 @@ Each term, with its source:
   change; its casts (float8 weight and input, one byte an element) are temporaries;
 - torch.compile (per block): the partitioner recomputes pointwise work inside fused kernels, so a
   block keeps only matmul and attention inputs and outputs and its backward's temporaries shrink;
+  under per-op SAC it saves the policy's outputs only where a backward reads them (not w2's);
 - reserved beyond active: on CUDA the caching allocator reuses a block only on the stream it was
   allocated on, so each pool stands at its own high-water mark: FSDP2's sharded gradients (views of
   `foreach_reduce`'s output, on its reduce-scatter stream: `_fully_shard/_fsdp_collectives.py`) and
@@ -67,17 +68,13 @@ from titan_exp.estimate.workload import (
     PipelineRank,
     Workload,
     layer_parameters,
+    pipeline_chunks_in_flight,
     pipeline_ranks,
     unit_parameters,
 )
 from titan_exp.models.common.moe.config import SWIGLU_KEPT
 from titan_exp.models.config import ModelConfig
-from titan_exp.parallel.config import (
-    SINGLE_STAGE_SCHEDULES,
-    V_SHAPED_SCHEDULES,
-    ParallelismConfig,
-    resolved_context_parallel_impl,
-)
+from titan_exp.parallel.config import resolved_context_parallel_impl
 from titan_exp.units import GIB
 
 # fp32 master weights (4), their gradients (4), AdamW's two moments (8).
@@ -131,27 +128,6 @@ def rope_table_bytes(m: ModelConfig) -> int:
     return m.max_seq_len * m.rope_dim // 2 * 8
 
 
-def pipeline_chunks_in_flight(p: ParallelismConfig, microbatches: int, pp_rank: int = 0) -> int:
-    """Stage-microbatches whose activations pipeline rank `pp_rank` holds at its peak, as torch's
-    schedules order their work: every microbatch under GPipe and, per stage, under LoopedBFS; one
-    per rank from it to the last under 1F1B; under the interleaved schedules (v stages per rank)
-    their warm-up, (v-1)·pp + 2·(pp-1-rank) forwards, and the first steady one; under the V-shaped
-    ones, 2·(pp-rank)."""
-    pp, schedule = p.pipeline_parallel_degree, p.pipeline_parallel_schedule
-    if pp == 1:
-        return 1
-    if schedule == "GPipe":
-        return microbatches
-    if schedule in SINGLE_STAGE_SCHEDULES:
-        return min(pp - pp_rank, microbatches)
-    v = 2
-    if schedule == "LoopedBFS":
-        return microbatches * v
-    if schedule in V_SHAPED_SCHEDULES:
-        return min(microbatches * v, 2 * (pp - pp_rank))
-    return min(microbatches * v, (v - 1) * pp + 2 * (pp - 1 - pp_rank) + 1)
-
-
 def gathered_kv(m: ModelConfig, batch: int, seq_len: int, cp: int) -> float:
     """Elements of other cp ranks' K and V one attention layer holds under the all-gather context
     parallelism: gathered over the cp ranks and repeated to every query head, kept for the layer's
@@ -172,7 +148,12 @@ def layer_activations(w: Workload, mode: str) -> float:
         # The block's input; outputs of wq, wv, w1, w2 (every other matmul, w2's whole), attention's
         # output; under TP the two reduce-scatters' outputs.
         reduce_scatters = 2 * dim / tp if tp > 1 else 0
-        return dim + (3 * dim + kv + ffn) / tp + reduce_scatters
+        kept = dim + (3 * dim + kv + ffn) / tp + reduce_scatters
+        if w.compiled:
+            # The partitioner saves an output only where backward reads it: w2's (and under TP its
+            # reduce-scatter's) is read by the residual add alone. A MoE block compiles in parts.
+            kept -= (1 - m.num_moe_layers / m.n_layers) * (dim + reduce_scatters / 2)
+        return kept
     if w.compiled:
         # Fused pointwise work recomputed: the block's input, q/k/v before rotary, attention's
         # output, the residual after attention, w1's and w3's outputs.

@@ -1,14 +1,19 @@
 """What a training step asks of each rank, as the estimates read it (torch-free): the model's shape,
 the resolved layout, the step's shapes and dtypes, the options that change its kernels (compile,
 float8, async TP) and the device kind; and which parts of the model a rank holds (its pipeline
-stages, as the trainer cuts them: parallel/stages.py)."""
+stages, as the trainer cuts them: parallel/stages.py) and how many stage-microbatches in flight."""
 
 import functools
 import math
 from dataclasses import dataclass
 
 from titan_exp.models.config import ModelConfig
-from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
+from titan_exp.parallel.config import (
+    SINGLE_STAGE_SCHEDULES,
+    V_SHAPED_SCHEDULES,
+    ActivationCheckpointConfig,
+    ParallelismConfig,
+)
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.stages import StagePlan
 
@@ -189,6 +194,27 @@ def pipeline_ranks(p: ParallelismConfig, n_layers: int) -> dict[int, PipelineRan
         layers = sum(len(plan.layers(s, n_layers)) for s in stages)
         ranks[rank] = PipelineRank(layers, 0 in stages, plan.num_stages - 1 in stages, len(stages))
     return ranks
+
+
+def pipeline_chunks_in_flight(p: ParallelismConfig, microbatches: int, pp_rank: int = 0) -> int:
+    """Stage-microbatches whose activations pipeline rank `pp_rank` holds at its peak, as torch's
+    schedules order their work: every microbatch under GPipe and, per stage, under LoopedBFS; one
+    per rank from it to the last under 1F1B; under the interleaved schedules (v stages per rank)
+    their warm-up, (v-1)·pp + 2·(pp-1-rank) forwards, and the first steady one; under the V-shaped
+    ones, 2·(pp-rank)."""
+    pp, schedule = p.pipeline_parallel_degree, p.pipeline_parallel_schedule
+    if pp == 1:
+        return 1
+    if schedule == "GPipe":
+        return microbatches
+    if schedule in SINGLE_STAGE_SCHEDULES:
+        return min(pp - pp_rank, microbatches)
+    v = 2
+    if schedule == "LoopedBFS":
+        return microbatches * v
+    if schedule in V_SHAPED_SCHEDULES:
+        return min(microbatches * v, 2 * (pp - pp_rank))
+    return min(microbatches * v, (v - 1) * pp + 2 * (pp - 1 - pp_rank) + 1)
 
 
 def part_parameters(m: ModelConfig, p: ParallelismConfig) -> int:

@@ -28,9 +28,9 @@ from launchers.devices import available_memory
 from titan_exp.config.job import ResolvedJob, changed_config
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
-from titan_exp.estimate.memory import RankMemory, pipeline_chunks_in_flight
+from titan_exp.estimate.memory import RankMemory
 from titan_exp.estimate.step_time import ComputeTimes
-from titan_exp.estimate.workload import DTYPE_BYTES, whole_under_tensor_parallel
+from titan_exp.estimate.workload import DTYPE_BYTES, pipeline_chunks_in_flight, whole_under_tensor_parallel
 from titan_exp.metrics.peak_flops import cached, cpu_name, cpu_peak_flops, raise_cpu_peak
 from titan_exp.optim.optimizer import Optimizers
 from titan_exp.parallel.dims import ParallelDims

@@ -311,8 +311,8 @@ def test_pipelined_fsdp_gradients_accumulate_unsharded_in_the_reduce_dtype() -> 
     """Under FSDP + pipeline the stage's gradients stay whole until the last microbatch, upcast to
     the reduce dtype (float32 here), and its parameters stay gathered (param dtype)."""
     p = layout(dp_shard=2, pp=2)
-    bf16 = memory(p, param_dtype="bfloat16", reduce_dtype="float32", batch=4)
-    held = 3 * DEBUG_LAYER + DEBUG_EMBEDDING  # the busier rank: the first, two microbatches in flight
+    bf16 = rank_memory(Workload(DEBUG, p, NO_AC, 4, 256, param_dtype="bfloat16", reduce_dtype="float32"), pp_rank=0)
+    held = 3 * DEBUG_LAYER + DEBUG_EMBEDDING  # the first rank's three layers and the embedding
     assert bf16.phase == "pipeline steady state"
     assert bf16.gradients == held * 4 and bf16.communication == held * 2
     assert bf16.parameters == pytest.approx(held * 4 / 2, abs=1)
@@ -370,11 +370,12 @@ def test_gpipe_keeps_every_microbatch_1f1b_one_per_stage() -> None:
 
 
 def test_the_first_and_the_last_pipeline_rank_are_both_modelled() -> None:
-    """pp 2 (1F1B): the last rank holds the logits (8 microbatches of 1 × 256 tokens: one at a time,
-    256·2048·12 bytes), the first none; the estimate is the larger of the two."""
+    """pp 2 (1F1B): the last rank holds the logits (8 microbatches of 1 × 256 tokens: the loss's
+    float32 copies one at a time, 256·2048·12 bytes, and every microbatch's output, which the schedule
+    returns, 8·256·2048·4), the first none; the estimate is the larger of the two."""
     w = Workload(DEBUG, layout(pp=2), NO_AC, 8, 256)
     first, last = rank_memory(w, pp_rank=0), rank_memory(w, pp_rank=1)
-    assert last.logits == 256 * 2048 * 12 and first.logits == 0
+    assert last.logits == 256 * 2048 * 12 + 8 * 256 * 2048 * 4 and first.logits == 0
     assert rank_memory(w).total == max(first.total, last.total)
 
 
@@ -476,11 +477,14 @@ def test_the_estimate_holds_the_busiest_pipeline_rank(n_layers: int, pp: int, sc
     assert part_parameters(m, p) == max(_held_by_each_pp_rank(m, p))
 
 
-def test_the_estimate_covers_a_busier_middle_pipeline_rank() -> None:
-    """1F1B rank r keeps pp - r microbatches; no checkpointing, fp32: each layer-microbatch is
-    5,376 elements × 256 tokens × 4 bytes."""
+def test_the_estimate_is_the_busiest_pipeline_rank_with_its_allocator() -> None:
+    """1F1B over stages of 1, 2, 1 and 2 layers: rank r keeps pp - r microbatches (no checkpointing,
+    fp32: each layer-microbatch is 5,376 elements × 256 tokens × 4 bytes), the last one the logits
+    too; the estimate is the largest of the four reserved totals."""
     w = Workload(DEBUG, layout(pp=4), NO_AC, 8, 256)
-    assert rank_memory(w).activations >= 3 * 2 * 5_376 * 256 * 4
+    ranks = [rank_memory(w, pp_rank=r) for r in range(4)]
+    assert ranks[1].activations == 3 * 2 * 5_376 * 256 * 4
+    assert rank_memory(w).total == max(r.total for r in ranks)
 
 
 def test_expert_parallel_gathers_a_ranks_own_experts_only() -> None:

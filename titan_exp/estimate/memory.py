@@ -43,7 +43,8 @@ Each term, with its source:
   PipelineStage sets `set_requires_gradient_sync(False)` and `set_reshard_after_backward(False)`;
   FSDPParam.to_accumulated_grad_if_needed upcasts to the reduce dtype);
 - pipeline schedules: the stage-microbatches a rank keeps in flight (`pipeline_chunks_in_flight`,
-  from torch's schedules' warm-up counts);
+  from torch's schedules' warm-up counts); the last stage's outputs, every microbatch's logits, which
+  torch's PipelineStage keeps until the step returns them merged (`output_chunks`);
 - float8 (torchao): Float8Linear saves its high-precision input and weight, so activations do not
   change; its casts (float8 weight and input, one byte an element) are temporaries;
 - torch.compile (per block): the partitioner recomputes pointwise work inside fused kernels, so a
@@ -286,14 +287,18 @@ def _pipeline_steady_state(
 ) -> RankMemory:
     """A pipeline rank's peak: its steady state, with the schedule's microbatches in flight."""
     p, fsdp = w.parallelism, w.fsdp_shards > 1
-    chunks = pipeline_chunks_in_flight(p, w.local_batch_size // w.microbatch, pp_rank)
+    microbatches = w.local_batch_size // w.microbatch
+    chunks = pipeline_chunks_in_flight(p, microbatches, pp_rank)
     held = rank.parameters(w.model) / p.tensor_parallel_degree
+    # The last stage keeps every microbatch's output, the logits in the param dtype, for the schedule
+    # to merge and return at the end of the step (PipelineStage.output_chunks; step's return_outputs).
+    returned = microbatches * w.tokens * w.model.vocab_size / p.tensor_parallel_degree if rank.last else 0.0
     return RankMemory(
         **common,
         # Accumulated unsharded in the reduce dtype under FSDP (sharded ones come at the end).
         gradients=int(held * DTYPE_BYTES[w.reduce_dtype] if fsdp else b.sharded_grads),
         activations=int(b.kept * rank.layers / rank.stages * chunks + b.head_activations),
-        logits=int(b.logits),
+        logits=int(b.logits + returned * DTYPE_BYTES[w.param_dtype]),
         temporaries=int(b.layer_transient),
         communication=int(held * (1 if w.float8_all_gather else DTYPE_BYTES[w.param_dtype]) if fsdp else buckets),
         # The last microbatch's sharded gradients, in the reduce-scatter stream's own pool.
@@ -365,7 +370,11 @@ def rank_memory(w: Workload, pp_rank: int | None = None) -> RankMemory:
     """The busiest rank's peak, active and reserved (degrees resolved); or pipeline rank `pp_rank`'s."""
     ranks = pipeline_ranks(w.parallelism, w.model.n_layers)
     chosen = ranks if pp_rank is None else {pp_rank: ranks[pp_rank]}
-    peak = max((_rank_peak(w, rank, index) for index, rank in chosen.items()), key=lambda r: r.total)
+    return max((_reserved(w, _rank_peak(w, rank, index)) for index, rank in chosen.items()), key=lambda r: r.total)
+
+
+def _reserved(w: Workload, peak: RankMemory) -> RankMemory:
+    """`peak` with what the device's allocator and the process keep beyond its tensors."""
     fitted = peak.active * w.allocator_slack  # the profile's, where a calibration found fragmentation
     if w.device == "cpu":
         return dataclasses.replace(

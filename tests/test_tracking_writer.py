@@ -109,6 +109,26 @@ def test_a_run_that_ended_is_reopened_running_and_an_unknown_one_is_not(tmp_path
     assert MlflowRun.reopen(cfg.uri, "0" * 32, "a-token") is None
 
 
+def test_a_reopened_run_keeps_its_first_attempts_params_and_takes_new_ones(tmp_path):
+    """A requeued job logs its start again: a figure measured anew (a CPU's peak FLOP/s, measured
+    under another load) keeps the first attempt's value, where MLflow would refuse the change and
+    fail the run's tracking; keys it had not logged are written."""
+    from titan_exp.tracking.config import TrackingConfig
+    from titan_exp.tracking.run import MlflowRun
+
+    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db")
+    run = MlflowRun.create(cfg, "requeued", {})
+    run.log_params({"derived/peak_flops_per_device": 36.5e9, "model.dim": 64})
+    run.finish("FAILED", "time limit")
+    reopened = MlflowRun.reopen(cfg.uri, run.run_id, "a-token")
+    reopened.log_params({"derived/peak_flops_per_device": 138.4e9, "model.dim": 64, "resumed_from": "step-50"})
+    assert reopened.client.get_run(run.run_id).data.params == {
+        "derived/peak_flops_per_device": str(36.5e9),
+        "model.dim": "64",
+        "resumed_from": "step-50",
+    }
+
+
 def test_a_store_locked_by_another_process_is_ridden_out_from_the_first_call(tmp_path):
     """Issue 47 item 8: opening a client reads the tables, and failed at once while another process
     held the store's exclusive lock (the job then exited 1 naming only SQLAlchemy's link). Every call,

@@ -132,9 +132,13 @@ class MlflowRun:
         return cls(cfg.uri, run.info.run_id)
 
     def log_params(self, params: dict[str, object]) -> None:
+        """The params the run does not have yet: a run re-attached after a requeue keeps what its
+        first attempt logged (MLflow refuses to change a param, and a figure measured at the start,
+        as a CPU's peak FLOP/s, may come out otherwise the second time)."""
         from mlflow.entities import Param
 
-        items = [Param(k, str(v)[:_MAX_PARAM_LENGTH]) for k, v in params.items()]
+        logged = with_retries(lambda: self.client.get_run(self.run_id)).data.params
+        items = [Param(k, str(v)[:_MAX_PARAM_LENGTH]) for k, v in params.items() if k not in logged]
         for chunk in _chunks(items, _MAX_PARAMS_PER_BATCH):
             with_retries(functools.partial(self.client.log_batch, self.run_id, params=chunk))
 

@@ -1,12 +1,14 @@
 """Shared helpers: compose configs like the CLI does, and run the CLI in a subprocess."""
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -47,6 +49,19 @@ LONGEST_MODULES = (
     "test_slurm.py",
     "test_slurm_two_nodes.py",
 )
+
+
+# Tests take the machine shared; a test that times the machine (marked `alone`) takes it whole: the
+# other xdist worker waits before its next test instead of running ranks beside the measurements.
+_MACHINE_LOCK = Path(tempfile.gettempdir()) / "titan_exp_tests.lock"
+
+
+@pytest.fixture(autouse=True)
+def _machine_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(_MACHINE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,6 +1,7 @@
 """`titan_exp plan calibrate` for real on this machine's CPU ranks: six layouts trained and tracked,
 the `cpu` profile fitted on three of them, and the other three, which the fit never saw, predicted
-better than before. Marked slow: six tracked runs and the planner's compute measurement of each."""
+better than before. Marked slow: six tracked runs and the planner's compute measurement of each;
+and alone: its figures are timings, which another test's ranks beside them would spoil."""
 
 import re
 
@@ -12,7 +13,7 @@ from titan_exp.plan.calibrate import CPU_FIGURES, SLACK_BOUNDS
 
 from conftest import SMALL_MODEL, mlflow_runs, run_cli, subcommand
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 # Two ranks each: DDP, FSDP and TP at two batch sizes; small enough that gloo's collectives, which
 # the fit moves, weigh as much as the compute the planner measures.
@@ -24,11 +25,14 @@ def test_a_calibration_on_three_layouts_predicts_three_others_better(tmp_path, s
     uri, db = store
     sweep = run_cli([uri, *TRAINING, *SWEEP], tmp_path, flags=("-m",), timeout=1200)
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
-    runs = {run.data.params["training.local_batch_size"]: [] for run in mlflow_runs(db)}
-    for run in mlflow_runs(db):
-        runs[run.data.params["training.local_batch_size"]].append(run.info.run_id)
-    fit_on, evaluate = runs["2"], runs["8"]
-    assert len(fit_on) == len(evaluate) == 3
+    runs = {
+        (run.data.params["derived/mesh"], run.data.params["training.local_batch_size"]): run.info.run_id
+        for run in mlflow_runs(db)
+    }
+    # Each layout in both halves, at the other batch size: a team's three runs and three it plans.
+    fit_on = [runs["dp_replicate2", "2"], runs["dp_shard2", "8"], runs["tp2", "2"]]
+    evaluate = [runs["dp_replicate2", "8"], runs["dp_shard2", "2"], runs["tp2", "8"]]
+    assert len(runs) == 6
     done = subcommand(
         ["plan", "calibrate", "--hardware", "cpu", "--uri", f"sqlite:///{db}", "--out", str(tmp_path / "cpu.yaml")]
         + ["--runs", ",".join(fit_on), "--evaluate", ",".join(evaluate)]

@@ -19,11 +19,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.alone]
 # the fit moves, weigh as much as the compute the planner measures.
 SWEEP = ["parallelism=ddp,fsdp,tp", "training.local_batch_size=2,8"]
 TRAINING = ["launcher.nproc_per_node=2", "training.steps=160", "metrics.log_freq=10", "data=synthetic", *SMALL_MODEL]
+# The runs are planned with a profile as far off as one nobody measured: gloo's bandwidth and per-call
+# costs of a link a hundred times this loopback's. The measured `cpu` profile is already close here,
+# and this machine's speed drifts between sittings by more than is left to fit (the same layouts ran
+# 1.5-2x apart within the hour, 2026-12-06): what a test can hold is that the fit recovers what a
+# wrong profile misses, on runs it did not see.
+GUESSED = ["hardware.intra_node_gbps=30", "hardware.collective_latency_us=10", "hardware.reduce_latency_us=10"]
 
 
 def test_a_calibration_on_three_layouts_predicts_three_others_better(tmp_path, store):
     uri, db = store
-    sweep = run_cli([uri, *TRAINING, *SWEEP], tmp_path, flags=("-m",), timeout=1200)
+    sweep = run_cli([uri, *TRAINING, *GUESSED, *SWEEP], tmp_path, flags=("-m",), timeout=1200)
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
     runs = {
         (run.data.params["derived/mesh"], run.data.params["training.local_batch_size"]): run.info.run_id

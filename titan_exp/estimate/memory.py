@@ -143,6 +143,7 @@ def layer_activations(w: Workload, mode: str) -> float:
     is split over tp (sequence parallel, or heads and ffn columns)."""
     m, tp = w.model, w.parallelism.tensor_parallel_degree
     dim, kv, ffn = m.dim, m.kv_heads * m.head_dim, m.active_ffn_hidden_dim
+    moe_share = m.num_moe_layers / m.n_layers
     if mode == "full":  # the block's input
         return dim / tp
     if mode == "op":
@@ -153,7 +154,7 @@ def layer_activations(w: Workload, mode: str) -> float:
         if w.compiled:
             # The partitioner saves an output only where backward reads it: w2's (and under TP its
             # reduce-scatter's) is read by the residual add alone. A MoE block compiles in parts.
-            kept -= (1 - m.num_moe_layers / m.n_layers) * (dim + reduce_scatters / 2)
+            kept -= (1 - moe_share) * (dim + reduce_scatters / 2)
         return kept
     if w.compiled:
         # Fused pointwise work recomputed: the block's input, q/k/v before rotary, attention's
@@ -163,7 +164,6 @@ def layer_activations(w: Workload, mode: str) -> float:
     # one fused kernel), its normalized input too; its output is what the next matmuls read, gathered
     # under TP, except a MoE layer's: its router and experts read the rank's sequence slice.
     norm_kept = 2 if w.device == "cpu" else 1
-    moe_share = m.num_moe_layers / m.n_layers
     attention_whole, attention = m.attention_kept_per_token(norm_kept, w.device == "cpu", w.seq_len)
     whole = dim + (1 - moe_share) * dim + attention_whole
     sharded = 2 * norm_kept * dim + moe_share * dim + attention + _ffn_kept(m) + _routed_rows(w)

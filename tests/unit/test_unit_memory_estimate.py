@@ -223,12 +223,17 @@ def test_kept_activations_per_layer_by_hand(ac: ActivationCheckpointConfig, comp
     assert kept.activations == 6 * 8 * 1024 * per_token * 4 + 2 * 256 * 8 * 1024 * 4
 
 
-def _kept_by_autograd(m: ModelConfig, seq_len: int, batch: int = 2) -> float:
+def _kept_by_autograd(m: ModelConfig, seq_len: int, batch: int = 2, compiled_op_sac: bool = False) -> float:
     """Elements per token that a block of the real model saves for its backward, averaged over the
-    blocks (DeepSeek-V3's first is dense), on a CPU in float32, eager: every saved tensor's storage
-    once, the block's input included, weights and buffers not."""
+    blocks (DeepSeek-V3's first is dense), on a CPU in float32, eager (or under per-op SAC,
+    compiled: what the compiled blocks save): every saved tensor's storage once, the block's input
+    included, weights and buffers not."""
     torch.manual_seed(0)
     model = build_model(m)
+    if compiled_op_sac:
+        apply_activation_checkpointing(model.layers, ActivationCheckpointConfig("selective", "op"))
+        for block in model.layers.values():
+            block.compile(backend="aot_eager_decomp_partition", fullgraph=True)
     held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     kept: dict[int, int] = {}
 
@@ -266,26 +271,9 @@ def test_compiled_selective_checkpointing_keeps_what_the_partitioner_saves_on_a_
     blocks save for backward, through AOTAutograd's min-cut partitioner (the one inductor runs;
     `aot_eager_decomp_partition` skips inductor's code generation): the SAC policy's saved outputs
     that a backward reads, not w2's (its log-sum-exp, one float a head, is the 1% left)."""
-    m, seq_len, batch = DEBUG, 256, 2
-    torch.manual_seed(0)
-    model = build_model(m)
-    apply_activation_checkpointing(model.layers, ActivationCheckpointConfig("selective", "op"))
-    for block in model.layers.values():
-        block.compile(backend="aot_eager_decomp_partition", fullgraph=True)
-    held = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() not in held:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    outputs = []  # kept alive, so that no storage is freed and its address reused
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        for block in model.layers.values():
-            outputs.append(block(torch.randn(batch, seq_len, m.dim, requires_grad=True), model.freqs_cis[:seq_len]))
-    measured = sum(saved.values()) / 4 / (batch * seq_len * m.n_layers)
-    w = Workload(m, layout(), ActivationCheckpointConfig("selective", "op"), batch, seq_len, compiled=True)
+    m, seq_len = DEBUG, 256
+    measured = _kept_by_autograd(m, seq_len, compiled_op_sac=True)
+    w = Workload(m, layout(), ActivationCheckpointConfig("selective", "op"), 2, seq_len, compiled=True)
     assert layer_activations(w, "op") == 3 * m.dim + m.kv_heads * m.head_dim + m.ffn_hidden_dim
     assert layer_activations(w, "op") == pytest.approx(measured, rel=0.02)
     assert measured < layer_activations(dataclasses.replace(w, compiled=False), "op")

@@ -86,6 +86,10 @@ class HardwareConfig(Section):
             if not value > 0 or math.isinf(value):
                 raise ConfigError(f"{key}.{f.name}", value, "must be a finite number > 0, or -1 (measured here)")
 
+    def memory_bytes_per_second(self) -> float:
+        """What bandwidth-bound kernels (elementwise, copies, the optimizer step) sustain."""
+        return self.memory_gbps * 1e9 * self.memory_efficiency
+
     def peak_flops(self, dtype: str) -> float:
         return {"float32": self.peak_tflops_float32, "bfloat16": self.peak_tflops_bfloat16}.get(
             dtype, self.peak_tflops_float8

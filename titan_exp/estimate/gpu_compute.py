@@ -75,11 +75,7 @@ def _gemm(hw: HardwareConfig, m: float, n: float, k: float, dtype: str, w: Workl
     rate = hw.peak_flops(dtype) * efficiency * _waves(hw, m, n)
     element = 1 if low_precision else DTYPE_BYTES[w.param_dtype]
     traffic = (m * k + k * n) * element + m * n * DTYPE_BYTES[w.param_dtype]
-    return max(2 * m * n * k / rate, traffic / _bandwidth(hw))
-
-
-def _bandwidth(hw: HardwareConfig) -> float:
-    return hw.memory_gbps * 1e9 * hw.memory_efficiency
+    return max(2 * m * n * k / rate, traffic / hw.memory_bytes_per_second())
 
 
 def linear_shapes(w: Workload) -> dict[str, tuple[float, float]]:
@@ -137,7 +133,7 @@ def _grouped_gemm(hw: HardwareConfig, groups: float, m: float, n: float, k: floa
     rate = hw.peak_flops(dtype) * hw.matmul_efficiency * filled * _waves(hw, m, n, groups)
     element = DTYPE_BYTES[w.param_dtype]
     traffic = groups * ((m * k + k * n) * element + m * n * element)
-    return max(2 * groups * m * n * k / rate, traffic / _bandwidth(hw))
+    return max(2 * groups * m * n * k / rate, traffic / hw.memory_bytes_per_second())
 
 
 def recomputed_by_op_ac(names: list[str]) -> list[str]:
@@ -153,13 +149,13 @@ def _linear(hw: HardwareConfig, w: Workload, tokens: float, fan_in: float, fan_o
     # Backward: the input's gradient (tokens × in) and the weight's (in × out, summed over tokens).
     backward = _gemm(hw, tokens, fan_in, fan_out, dtype, w) + _gemm(hw, fan_in, fan_out, tokens, dtype, w)
     if w.float8:
-        cast = _CAST_BYTES[w.compiled] / _bandwidth(hw)
+        cast = _CAST_BYTES[w.compiled] / hw.memory_bytes_per_second()
         weight = fan_in * fan_out / (w.fsdp_shards if w.float8_all_gather else 1)  # cast before the gather
         forward += (tokens * fan_in + weight) * cast
         # The output's gradient cast, and the float8 copies the backward GEMMs read along the other
         # axis: tensorwise transposes its float8 data (a byte read and written), the others cast again.
         # (a re-cast reads the saved high-precision tensor: no producer to fuse into).
-        transposed = (2 if w.quantize == "tensorwise" else 2 + 1 + (0 if w.compiled else 2)) / _bandwidth(hw)
+        transposed = (2 if w.quantize == "tensorwise" else 2 + 1 + (0 if w.compiled else 2)) / hw.memory_bytes_per_second()
         backward += tokens * fan_out * cast + (tokens * fan_in + fan_in * fan_out) * transposed
     return forward, backward
 
@@ -246,11 +242,11 @@ def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:
     for name, (forward, backward) in _routed_experts(hw, w).items():
         dense = linears.get(name, (0.0, 0.0))
         linears[name] = (dense[0] + forward, dense[1] + backward)
-    elementwise = tokens * _elementwise_bytes(w) / _bandwidth(hw)
+    elementwise = tokens * _elementwise_bytes(w) / hw.memory_bytes_per_second()
     attention = _attention(hw, w)
     forward = sum(f for f, _ in linears.values()) + attention[0] + elementwise
     backward = sum(b for _, b in linears.values()) + attention[1] + 2 * elementwise
-    backward += tokens * _gradient_sums_bytes(w) / _bandwidth(hw)
+    backward += tokens * _gradient_sums_bytes(w) / hw.memory_bytes_per_second()
     ac = w.ac
     if ac.mode == "full":
         recompute = forward
@@ -272,12 +268,12 @@ def head_seconds(hw: HardwareConfig, w: Workload) -> float:
     # Eager: the float32 copy, log-softmax, its gradient, the cast back (~28 bytes a logit); compiled:
     # the logits read in forward and backward and their gradient written, in the param dtype.
     per_logit = 3 * DTYPE_BYTES[w.param_dtype] if w.compiled_loss else 28
-    loss = tokens * m.vocab_size / tp * per_logit / _bandwidth(hw)
+    loss = tokens * m.vocab_size / tp * per_logit / hw.memory_bytes_per_second()
     return forward + backward + loss
 
 
 def gpu_compute(w: Workload, hw: HardwareConfig) -> ComputeTimes:
     """Per microbatch: a block (forward + backward + recomputation), the head; the optimizer step."""
     block = block_seconds(hw, w)
-    optimizer = (_OPTIMIZER_BYTES[w.optimizer] + _CLIP_BYTES) * local_parameters(w) / _bandwidth(hw)
+    optimizer = (_OPTIMIZER_BYTES[w.optimizer] + _CLIP_BYTES) * local_parameters(w) / hw.memory_bytes_per_second()
     return ComputeTimes(layer=sum(block.values()), head=head_seconds(hw, w), optimizer=optimizer)

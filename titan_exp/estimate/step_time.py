@@ -194,7 +194,7 @@ def _tensor_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: 
         # (Async TP's fused matmuls gather and scatter chunk by chunk in place.)
         gathered_copies = (gathers * gathered_bytes + backwards * activation) * (w.microbatch > 1)
         copied = _TP_PAIRS * (gathered_copies + (scatters + backwards) * activation)
-        per_layer += 2 * copied / (links.hw.memory_gbps * 1e9 * links.hw.memory_efficiency)
+        per_layer += 2 * copied / links.hw.memory_bytes_per_second()
     if w.async_tp and links.hw.overlaps_communication:
         # Hidden behind the linears that consume or produce them, split into tp chunks: the first
         # chunk's transfer is never hidden, and the chunked matmuls and the copy engines' traffic
@@ -284,7 +284,7 @@ def _fsdp_copies(w: Workload, hw: HardwareConfig, layers: int, microbatches: int
     gathered = 1 if w.float8_all_gather else param_bytes  # the linears' weights; embeddings and head stay
     copied_out = 2 * (2 * layers * unit * gathered + outside * param_bytes) * microbatches
     copied_in = (param_bytes + DTYPE_BYTES[w.reduce_dtype]) * (layers * unit + outside)
-    return (copied_out + copied_in) / (hw.memory_gbps * 1e9 * hw.memory_efficiency)
+    return (copied_out + copied_in) / hw.memory_bytes_per_second()
 
 
 def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: int, microbatches: int) -> float:

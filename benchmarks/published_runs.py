@@ -28,6 +28,9 @@ TT_PERFORMANCE = "pytorch/torchtitan docs/performance.md @4d88a8a4 (tables of 20
 # torchtitan ran foreach AdamW until it made fused its default on 2025-02-24 (its #881); PR 355, which
 # added the fused option, ran it. IBM's fms-fsdp takes torch's default (foreach).
 FUSED_ADAMW_SINCE = "2025-02-24"
+# torchtitan's pipelined step returned the last stage's outputs (torch's default) until its #1922 of
+# 2025-10-22: every microbatch's logits stayed on the last stage through the step.
+PIPELINE_OUTPUTS_DROPPED_SINCE = "2025-10-22"
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,15 @@ class Published:
     @property
     def composed(self) -> list[str]:
         """The overrides a plan composes it from: the recipe of the time, then the source's settings."""
-        fused = _RAN[self.source] >= FUSED_ADAMW_SINCE or self.source == TT_PR.format(355, "655d834c")
-        return [*BASE, f"optimizer.implementation={'fused' if fused else 'foreach'}", *self.overrides]
+        ran = _RAN[self.source]
+        fused = ran >= FUSED_ADAMW_SINCE or self.source == TT_PR.format(355, "655d834c")
+        returned = ran < PIPELINE_OUTPUTS_DROPPED_SINCE
+        return [
+            *BASE,
+            f"optimizer.implementation={'fused' if fused else 'foreach'}",
+            f"plan.pipeline_returns_outputs={returned}",
+            *self.overrides,
+        ]
 
 
 def fsdp(model: str, gpus: int, hardware: list[str], batch: int) -> list[str]:

@@ -359,12 +359,16 @@ def test_gpipe_keeps_every_microbatch_1f1b_one_per_stage() -> None:
 
 def test_the_first_and_the_last_pipeline_rank_are_both_modelled() -> None:
     """pp 2 (1F1B): the last rank holds the logits (8 microbatches of 1 × 256 tokens: the loss's
-    float32 copies one at a time, 256·2048·12 bytes, and every microbatch's output, which the schedule
-    returns, 8·256·2048·4), the first none; the estimate is the larger of the two."""
+    float32 copies one at a time, 256·2048·12 bytes), the first none; the estimate is the larger of
+    the two. A step that returns its outputs (torch's default, not titan_exp's) keeps every
+    microbatch's too, 8·256·2048·4."""
     w = Workload(DEBUG, layout(pp=2), NO_AC, 8, 256)
     first, last = rank_memory(w, pp_rank=0), rank_memory(w, pp_rank=1)
-    assert last.logits == 256 * 2048 * 12 + 8 * 256 * 2048 * 4 and first.logits == 0
+    assert last.logits == 256 * 2048 * 12 and first.logits == 0
     assert rank_memory(w).total == max(first.total, last.total)
+    returning = dataclasses.replace(w, pipeline_returns_outputs=True)
+    assert rank_memory(returning, pp_rank=1).logits == last.logits + 8 * 256 * 2048 * 4
+    assert rank_memory(returning, pp_rank=0).logits == 0
 
 
 @pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "DualPipeV"])

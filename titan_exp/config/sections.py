@@ -203,6 +203,10 @@ class PlanConfig(Section):
     # follows how many keys each query sees, within its document). None: measured from data.paths
     # (data=files: the first documents through its tokenizer), else as long as the window.
     document_tokens: Optional[float] = None
+    # Predict a pipelined step that returns the last stage's outputs, as torch's schedules do by
+    # default and torchtitan's did until 2025-10-22: every microbatch's logits stay on the last
+    # stage until the step ends. titan_exp's own step returns none (parallel/pipeline.py).
+    pipeline_returns_outputs: bool = False
 
     def check(self, key: str) -> None:
         check_at_least(f"{key}.expert_load_imbalance", self.expert_load_imbalance, 1.0)

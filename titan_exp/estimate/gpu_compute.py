@@ -155,7 +155,9 @@ def _linear(hw: HardwareConfig, w: Workload, tokens: float, fan_in: float, fan_o
         # The output's gradient cast, and the float8 copies the backward GEMMs read along the other
         # axis: tensorwise transposes its float8 data (a byte read and written), the others cast again.
         # (a re-cast reads the saved high-precision tensor: no producer to fuse into).
-        transposed = (2 if w.quantize == "tensorwise" else 2 + 1 + (0 if w.compiled else 2)) / hw.memory_bytes_per_second()
+        transposed = (
+            2 if w.quantize == "tensorwise" else 2 + 1 + (0 if w.compiled else 2)
+        ) / hw.memory_bytes_per_second()
         backward += tokens * fan_out * cast + (tokens * fan_in + fan_in * fan_out) * transposed
     return forward, backward
 

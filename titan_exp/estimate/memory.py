@@ -43,8 +43,9 @@ Each term, with its source:
   PipelineStage sets `set_requires_gradient_sync(False)` and `set_reshard_after_backward(False)`;
   FSDPParam.to_accumulated_grad_if_needed upcasts to the reduce dtype);
 - pipeline schedules: the stage-microbatches a rank keeps in flight (`pipeline_chunks_in_flight`,
-  from torch's schedules' warm-up counts); the last stage's outputs, every microbatch's logits, which
-  torch's PipelineStage keeps until the step returns them merged (`output_chunks`);
+  from torch's schedules' warm-up counts); where the step returns the last stage's outputs (torch's
+  default; `plan.pipeline_returns_outputs`, not titan_exp's own step), every microbatch's logits,
+  which torch's PipelineStage keeps until the step returns them merged (`output_chunks`);
 - float8 (torchao): Float8Linear saves its high-precision input and weight, so activations do not
   change; its casts (float8 weight and input, one byte an element) are temporaries;
 - torch.compile (per block): the partitioner recomputes pointwise work inside fused kernels, so a
@@ -290,9 +291,10 @@ def _pipeline_steady_state(
     microbatches = w.local_batch_size // w.microbatch
     chunks = pipeline_chunks_in_flight(p, microbatches, pp_rank)
     held = rank.parameters(w.model) / p.tensor_parallel_degree
-    # The last stage keeps every microbatch's output, the logits in the param dtype, for the schedule
-    # to merge and return at the end of the step (PipelineStage.output_chunks; step's return_outputs).
-    returned = microbatches * w.tokens * w.model.vocab_size / p.tensor_parallel_degree if rank.last else 0.0
+    # A step that returns its outputs keeps every microbatch's, the logits in the param dtype, on the
+    # last stage until the schedule merges them at its end (PipelineStage.output_chunks).
+    returns = rank.last and w.pipeline_returns_outputs
+    returned = microbatches * w.tokens * w.model.vocab_size / p.tensor_parallel_degree if returns else 0.0
     return RankMemory(
         **common,
         # Accumulated unsharded in the reduce dtype under FSDP (sharded ones come at the end).

@@ -49,6 +49,8 @@ class Workload:
     attended_keys: float | None = None
     # AdamW's kernels (optimizer.implementation): foreach, fused or for-loop.
     optimizer: str = "foreach"
+    # The pipeline step returns the last stage's outputs (plan.pipeline_returns_outputs).
+    pipeline_returns_outputs: bool = False
 
     @property
     def keys_per_query(self) -> float:

@@ -46,6 +46,7 @@ def workload(cfg: JobConfig, device: str) -> Workload:
         allocator_slack=cfg.hardware.allocator_slack if cfg.hardware.device == device else 0.0,
         attended_keys=_attended_keys(cfg) if cfg.model.attn_mask_type == "block_causal" else None,
         optimizer=cfg.optimizer.implementation,
+        pipeline_returns_outputs=cfg.plan.pipeline_returns_outputs,
     )
 
 

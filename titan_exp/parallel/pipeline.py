@@ -94,6 +94,10 @@ class Pipeline:
         kwargs: dict = {"target": labels, "losses": losses} if self.has_last else {}
         if documents is not None:
             kwargs["documents"] = documents
+        if not forward_only:
+            # Only the losses are read: returning the outputs (torch's default; torchtitan's until
+            # its #1922 of 2025-10-22) would keep every microbatch's logits on the last stage.
+            kwargs["return_outputs"] = False
         run = self.schedule.eval if forward_only else self.schedule.step
         with _forward_actions_only(self.schedule) if forward_only else contextlib.nullcontext():
             if self.has_first:

@@ -19,8 +19,6 @@ from conftest import SMALL_MODEL, compose_config
 
 MICROBATCHES = 4
 SEQ_LEN = 32
-
-
 SCHEDULES = ("1F1B", "Interleaved1F1B")  # torch's single-stage and multi-stage step paths
 
 

@@ -149,15 +149,14 @@ def _linear(hw: HardwareConfig, w: Workload, tokens: float, fan_in: float, fan_o
     # Backward: the input's gradient (tokens × in) and the weight's (in × out, summed over tokens).
     backward = _gemm(hw, tokens, fan_in, fan_out, dtype, w) + _gemm(hw, fan_in, fan_out, tokens, dtype, w)
     if w.float8:
-        cast = _CAST_BYTES[w.compiled] / hw.memory_bytes_per_second()
+        bandwidth = hw.memory_bytes_per_second()
+        cast = _CAST_BYTES[w.compiled] / bandwidth
         weight = fan_in * fan_out / (w.fsdp_shards if w.float8_all_gather else 1)  # cast before the gather
         forward += (tokens * fan_in + weight) * cast
         # The output's gradient cast, and the float8 copies the backward GEMMs read along the other
         # axis: tensorwise transposes its float8 data (a byte read and written), the others cast again.
         # (a re-cast reads the saved high-precision tensor: no producer to fuse into).
-        transposed = (
-            2 if w.quantize == "tensorwise" else 2 + 1 + (0 if w.compiled else 2)
-        ) / hw.memory_bytes_per_second()
+        transposed = (2 if w.quantize == "tensorwise" else 2 + 1 + (0 if w.compiled else 2)) / bandwidth
         backward += tokens * fan_out * cast + (tokens * fan_in + fan_in * fan_out) * transposed
     return forward, backward
 
@@ -244,11 +243,12 @@ def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:
     for name, (forward, backward) in _routed_experts(hw, w).items():
         dense = linears.get(name, (0.0, 0.0))
         linears[name] = (dense[0] + forward, dense[1] + backward)
-    elementwise = tokens * _elementwise_bytes(w) / hw.memory_bytes_per_second()
+    bandwidth = hw.memory_bytes_per_second()
+    elementwise = tokens * _elementwise_bytes(w) / bandwidth
     attention = _attention(hw, w)
     forward = sum(f for f, _ in linears.values()) + attention[0] + elementwise
     backward = sum(b for _, b in linears.values()) + attention[1] + 2 * elementwise
-    backward += tokens * _gradient_sums_bytes(w) / hw.memory_bytes_per_second()
+    backward += tokens * _gradient_sums_bytes(w) / bandwidth
     ac = w.ac
     if ac.mode == "full":
         recompute = forward

@@ -200,6 +200,8 @@ RUNS: list[Published] = [
 TT_PR = "pytorch/torchtitan PR {} (commit {}, log in the commit message)"
 IBM_FSDP = "pytorch.org/blog/maximizing-training (IBM, 2024-03) and foundation-model-stack/fms-fsdp README @4ffb9bd"
 IBM_COMPILE = "foundation-model-stack/fms-fsdp README @5a296af (torch.compile)"
+TT_ISSUE_929 = "pytorch/torchtitan issue 929 (a comment's log, 2025-03-06)"
+NEMO_AUTOMODEL = "NVIDIA-NeMo/Automodel docs/performance-summary.md @2013a4dd6 (FSDP2 backend, TE kernels)"
 AWS_SAGEMAKER = (
     "aws.amazon.com/blogs/machine-learning/"
     "efficient-pre-training-of-llama-3-like-model-architectures-using-torchtitan-on-amazon-sagemaker"
@@ -232,6 +234,17 @@ LLAMA2 = {
     ],
     "70b": ["model=llama3_70b", "model.vocab_size=32000"],
 }
+# torchtitan's "gpt2" flavour of 2024: the Llama 3 block at GPT-2 small's width and depth (multi-head
+# attention), with Llama 3's 128,256-entry vocabulary.
+LLAMA3_GPT2 = [
+    "model=llama3_8b",
+    "model.dim=768",
+    "model.n_layers=12",
+    "model.n_heads=12",
+    "model.n_kv_heads=12",
+    "model.multiple_of=256",
+    "model.ffn_dim_multiplier=null",
+]
 QWEN3_32B = [
     "model=qwen3_8b",
     "model.dim=5120",
@@ -292,6 +305,16 @@ _RAN = {
     IBM_FSDP: "2024-03",
     IBM_COMPILE: "2024-05",
     AWS_SAGEMAKER: "2024-10",
+    TT_PR.format(808, "069bae286"): "2025-02-27",
+    TT_PR.format(812, "2271b6386"): "2025-01-31",
+    TT_PR.format(615, "466586975"): "2024-10-21",
+    TT_PR.format(382, "baad09c3b"): "2024-07-11",
+    TT_PR.format(533, "e0634d9dc"): "2024-08-19",
+    TT_ISSUE_929: "2025-03-06",
+    TT_PR.format(1610, "f738a03bf"): "2025-08-22",
+    TT_PR.format(1616, "8a749c618"): "2025-08-22",
+    TT_PR.format(2107, "36a4b6942"): "2025-12-17",
+    NEMO_AUTOMODEL: "2026-04",
 }
 
 HELD_OUT: list[Published] = [
@@ -352,4 +375,56 @@ HELD_OUT: list[Published] = [
               [*fsdp("llama3_8b", 32, H100, 1), *SAC_OP, *COMPILE_BLOCKS], 7166, None),
     Published("aws 8b fsdp32 compile f8", "ho-aws", AWS_SAGEMAKER,
               [*fsdp("llama3_8b", 32, H100, 1), *SAC_OP, *COMPILE_BLOCKS, *FLOAT8], 8950, None),
+    # Found on 2026-12-06, after every term above was written (a second search of torchtitan's PRs and
+    # issues and of other stacks' published tables); mapped from their logs and configs as they are.
+    # Llama 3 8B on 8 Grand Teton H100s, FSDP 8, local batch 1, seq 8192, op SAC, the blocks compiled:
+    # bf16, float8 rowwise, float8 tensorwise with float8 all-gathers (PR 808).
+    Published("pr808 8b fsdp8 compile bf16", "ho-8b-808", TT_PR.format(808, "069bae286"),
+              [*fsdp("llama3_8b", 8, GRAND_TETON, 1), *SAC_OP, *COMPILE_BLOCKS], 5760, 47.65),
+    Published("pr808 8b fsdp8 compile f8 rowwise", "ho-8b-808", TT_PR.format(808, "069bae286"),
+              [*fsdp("llama3_8b", 8, GRAND_TETON, 1), *SAC_OP, *COMPILE_BLOCKS, *ROWWISE], 6468, 47.77),
+    Published("pr808 8b fsdp8 compile f8 tensorwise", "ho-8b-808", TT_PR.format(808, "069bae286"),
+              [*fsdp("llama3_8b", 8, GRAND_TETON, 1), *SAC_OP, *COMPILE_BLOCKS, *FLOAT8], 7186, 47.32),
+    # The same, float8 tensorwise without float8 all-gathers, eager and compiled (PR 812; a 5-step
+    # run, step 5's figures).
+    Published("pr812 8b fsdp8 eager f8", "ho-8b-812", TT_PR.format(812, "2271b6386"),
+              [*fsdp("llama3_8b", 8, GRAND_TETON, 1), *SAC_OP, *FLOAT8[:2]], 3985, 81.77),
+    Published("pr812 8b fsdp8 compile f8", "ho-8b-812", TT_PR.format(812, "2271b6386"),
+              [*fsdp("llama3_8b", 8, GRAND_TETON, 1), *SAC_OP, *COMPILE_BLOCKS, *FLOAT8[:2]], 7448, 47.77),
+    # Without AC, compiled, expandable segments set by hand (PR 615, October 2024; steps 3-13).
+    Published("pr615 8b fsdp8 lbs1 no ac compile", "ho-8b-8-gt", TT_PR.format(615, "466586975"),
+              [*fsdp("llama3_8b", 8, GRAND_TETON, 1), *COMPILE_BLOCKS], 7265, 70.96),
+    # Local batch 2, op SAC, eager (PR 382's baseline, July 2024).
+    Published("pr382 8b fsdp8 lbs2 sac op eager", "ho-8b-382", TT_PR.format(382, "baad09c3b"),
+              [*fsdp("llama3_8b", 8, GRAND_TETON, 2), *SAC_OP], 6398, 69.04),
+    # torchtitan's "gpt2" flavour on 4 Grand Teton H100s, FSDP 4, local batch 5, seq 8192, no AC, fused
+    # AdamW (its toml): compiled blocks, then eager (PR 533's baselines, August 2024; steps 10-100).
+    Published("gpt2-shape fsdp4 lbs5 compile", "ho-gpt2", TT_PR.format(533, "e0634d9dc"),
+              [*_dp(LLAMA3_GPT2, 4, GRAND_TETON, 5), *COMPILE_BLOCKS, "optimizer.implementation=fused"],
+              112000, 81.67),
+    Published("gpt2-shape fsdp4 lbs5 eager", "ho-gpt2", TT_PR.format(533, "e0634d9dc"),
+              [*_dp(LLAMA3_GPT2, 4, GRAND_TETON, 5), "optimizer.implementation=fused"], 98800, 86.48),
+    # Llama 3 8B on 8 A100s of 80 GB, FSDP 8, local batch 1, seq 8192, op SAC, compiled (steps 20-40).
+    Published("a100 8b fsdp8 lbs1 sac op compile", "ho-a100-8b-8", TT_ISSUE_929,
+              [*fsdp("llama3_8b", 8, A100, 1), *SAC_OP, *COMPILE_BLOCKS], 2910, 47.61),
+    # DeepSeek-V3 16B on 8 Grand Teton H100s, seq 4096, local batch 8, the loss compiled: FSDP 8 with EP 8,
+    # op SAC, SDPA (PR 1610); FSDP 2 x PP 4, Interleaved1F1B of 8 microbatches, full AC (PR 1616: its
+    # log's memory is one rank's, not compared).
+    Published("dsv3-16b fsdp8 ep8 sac op", "ho-dsv3-1610", TT_PR.format(1610, "f738a03bf"),
+              [*fsdp("deepseek_v3_16b", 8, GRAND_TETON, 8), "parallelism.expert_parallel_degree=8", *seq(4096),
+               *SAC_OP, "compile.enable=true", "compile.components=[loss]"], 6721, 78.14),
+    Published("dsv3-16b fsdp2 pp4 interleaved", "ho-dsv3-1616", TT_PR.format(1616, "8a749c618"),
+              [*layout("deepseek_v3_16b", 8, GRAND_TETON, 8, pp=4), *pipelined("Interleaved1F1B", 1), *seq(4096),
+               *FULL_AC, "compile.enable=true", "compile.components=[loss]"], 4900, None),
+    # DeepSeek-V3 671B on 512 H100s of 80 GB: FSDP 64 x PP 8 with EP 32, Interleaved1F1B of 16
+    # microbatches of 1, seq 4096, full AC, compiled, torch's all-to-all (PR 2107's baseline; load
+    # balance forced there).
+    Published("dsv3-671b fsdp64 pp8 ep32", "ho-dsv3-671b", TT_PR.format(2107, "36a4b6942"),
+              [*layout("deepseek_v3_671b", 512, H100, 16, pp=8), "parallelism.expert_parallel_degree=32",
+               *pipelined("Interleaved1F1B", 1), *seq(4096), *FULL_AC, *COMPILE], 346, None),
+    # Llama 3.1 70B on 64 H100s through NeMo AutoModel's FSDP2 backend: FSDP 32 x CP 2, local batch 1,
+    # 4 microbatches accumulated, seq 8192, AC, compiled (TransformerEngine's kernels there).
+    Published("nemo 70b fsdp32 cp2", "ho-nemo", NEMO_AUTOMODEL,
+              [*layout("llama3_70b", 64, H100, 1, cp=2), "training.global_batch_size=128", *FULL_AC, *COMPILE],
+              866.77, None),
 ]  # fmt: skip

@@ -9,9 +9,13 @@ block runs, each timed by what bounds it, summed; the output head and loss; the 
   (an amax read and a scaled cast of the input, the weight and, in backward, the output's gradient;
   transposed copies for the backward GEMMs); compile fuses the casts into their neighbours.
   Rowwise scaling's GEMMs are slower (`_ROWWISE_GEMM`); mxfp8's block-scaled GEMMs run at the
-  float8 rate where the tensor cores take MX scales (Blackwell: the `mxfp8` profiles). Tensorwise
-  scales transpose their float8 copies for backward; rowwise and MX scales run along one axis, so
-  backward casts the high-precision tensors again along the other.
+  float8 rate where the tensor cores take MX scales (Blackwell: the `mxfp8` profiles). Compiled,
+  tensorwise scales transpose their float8 copies for backward; rowwise and MX scales run along one
+  axis, so backward casts the high-precision tensors again along the other. Eager, every cast is
+  torchao's composite (`tensor_to_amax`, `_ToFloat8ConstrFunc`, `to_fp8_saturated`: six kernels)
+  and backward casts the input, the weight and the output's gradient again from the high-precision
+  tensors it saved, each made column-major for `_scaled_mm` (`float8_linear.py`'s backward and
+  `float8_ops.preprocess_addmm`, torchao of 2025-01).
 - **Attention** (flash / cuDNN SDPA): causal, so half the score matrix; backward 2.5× the
   forward's FLOPs at a lower efficiency (FlashAttention-2, Dao 2023, §3 and its H100 figures).
 - **Bandwidth-bound work** (norms, rotary, SwiGLU, residuals, GQA's K/V repeat, the copies SDPA
@@ -53,9 +57,13 @@ _ROWWISE_GEMM = 0.85
 # tensor (its per-tensor launches left out).
 _OPTIMIZER_BYTES = {"fused": 28, "foreach": 80, "for-loop": 80}
 _CLIP_BYTES = 4 + 8
-# Bytes an element costs per cast: an amax read of the high-precision tensor (2 B), a read and a
-# one-byte write for the scaled cast; compiled, the amax and cast fuse into the producer.
-_CAST_BYTES = {False: 2 + 2 + 1, True: 1 + 1}
+# Bytes an element of a bf16 tensor costs per float8 cast. Eager, torchao's six kernels:
+# torch.abs (read 2, write 2) and torch.max (read 2) for the amax; .to(float32) (2, 4), the scale's
+# multiply (4, 4), clamp (4, 4), .to(float8) (4, 1). Compiled, the amax and the cast fuse into the
+# producer: the high-precision read and the float8 write.
+_CAST_BYTES = {False: (2 + 2) + 2 + (2 + 4) + (4 + 4) + (4 + 4) + (4 + 1), True: 1 + 1}
+# A float8 copy made column-major for `_scaled_mm` (a byte read and written).
+_LAYOUT_BYTES = 2
 
 
 def _waves(hw: HardwareConfig, rows: float, cols: float, groups: float = 1) -> float:
@@ -153,10 +161,16 @@ def _linear(hw: HardwareConfig, w: Workload, tokens: float, fan_in: float, fan_o
         cast = _CAST_BYTES[w.compiled] / bandwidth
         weight = fan_in * fan_out / (w.fsdp_shards if w.float8_all_gather else 1)  # cast before the gather
         forward += (tokens * fan_in + weight) * cast
+        if not w.compiled:
+            # The output's gradient cast twice (one per backward GEMM); the input and, unless it came
+            # gathered in float8, the weight cast again; each made column-major for one GEMM.
+            again = tokens * fan_out + tokens * fan_in + (0 if w.float8_all_gather else fan_in * fan_out)
+            relayout = (tokens * fan_out + tokens * fan_in + fan_in * fan_out) * _LAYOUT_BYTES / bandwidth
+            return forward, backward + (tokens * fan_out + again) * cast + relayout
         # The output's gradient cast, and the float8 copies the backward GEMMs read along the other
-        # axis: tensorwise transposes its float8 data (a byte read and written), the others cast again.
+        # axis: tensorwise transposes its float8 data (a byte read and written), the others cast again
         # (a re-cast reads the saved high-precision tensor: no producer to fuse into).
-        transposed = (2 if w.quantize == "tensorwise" else 2 + 1 + (0 if w.compiled else 2)) / bandwidth
+        transposed = (_LAYOUT_BYTES if w.quantize == "tensorwise" else _LAYOUT_BYTES + 1) / bandwidth
         backward += tokens * fan_out * cast + (tokens * fan_in + fan_in * fan_out) * transposed
     return forward, backward
 

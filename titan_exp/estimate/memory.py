@@ -158,9 +158,13 @@ def layer_activations(w: Workload, mode: str) -> float:
             kept -= (1 - moe_share) * (dim + reduce_scatters / 2)
         return kept
     if w.compiled:
-        # Fused pointwise work recomputed: the block's input, q/k/v before rotary, attention's
-        # output, the residual after attention, w1's and w3's outputs.
-        return (4 * dim + 2 * kv + 2 * ffn) / tp
+        # What AOTAutograd's min-cut partitioner saves (measured through it on this CPU,
+        # tests/unit/test_unit_memory_estimate.py): the block's input and both norms' outputs; q and
+        # K/V as attention reads them (repeated to every query head) and attention's output with
+        # wo's contiguous copy of it; w1's and w3's outputs and the SwiGLU product w2 reads. The
+        # norms' and rotary's pointwise work is what it recomputes.
+        heads = m.n_heads * m.head_dim
+        return (3 * dim + 5 * heads + 3 * ffn) / tp
     # Each RMSNorm keeps its input and, on a CPU (where it is composed of pointwise ops rather than
     # one fused kernel), its normalized input too; its output is what the next matmuls read, gathered
     # under TP, except a MoE layer's: its router and experts read the rank's sequence slice.

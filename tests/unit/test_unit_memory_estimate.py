@@ -23,6 +23,8 @@ from titan_exp.estimate.workload import (
     model_parameters,
     part_parameters,
     pipeline_chunks_in_flight,
+    pipeline_ranks,
+    routed_expert_parameters,
     whole_under_tensor_parallel,
 )
 from titan_exp.models.common.moe.config import MoEConfig
@@ -317,6 +319,20 @@ def test_pipelined_fsdp_gradients_accumulate_unsharded_in_the_reduce_dtype() -> 
     assert bf16.phase == "pipeline steady state"
     assert bf16.gradients == held * 4 and bf16.communication == held * 2
     assert bf16.parameters == pytest.approx(held * 4 / 2, abs=1)
+
+
+def test_a_pipelined_expert_parallel_rank_holds_only_its_own_experts_gathered() -> None:
+    """Under FSDP + pipeline + EP a stage stays gathered between microbatches, but EP leaves each
+    rank num_experts / ep of a layer's experts: the gathered weights and their unsharded gradients
+    are the rank's dense layers and its own experts, not every expert (DeepSeek-V3 671B on 512 H100s,
+    PP 8 × EP 32, was planned at 528 GiB a rank where torchtitan logged 60)."""
+    moe = OmegaConf.to_object(compose_config(["model=qwen3_moe_debug"])).model
+    w = Workload(moe, layout(dp_shard=4, pp=2, ep=4), NO_AC, 4, 256, param_dtype="bfloat16", reduce_dtype="float32")
+    rank = pipeline_ranks(w.parallelism, moe.n_layers)[0]
+    experts = routed_expert_parameters(moe)
+    own_experts = rank.layers * (layer_parameters(moe) - experts + experts / 4) + moe.vocab_size * moe.dim
+    assert rank_memory(w, pp_rank=0).communication == int(own_experts * 2)
+    assert rank_memory(w, pp_rank=0).gradients == int(own_experts * 4)
 
 
 @pytest.mark.parametrize(

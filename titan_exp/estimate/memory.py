@@ -69,6 +69,7 @@ from titan_exp.estimate.workload import (
     DTYPE_BYTES,
     PipelineRank,
     Workload,
+    gathered_parameters,
     layer_parameters,
     pipeline_chunks_in_flight,
     pipeline_ranks,
@@ -294,7 +295,7 @@ def _pipeline_steady_state(
     p, fsdp = w.parallelism, w.fsdp_shards > 1
     microbatches = w.local_batch_size // w.microbatch
     chunks = pipeline_chunks_in_flight(p, microbatches, pp_rank)
-    held = rank.parameters(w.model) / p.tensor_parallel_degree
+    held = gathered_parameters(w, rank)
     # A step that returns its outputs keeps every microbatch's, the logits in the param dtype, on the
     # last stage until the schedule merges them at its end (PipelineStage.output_chunks).
     returns = rank.last and w.pipeline_returns_outputs

@@ -219,6 +219,14 @@ def pipeline_chunks_in_flight(p: ParallelismConfig, microbatches: int, pp_rank: 
     return min(microbatches * v, (v - 1) * pp + 2 * (pp - 1 - pp_rank) + 1)
 
 
+def gathered_parameters(w: Workload, rank: PipelineRank) -> float:
+    """What a pipeline rank's stages hold gathered between its microbatches (FSDP unsharded, the
+    unit of one layer as `unit_parameters` gathers it: TP splits the dense weights, EP leaves the
+    rank its own experts), with the embeddings and head it holds, split over tp."""
+    outside = rank.parameters(w.model) - rank.layers * layer_parameters(w.model)
+    return rank.layers * sum(unit_parameters(w)) + outside / w.parallelism.tensor_parallel_degree
+
+
 def part_parameters(m: ModelConfig, p: ParallelismConfig) -> int:
     """Parameters of the busiest pipeline rank's parts before sharding (the whole model without a
     pipeline)."""

@@ -9,8 +9,9 @@ Then each source's runs again, with the profile figures fitted on the other sour
 Last, the HELD_OUT runs, published runs found after the model's terms were written and kept out
 of every fit, as the same table and summary (`--no-refits` skips the refits: seconds, not minutes).
 
-The runs, each with its source and settings, are in benchmarks/published_runs.py. Runs whose
-source gives no memory, or no TPS, are compared on what it gives.
+The runs, each with its source and settings, are in benchmarks/published_runs.py and
+published_held_out.py (their sources and dates: published_sources.py). Runs whose source gives no
+memory, or no TPS, are compared on what it gives.
 
 Usage: python benchmarks/bench_planner_published.py [--json PATH] [--no-refits]
 """
@@ -21,7 +22,8 @@ import os
 import statistics
 from pathlib import Path
 
-from published_runs import HELD_OUT, RUNS, Published
+from published_held_out import HELD_OUT
+from published_runs import RUNS, Published
 
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import register_schema

@@ -178,11 +178,15 @@ class PipelineRank:
     stages: int
 
     def parameters(self, m: ModelConfig) -> int:
+        return self.layers * layer_parameters(m) + self.outside_layers(m)
+
+    def outside_layers(self, m: ModelConfig) -> int:
+        """The embeddings, the final norm and the output projection its stages hold (a tied output
+        is the embedding, counted once)."""
         embedding = m.vocab_size * m.dim if self.first else 0
-        # The final norm and the output projection (a tied output is the embedding, counted once).
         shares_embedding = m.tie_word_embeddings and self.first
         head = m.dim + (0 if shares_embedding else m.vocab_size * m.dim) if self.last else 0
-        return self.layers * layer_parameters(m) + embedding + head
+        return embedding + head
 
 
 def pipeline_ranks(p: ParallelismConfig, n_layers: int) -> dict[int, PipelineRank]:
@@ -223,8 +227,7 @@ def gathered_parameters(w: Workload, rank: PipelineRank) -> float:
     """What a pipeline rank's stages hold gathered between its microbatches (FSDP unsharded, the
     unit of one layer as `unit_parameters` gathers it: TP splits the dense weights, EP leaves the
     rank its own experts), with the embeddings and head it holds, split over tp."""
-    outside = rank.parameters(w.model) - rank.layers * layer_parameters(w.model)
-    return rank.layers * sum(unit_parameters(w)) + outside / w.parallelism.tensor_parallel_degree
+    return rank.layers * sum(unit_parameters(w)) + rank.outside_layers(w.model) / w.parallelism.tensor_parallel_degree
 
 
 def part_parameters(m: ModelConfig, p: ParallelismConfig) -> int:

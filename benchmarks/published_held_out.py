@@ -4,6 +4,7 @@ were found after the model's terms were written."""
 
 from published_runs import (
     A100,
+    C4_DOCUMENTS,
     COMPILE,
     COMPILE_BLOCKS,
     FLOAT8,
@@ -199,20 +200,20 @@ HELD_OUT: list[Published] = [
     Published("a100 8b fsdp8 lbs1 sac op compile", "ho-a100-8b-8", TT_ISSUE_929,
               [*fsdp("llama3_8b", 8, A100, 1), *SAC_OP, *COMPILE_BLOCKS], 2910, 47.61),
     # DeepSeek-V3 16B on 8 Grand Teton H100s, seq 4096, local batch 8, the loss compiled: FSDP 8 with EP 8,
-    # op SAC, SDPA (PR 1610); FSDP 2 x PP 4, Interleaved1F1B of 8 microbatches, full AC (PR 1616: its
-    # log's memory is one rank's, not compared).
+    # op SAC, SDPA (PR 1610); FSDP 2 x PP 4, Interleaved1F1B of 8 microbatches, full AC, FlexAttention
+    # within documents (PR 1616: its log's memory is one rank's, not compared).
     Published("dsv3-16b fsdp8 ep8 sac op", "ho-dsv3-1610", TT_PR.format(1610, "f738a03bf"),
               [*fsdp("deepseek_v3_16b", 8, GRAND_TETON, 8), "parallelism.expert_parallel_degree=8", *seq(4096),
                *SAC_OP, "compile.enable=true", "compile.components=[loss]"], 6721, 78.14),
     Published("dsv3-16b fsdp2 pp4 interleaved", "ho-dsv3-1616", TT_PR.format(1616, "8a749c618"),
               [*layout("deepseek_v3_16b", 8, GRAND_TETON, 8, pp=4), *pipelined("Interleaved1F1B", 1), *seq(4096),
-               *FULL_AC, "compile.enable=true", "compile.components=[loss]"], 4900, None),
+               *FULL_AC, *C4_DOCUMENTS, "compile.enable=true", "compile.components=[loss]"], 4900, None),
     # DeepSeek-V3 671B on 512 H100s of 80 GB: FSDP 64 x PP 8 with EP 32, Interleaved1F1B of 16
-    # microbatches of 1, seq 4096, full AC, compiled, torch's all-to-all (PR 2107's baseline; load
-    # balance forced there).
+    # microbatches of 1, seq 4096, full AC, compiled, FlexAttention within documents, torch's
+    # all-to-all (PR 2107's baseline; load balance forced there).
     Published("dsv3-671b fsdp64 pp8 ep32", "ho-dsv3-671b", TT_PR.format(2107, "36a4b6942"),
               [*layout("deepseek_v3_671b", 512, H100, 16, pp=8), "parallelism.expert_parallel_degree=32",
-               *pipelined("Interleaved1F1B", 1), *seq(4096), *FULL_AC, *COMPILE], 346, None),
+               *pipelined("Interleaved1F1B", 1), *seq(4096), *FULL_AC, *C4_DOCUMENTS, *COMPILE], 346, None),
     # Llama 3.1 70B on 64 H100s through NeMo AutoModel's FSDP2 backend: FSDP 32 x CP 2, local batch 1,
     # 4 microbatches accumulated, seq 8192, AC, compiled (TransformerEngine's kernels there).
     Published("nemo 70b fsdp32 cp2", "ho-nemo", NEMO_AUTOMODEL,

@@ -30,6 +30,10 @@ COMPILE_BLOCKS = ["compile.enable=true", "compile.components=[model]"]
 FLOAT8 = ["quantize=float8", "quantize.recipe=tensorwise", "quantize.enable_fsdp_float8_all_gather=true"]
 SAC_OP = ["activation_checkpoint.mode=selective", "activation_checkpoint.selective_ac_option=op"]
 FULL_AC = ["activation_checkpoint.mode=full"]
+# torchtitan's FlexAttention within each document (attn_mask_type block_causal: its DeepSeek-V3 from
+# 2025-08-22, every language model from 2026) over C4 (c4 or c4_test): 427 tokens a document (C4.EN,
+# 156B tokens in 365M documents: Dodge et al. 2021, Table 1).
+C4_DOCUMENTS = ["model.attn_mask_type=block_causal", "plan.document_tokens=427"]
 
 
 @dataclass(frozen=True)
@@ -183,10 +187,10 @@ RUNS: list[Published] = [
               [*fsdp("llama3_8b", 64, H200, 2), *SAC_OP, *COMPILE, *FLOAT8], 10753, 46.97),
     # Mixture of experts. DeepSeek-V3 16B on 8 H100s of 95 GiB (Grand Teton's), FSDP 8 with EP 4, local
     # batch 16, seq 4096, full AC, the loss compiled; eager, torch's all-to-all (Run 8 of torchtitan's
-    # DeepSeek-V3 scaling notes, unmerged branch; its attention is FlexAttention).
+    # DeepSeek-V3 scaling notes, unmerged branch; its attention is FlexAttention, within documents).
     Published("dsv3-16b fsdp8 ep4 full ac", "moe-dsv3-16b", TT_DSV3_SCALING,
               [*fsdp("deepseek_v3_16b", 8, GRAND_TETON, 16), "parallelism.expert_parallel_degree=4", *seq(4096),
-               *FULL_AC, "compile.enable=true", "compile.components=[loss]"], 10160, 66.98),
+               *FULL_AC, *C4_DOCUMENTS, "compile.enable=true", "compile.components=[loss]"], 10160, 66.98),
     # Qwen3-30B-A3B on 8 B200s through torchtitan: FSDP 8, no EP, local batch 8, seq 8192, SAC, blocks and
     # loss compiled. Its loss runs in 8 chunks (titan_exp's does not): memory not compared.
     Published("qwen3-30b-a3b fsdp8 b200 compile", "moe-qwen3-30b", PITH_TRAIN,

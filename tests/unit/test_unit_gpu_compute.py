@@ -8,10 +8,12 @@ from layouts import layout
 from omegaconf import OmegaConf
 
 from titan_exp.estimate.gpu_compute import (
+    _attention,
     _elementwise_bytes,
     _gemm,
     _gradient_sums_bytes,
     _linear,
+    attention_kernel,
     block_seconds,
     gpu_compute,
     head_seconds,
@@ -177,3 +179,22 @@ def test_expert_parallelism_adds_the_regrouping_passes_and_spreads_the_experts()
     assert ep["forward"] > plain["forward"]
     extra = 4 * m.moe.top_k * m.dim * 2 * 2 * 8192 * m.num_moe_layers / m.n_layers / (3350e9 * H100.memory_efficiency)
     assert ep["forward"] - plain["forward"] == pytest.approx(extra, rel=0.05)
+
+
+def test_latent_attentions_narrower_values_take_sdpas_memory_efficient_kernel() -> None:
+    """SDPA's flash kernel needs one head width for q, k and v: DeepSeek-V3's 192-wide queries and
+    keys against 128-wide values run the memory-efficient kernel, slower than flash at the same
+    FLOPs, most of all in backward; a document mask runs FlexAttention, a little slower than flash."""
+    latent, llama = _model("deepseek_v3_16b"), workload()
+    assert [attention_kernel(w) for w in (llama, workload(model=latent))] == ["flash", "efficient"]
+    assert attention_kernel(workload(masked_keys=512.0)) == "flex"
+    assert attention_kernel(workload(param_dtype="float32")) == "math"
+    # The same FLOPs (one width for both products) through each kernel.
+    same_flops = dataclasses.replace(latent, mla=dataclasses.replace(latent.mla, v_head_dim=latent.mla.qk_head_dim))
+    flash_forward, flash_backward = _attention(H100, workload(model=same_flops))
+    unequal = dataclasses.replace(same_flops.mla, qk_nope_head_dim=127, v_head_dim=193)
+    efficient = dataclasses.replace(same_flops, mla=unequal)
+    assert efficient.attention_flops_dim == same_flops.attention_flops_dim
+    forward, backward = _attention(H100, workload(model=efficient))
+    assert flash_forward < forward < 1.5 * flash_forward
+    assert backward > 1.5 * flash_backward

@@ -16,8 +16,9 @@ block runs, each timed by what bounds it, summed; the output head and loss; the 
   and backward casts the input, the weight and the output's gradient again from the high-precision
   tensors it saved, each made column-major for `_scaled_mm` (`float8_linear.py`'s backward and
   `float8_ops.preprocess_addmm`, torchao of 2025-01).
-- **Attention** (flash / cuDNN SDPA): causal, so half the score matrix; backward 2.5× the
-  forward's FLOPs at a lower efficiency (FlashAttention-2, Dao 2023, §3 and its H100 figures).
+- **Attention**: causal, so half the score matrix; backward 2.5× the forward's FLOPs at a lower
+  efficiency (FlashAttention-2, Dao 2023, §3 and its H100 figures); at the rate of the kernel it
+  runs (`attention_kernel`: SDPA's flash or memory-efficient kernel, or FlexAttention).
 - **Bandwidth-bound work** (norms, rotary, SwiGLU, residuals, GQA's K/V repeat, the copies SDPA
   needs): bytes each op reads and writes (`_ELEMENTWISE`), in eager as the model's ops run them
   (nn.RMSNorm and rotary upcast to float32), compiled as inductor fuses each region into one read
@@ -46,6 +47,12 @@ _TILE = (128, 256)
 # Attention's backward: FLOPs relative to its forward and its efficiency relative to the forward's
 # (FlashAttention-2, Dao 2023: 2.5× the matmul work, lower utilisation from the extra reductions).
 _ATTENTION_BACKWARD_FLOPS, _ATTENTION_BACKWARD_EFFICIENCY = 2.5, 0.8
+# Each attention kernel's (forward, backward) throughput against FlashAttention-2's. FlexAttention:
+# 90% and 85% (PyTorch's FlexAttention post, 2024-08). The memory-efficient kernel (xformers'
+# CUTLASS kernel, which aten vendors as mem_eff_attention): 43.4 and 27.4 TFLOP/s against 53.1
+# and 51.9 (flash-attention's benchmark_flash_attention.py, causal, head dim 64, seq 4096, in
+# Dao-AILab/flash-attention issue 416).
+_AGAINST_FLASH = {"flash": (1.0, 1.0), "flex": (0.90, 0.85), "efficient": (43.4 / 53.1, 27.4 / 51.9)}
 # Rowwise-scaled float8 GEMMs against tensorwise ones (torchao's float8 README, GEMM benchmarks on
 # H100: rowwise's per-row scales cost ~15% of the GEMM's throughput).
 _ROWWISE_GEMM = 0.85
@@ -234,18 +241,35 @@ def _routing_bytes(w: Workload) -> float:
     return m.num_moe_layers / m.n_layers * passes * rows * m.dim * DTYPE_BYTES[w.param_dtype]
 
 
+def attention_kernel(w: Workload) -> str:
+    """The kernel a block's attention runs on a GPU (models/common/rotary.causal_attention): under a
+    document mask FlexAttention; else SDPA's flash kernel, which needs q, k and v of one head width
+    (aten's sdp_utils.cpp, check_head_dim_size_flash), so latent attention's narrower values take
+    the memory-efficient kernel (cuDNN's refuses its 192-wide heads: torchtitan PR 1610); float32
+    has neither (the math path)."""
+    if w.param_dtype == "float32":
+        return "math"
+    if w.masked_keys is not None:
+        return "flex"
+    return "efficient" if w.model.value_width_differs else "flash"
+
+
 def _attention(hw: HardwareConfig, w: Workload) -> tuple[float, float]:
     """(forward, backward) seconds of causal attention over the microbatch on this rank: its
     queries against the keys each attends to (half the window's score matrix, causal; within its
-    document under a document mask, estimate/documents.py)."""
+    document under a document mask, estimate/documents.py), at the kernel's rate."""
     m, p = w.model, w.parallelism
     heads = m.n_heads / p.tensor_parallel_degree
     forward_flops = 4 * w.tokens * w.keys_per_query * heads * m.attention_flops_dim
-    rate = hw.peak_flops("bfloat16" if w.param_dtype == "float32" else w.param_dtype) * hw.attention_efficiency
-    if w.param_dtype == "float32":  # no flash kernel for float32: the math path at the float32 peak
+    kernel = attention_kernel(w)
+    if kernel == "math":  # matmuls at the float32 peak
         rate = hw.peak_flops("float32") * hw.matmul_efficiency
+    else:
+        rate = hw.peak_flops(w.param_dtype) * hw.attention_efficiency
     forward = forward_flops / rate
-    return forward, forward * _ATTENTION_BACKWARD_FLOPS / _ATTENTION_BACKWARD_EFFICIENCY
+    backward = forward * _ATTENTION_BACKWARD_FLOPS / _ATTENTION_BACKWARD_EFFICIENCY
+    forward_rate, backward_rate = _AGAINST_FLASH.get(kernel, (1.0, 1.0))
+    return forward / forward_rate, backward / backward_rate
 
 
 def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:

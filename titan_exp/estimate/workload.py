@@ -45,8 +45,9 @@ class Workload:
     # What the allocator reserves beyond the memory model's count, a share of the live tensors
     # (the device profile's hardware.allocator_slack).
     allocator_slack: float = 0.0
-    # The mean keys a query attends to (estimate/documents.py); None: causal over the window.
-    attended_keys: float | None = None
+    # Under a document mask, the mean keys FlexAttention computes a query (estimate/documents.py's
+    # flex_keys); None: causal over the window.
+    masked_keys: float | None = None
     # AdamW's kernels (optimizer.implementation): foreach, fused or for-loop.
     optimizer: str = "foreach"
     # The pipeline step returns the last stage's outputs (plan.pipeline_returns_outputs).
@@ -55,14 +56,14 @@ class Workload:
     @property
     def keys_per_query(self) -> float:
         """The keys attention's kernel computes per query: half the window, causal (its kernels skip
-        the blocks above the diagonal); under a document mask, the attended ones on CUDA
-        (FlexAttention skips the blocks the mask empties) and the whole window on CPU ranks, whose
-        SDPA takes the mask dense and computes every key."""
+        the blocks above the diagonal); under a document mask, FlexAttention's blocks on CUDA
+        (`masked_keys`) and the whole window on CPU ranks, whose SDPA takes the mask dense and
+        computes every key."""
         cuda = self.device == "cuda"
-        if self.attended_keys is None:
+        if self.masked_keys is None:
             keys = self.seq_len / 2
         else:
-            keys = self.attended_keys if cuda else self.seq_len
+            keys = self.masked_keys if cuda else self.seq_len
         return self.model.keys_per_query(keys, self.seq_len, cuda)
 
     @property

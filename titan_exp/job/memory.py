@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.data.files import document_lengths
-from titan_exp.estimate.documents import attended_keys, attended_keys_of_mean
+from titan_exp.estimate.documents import flex_keys, flex_keys_of_mean
 from titan_exp.estimate.memory import rank_memory
 from titan_exp.estimate.workload import Workload
 from titan_exp.parallel.config import ActivationCheckpointConfig, ParallelismConfig
@@ -44,22 +44,23 @@ def workload(cfg: JobConfig, device: str) -> Workload:
         expert_load_imbalance=cfg.plan.expert_load_imbalance,
         # A profile's slack is its device's: a job checked for another device leaves it out.
         allocator_slack=cfg.hardware.allocator_slack if cfg.hardware.device == device else 0.0,
-        attended_keys=_attended_keys(cfg) if cfg.model.attn_mask_type == "block_causal" else None,
+        masked_keys=_masked_keys(cfg) if cfg.model.attn_mask_type == "block_causal" else None,
         optimizer=cfg.optimizer.implementation,
         pipeline_returns_outputs=cfg.plan.pipeline_returns_outputs,
     )
 
 
-def _attended_keys(cfg: JobConfig) -> float:
-    """The mean keys a query attends to under a document mask: documents of plan.document_tokens,
-    or as long as data=files' first documents are (measured), else as long as the window."""
+def _masked_keys(cfg: JobConfig) -> float:
+    """The mean keys FlexAttention computes a query under a document mask: documents of
+    plan.document_tokens, or as long as data=files' first documents are (measured), else as long
+    as the window."""
     seq_len = cfg.training.seq_len
     if cfg.plan.document_tokens is not None:
-        return attended_keys_of_mean(cfg.plan.document_tokens, seq_len)
+        return flex_keys_of_mean(cfg.plan.document_tokens, seq_len)
     if cfg.data.source == "files":
         d = cfg.data
-        return attended_keys(document_lengths(tuple(d.paths), d.tokenizer_path, d.text_field), seq_len)
-    return attended_keys_of_mean(seq_len, seq_len)
+        return flex_keys(document_lengths(tuple(d.paths), d.tokenizer_path, d.text_field), seq_len)
+    return flex_keys_of_mean(seq_len, seq_len)
 
 
 def planned_device(cfg: JobConfig) -> str:

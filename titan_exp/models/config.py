@@ -161,6 +161,12 @@ class ModelConfig(Section):
         """Each head's width in attention's two matmuls, on average (q·k, then the values)."""
         return self.head_dim
 
+    @property
+    def value_width_differs(self) -> bool:
+        """Whether a head's values are narrower or wider than its queries and keys (then SDPA has
+        no flash kernel for it: estimate/gpu_compute.py)."""
+        return False
+
     def attention_linears(self) -> dict[str, Linear]:
         """The attention's linears in the order a block runs them: q, k and v column-wise over
         n_heads (kv_heads) × head_dim, the output row-wise."""

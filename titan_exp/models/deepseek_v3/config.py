@@ -53,6 +53,10 @@ class DeepSeekV3Config(ModelConfig):
         """The query-key width and the value width differ: their mean."""
         return (self.mla.qk_head_dim + self.mla.v_head_dim) / 2
 
+    @property
+    def value_width_differs(self) -> bool:
+        return self.mla.qk_head_dim != self.mla.v_head_dim
+
     def attention_linears(self) -> dict[str, Linear]:
         """The query path (one projection, or a down-projection left whole by TP and an up one),
         the key-value latent with the rotary key (whole), the heads' keys and values from it, the

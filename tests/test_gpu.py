@@ -172,3 +172,47 @@ def test_gpt_oss_trains_on_a_gpu_as_on_the_cpu(tmp_path, store):
     curves = {run.data.tags["device"]: loss_curve(db, run.info.run_id) for run in mlflow_runs(db)}
     assert curves["cuda"] == pytest.approx(curves["cpu"], rel=2e-2)
     assert curves["cuda"][-1] < curves["cuda"][0]
+
+
+def test_latent_attention_runs_the_kernel_the_planner_prices_it_at():
+    """DeepSeek-V3's 192-wide queries and keys against 128-wide values: SDPA has no flash kernel for
+    them and runs the memory-efficient one, the kernel estimate/gpu_compute.attention_kernel names
+    for it; one width for all three takes flash. Prints the memory-efficient kernel's forward and
+    backward time against flash's at the same FLOPs (160 wide), the ratios the planner takes from
+    published benchmarks (_AGAINST_FLASH), for a calibration to check."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from titan_exp.config.compose import compose_job_config
+    from titan_exp.estimate.gpu_compute import attention_kernel
+    from titan_exp.job.memory import workload
+
+    assert torch.cuda.is_available(), "no GPU visible: this test needs a CUDA machine"
+    cfg = compose_job_config(["model=deepseek_v3_16b", "hardware=h100", "training.mixed_precision_param=bfloat16"])
+    assert attention_kernel(workload(cfg, "cuda")) == "efficient"
+
+    def heads(width: int) -> torch.Tensor:
+        return torch.randn(1, 16, 4096, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def timed(q, k, v) -> tuple[float, float]:
+        times = []
+        for _ in range(5):
+            start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            start.record()
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            middle.record()
+            out.sum().backward()
+            end.record()
+            torch.cuda.synchronize()
+            times.append((start.elapsed_time(middle), middle.elapsed_time(end)))
+        return min(times)
+
+    latent = heads(192), heads(192), heads(128)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), pytest.raises(RuntimeError):
+        torch.nn.functional.scaled_dot_product_attention(*latent, is_causal=True)
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        efficient = timed(*latent)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        flash = timed(heads(160), heads(160), heads(160))
+    forward, backward = (flash[i] / efficient[i] for i in (0, 1))
+    print(f"memory-efficient against flash: forward {forward:.2f}, backward {backward:.2f}")

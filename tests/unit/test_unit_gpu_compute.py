@@ -188,6 +188,7 @@ def test_latent_attentions_narrower_values_take_sdpas_memory_efficient_kernel() 
     latent, llama = _model("deepseek_v3_16b"), workload()
     assert [attention_kernel(w) for w in (llama, workload(model=latent))] == ["flash", "efficient"]
     assert attention_kernel(workload(masked_keys=512.0)) == "flex"
+    assert attention_kernel(workload(model=_model("gpt_oss_20b"))) == "flex"  # its sinks: FlexAttention only
     assert attention_kernel(workload(param_dtype="float32")) == "math"
     # The same FLOPs (one width for both products) through each kernel.
     same_flops = dataclasses.replace(latent, mla=dataclasses.replace(latent.mla, v_head_dim=latent.mla.qk_head_dim))

@@ -11,13 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from titan_exp.models.config import FLEX_BLOCK
+
 # Windows packed to take the mean over (enough for a steady mean; a cap on the work).
 _WINDOWS = 64
-
-
-# FlexAttention's block of queries and of keys (torch.nn.attention.flex_attention's
-# _DEFAULT_SPARSE_BLOCK_SIZE, which create_block_mask takes unless told otherwise).
-FLEX_BLOCK = 128
 
 
 def _segment_starts(lengths: Sequence[int], seq_len: int) -> np.ndarray | None:

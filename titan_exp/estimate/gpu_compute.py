@@ -242,16 +242,12 @@ def _routing_bytes(w: Workload) -> float:
 
 
 def attention_kernel(w: Workload) -> str:
-    """The kernel a block's attention runs on a GPU (models/common/rotary.causal_attention): under a
-    document mask FlexAttention; else SDPA's flash kernel, which needs q, k and v of one head width
-    (aten's sdp_utils.cpp, check_head_dim_size_flash), so latent attention's narrower values take
-    the memory-efficient kernel (cuDNN's refuses its 192-wide heads: torchtitan PR 1610); float32
-    has neither (the math path)."""
+    """The kernel a block's attention runs on a GPU: the family's (ModelConfig.cuda_attention_kernel:
+    flash, memory-efficient or FlexAttention), or in float32, which none of them takes, the math
+    path."""
     if w.param_dtype == "float32":
         return "math"
-    if w.masked_keys is not None:
-        return "flex"
-    return "efficient" if w.model.value_width_differs else "flash"
+    return w.model.cuda_attention_kernel(document_mask=w.masked_keys is not None)
 
 
 def _attention(hw: HardwareConfig, w: Workload) -> tuple[float, float]:

@@ -11,6 +11,11 @@ from typing import NamedTuple, Optional
 from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.rules import ConfigError, Section, check_positive, label, one_of
 
+# FlexAttention's blocks of queries and keys (torch.nn.attention.flex_attention's
+# _DEFAULT_SPARSE_BLOCK_SIZE, which create_block_mask takes unless told otherwise): it skips the
+# blocks a mask empties and computes every other block whole.
+FLEX_BLOCK = 128
+
 # Fields that must be finite and > 0.
 _POSITIVE = (
     "dim",
@@ -163,9 +168,18 @@ class ModelConfig(Section):
 
     @property
     def value_width_differs(self) -> bool:
-        """Whether a head's values are narrower or wider than its queries and keys (then SDPA has
-        no flash kernel for it: estimate/gpu_compute.py)."""
+        """Whether a head's values are narrower or wider than its queries and keys."""
         return False
+
+    def cuda_attention_kernel(self, document_mask: bool) -> str:
+        """The kernel the family's attention runs on a GPU (models/common/rotary.causal_attention):
+        under a document mask FlexAttention; else SDPA's flash kernel, which needs q, k and v of one
+        head width (aten's sdp_utils.cpp, check_head_dim_size_flash), or where the values' width
+        differs its memory-efficient kernel (cuDNN's refuses latent attention's 192-wide heads too:
+        torchtitan PR 1610)."""
+        if document_mask:
+            return "flex"
+        return "efficient" if self.value_width_differs else "flash"
 
     def attention_linears(self) -> dict[str, Linear]:
         """The attention's linears in the order a block runs them: q, k and v column-wise over

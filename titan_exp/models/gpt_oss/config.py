@@ -5,12 +5,8 @@ factor on the attention scores; its experts (biases, a clamped SwiGLU) are `mode
 import math
 from dataclasses import dataclass
 
-from titan_exp.models.config import ModelConfig
+from titan_exp.models.config import FLEX_BLOCK, ModelConfig
 from titan_exp.rules import check_positive
-
-# FlexAttention's blocks (torch's _DEFAULT_SPARSE_BLOCK_SIZE): it computes a block the mask
-# leaves partly whole, so a window costs the key blocks it touches.
-_FLEX_BLOCK = 128
 
 
 @dataclass
@@ -57,6 +53,10 @@ class GptOssConfig(ModelConfig):
             return whole, per_head + self.n_heads * self.head_dim
         return 0.0, self.n_heads * (4 * self.head_dim + seq_len + 1)
 
+    def cuda_attention_kernel(self, document_mask: bool) -> str:
+        """FlexAttention, mask or none: SDPA takes no sink (models/gpt_oss/attention.py)."""
+        return "flex"
+
     def keys_per_query(self, keys: float, seq_len: int, cuda: bool) -> float:
         """On a GPU FlexAttention skips the blocks the mask empties and computes the others whole: a
         windowed layer's query block computes the key blocks its window touches (its own and
@@ -64,6 +64,6 @@ class GptOssConfig(ModelConfig):
         seq_len × seq_len scores."""
         if not cuda:
             return float(seq_len)
-        windowed = (math.ceil(self.sliding_window / _FLEX_BLOCK) + 1) * _FLEX_BLOCK
+        windowed = (math.ceil(self.sliding_window / FLEX_BLOCK) + 1) * FLEX_BLOCK
         sliding = sum(self.is_sliding_layer(layer) for layer in range(self.n_layers))
         return (sliding * min(keys, windowed) + (self.n_layers - sliding) * keys) / self.n_layers

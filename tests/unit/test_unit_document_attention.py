@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from titan_exp.config.compose import compose_job_config
-from titan_exp.estimate.documents import FLEX_BLOCK, flex_keys, flex_keys_of_mean
+from titan_exp.estimate.documents import flex_keys, flex_keys_of_mean
 from titan_exp.estimate.gpu_compute import _attention
 from titan_exp.estimate.hardware_profiles import hardware_profiles
 from titan_exp.job.memory import workload
 from titan_exp.models.common.rotary import document_ids
+from titan_exp.models.config import FLEX_BLOCK
 
 
 @pytest.mark.parametrize(

@@ -47,12 +47,18 @@ _TILE = (128, 256)
 # Attention's backward: FLOPs relative to its forward and its efficiency relative to the forward's
 # (FlashAttention-2, Dao 2023: 2.5× the matmul work, lower utilisation from the extra reductions).
 _ATTENTION_BACKWARD_FLOPS, _ATTENTION_BACKWARD_EFFICIENCY = 2.5, 0.8
-# Each attention kernel's (forward, backward) throughput against FlashAttention-2's. FlexAttention:
+# Each attention kernel's (forward, backward) throughput against FlashAttention-2's (float32's math
+# path is priced apart, at the float32 matmul rate). FlexAttention:
 # 90% and 85% (PyTorch's FlexAttention post, 2024-08). The memory-efficient kernel (xformers'
 # CUTLASS kernel, which aten vendors as mem_eff_attention): 43.4 and 27.4 TFLOP/s against 53.1
 # and 51.9 (flash-attention's benchmark_flash_attention.py, causal, head dim 64, seq 4096, in
 # Dao-AILab/flash-attention issue 416).
-_AGAINST_FLASH = {"flash": (1.0, 1.0), "flex": (0.90, 0.85), "efficient": (43.4 / 53.1, 27.4 / 51.9)}
+_AGAINST_FLASH = {
+    "flash": (1.0, 1.0),
+    "flex": (0.90, 0.85),
+    "efficient": (43.4 / 53.1, 27.4 / 51.9),
+    "math": (1.0, 1.0),
+}
 # Rowwise-scaled float8 GEMMs against tensorwise ones (torchao's float8 README, GEMM benchmarks on
 # H100: rowwise's per-row scales cost ~15% of the GEMM's throughput).
 _ROWWISE_GEMM = 0.85
@@ -264,7 +270,7 @@ def _attention(hw: HardwareConfig, w: Workload) -> tuple[float, float]:
         rate = hw.peak_flops(w.param_dtype) * hw.attention_efficiency
     forward = forward_flops / rate
     backward = forward * _ATTENTION_BACKWARD_FLOPS / _ATTENTION_BACKWARD_EFFICIENCY
-    forward_rate, backward_rate = _AGAINST_FLASH.get(kernel, (1.0, 1.0))
+    forward_rate, backward_rate = _AGAINST_FLASH[kernel]
     return forward / forward_rate, backward / backward_rate
 
 

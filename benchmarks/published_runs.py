@@ -34,6 +34,8 @@ FULL_AC = ["activation_checkpoint.mode=full"]
 # 2025-08-22, every language model from 2026) over C4 (c4 or c4_test): 427 tokens a document (C4.EN,
 # 156B tokens in 365M documents: Dodge et al. 2021, Table 1).
 C4_DOCUMENTS = ["model.attn_mask_type=block_causal", "plan.document_tokens=427"]
+# The same over DCLM-baseline: 1,333 tokens a document (4T tokens in 3B documents, its dataset card).
+DCLM_DOCUMENTS = ["model.attn_mask_type=block_causal", "plan.document_tokens=1333"]
 
 
 @dataclass(frozen=True)
@@ -191,9 +193,11 @@ RUNS: list[Published] = [
     Published("dsv3-16b fsdp8 ep4 full ac", "moe-dsv3-16b", TT_DSV3_SCALING,
               [*fsdp("deepseek_v3_16b", 8, GRAND_TETON, 16), "parallelism.expert_parallel_degree=4", *seq(4096),
                *FULL_AC, *C4_DOCUMENTS, "compile.enable=true", "compile.components=[loss]"], 10160, 66.98),
-    # Qwen3-30B-A3B on 8 B200s through torchtitan: FSDP 8, no EP, local batch 8, seq 8192, SAC, blocks and
-    # loss compiled. Its loss runs in 8 chunks (titan_exp's does not): memory not compared.
+    # Qwen3-30B-A3B on 8 B200s through torchtitan (2026-07): FSDP 8, no EP, local batch 8, seq 8192, SAC,
+    # blocks and loss compiled, over DCLM; FlexAttention within documents, the only attention torchtitan's
+    # language models ran since its PR 3571 (2026-06-09: "text dataloader ... always output positions").
+    # Its loss runs in 8 chunks (titan_exp's does not): memory not compared.
     Published("qwen3-30b-a3b fsdp8 b200 compile", "moe-qwen3-30b", PITH_TRAIN,
-              [*fsdp("qwen3_30b_a3b", 8, B200, 8), *seq(8192), *SAC_OP, *COMPILE], 19500, None,
+              [*fsdp("qwen3_30b_a3b", 8, B200, 8), *seq(8192), *SAC_OP, *COMPILE, *DCLM_DOCUMENTS], 19500, None,
               notes="loss in 8 chunks there: its 141.79 GiB not compared"),
 ]  # fmt: skip

@@ -200,14 +200,14 @@ def _elementwise_bytes(w: Workload) -> float:
         # before it); attention's copies before its kernel (K/V repeated to every head); its
         # output made contiguous; SwiGLU (read 2, write 1).
         elements = 8 * dim + 2 * attention.rotary + attention.copied + 2 * attention.output + 3 * ffn
-        return elements * a / tp + _routing_bytes(w)
+        return elements * a / tp
     # Eager: each RMSNorm ~20 bytes an element (upcast, square, mean, scale, cast back, weight),
     # the block's two and any inside attention (Qwen3's q and k norms); rotary 20 (float32 complex
     # multiply and casts); attention's copies (repeat_interleave of K and V); the output's
     # contiguous copy; two residual adds (read 2, write 1); silu then multiply (read 3, write 2).
     norms = 20 * (2 * dim + attention.inner_norms)
     copies = (attention.copied + 2 * attention.output) * a
-    return (norms + 20 * attention.rotary + copies + 2 * 3 * dim * a + 5 * ffn * a) / tp + _routing_bytes(w)
+    return (norms + 20 * attention.rotary + copies + 2 * 3 * dim * a + 5 * ffn * a) / tp
 
 
 def _gradient_sums_bytes(w: Workload) -> float:
@@ -232,19 +232,36 @@ def _gradient_sums_bytes(w: Workload) -> float:
     return (1 if w.compiled else 3) * adds * m.dim * DTYPE_BYTES[w.param_dtype]
 
 
-def _routing_bytes(w: Workload) -> float:
-    """What a MoE layer moves per token beside its matmuls, averaged over the layers (compiled or
-    not: gathers and scatters by index stay kernels of their own): the token's top_k rows gathered
-    into expert order (read, write) and, weighted by the router's scores, summed back (read, write);
-    under EP the received rows regrouped by local expert and back again (models/common/moe/). Per
-    token of the rank's sequence slice (every tp rank's where TP splits the experts); the busiest
-    EP rank's rows stretched by the load imbalance."""
+def _routing_bytes(w: Workload) -> tuple[float, float]:
+    """(forward, backward) bytes a MoE layer moves per token beside its matmuls and the experts'
+    activation, averaged over the layers: each copy of a routed row, counted pass by pass over
+    models/common/moe/ (tests/unit/test_unit_moe_traffic.py counts the same on the layer's aten
+    ops). In elements of a routed row, forward: the row gathered from its token (read, write); the
+    grouped GEMM's padded buffer zeroed (write), then filled out of place (a clone: read, write;
+    the rows: read, write); the outputs gathered out of it (2) and back into token order (2);
+    each token's top_k rows weighed and summed by one batched matmul (read; its sum written, 1 per
+    top_k rows). Backward, each gather's gradient scattered into zeros (write; read, then
+    read-modify-write the target: 4, the token's 3 and its zeros 1 per top_k rows), the padded
+    buffer's gradient gathered back (2), the weighted sum's two gradients (the rows' written,
+    the rows read again: 2, and the output's gradient read twice: 2 per top_k rows). Compiled,
+    inductor writes each gather into the kernel next to it: the rows into expert order and back,
+    weighed (read, write each way). Under EP the received rows are regrouped by local expert and
+    back (a gather each way: forward 4, backward 8). Per token of the rank's sequence slice (every
+    tp rank's where TP splits the experts); the busiest EP rank's rows stretched by the load
+    imbalance."""
     m, p = w.model, w.parallelism
     if not m.moe.enabled:
-        return 0.0
-    passes = 4 + (4 if p.expert_parallel_degree > 1 else 0)
-    rows = m.moe.top_k * w.expert_load_imbalance * w.experts_tp / p.tensor_parallel_degree
-    return m.num_moe_layers / m.n_layers * passes * rows * m.dim * DTYPE_BYTES[w.param_dtype]
+        return 0.0, 0.0
+    k = m.moe.top_k
+    if w.compiled:
+        forward, backward = 4.0, 8.0
+    else:
+        forward, backward = 12 + 1 / k, 15 + 3 / k
+    if p.expert_parallel_degree > 1:
+        forward, backward = forward + 4, backward + 8
+    rows = k * w.expert_load_imbalance * w.experts_tp / p.tensor_parallel_degree
+    per_pass = m.num_moe_layers / m.n_layers * rows * m.dim * DTYPE_BYTES[w.param_dtype]
+    return forward * per_pass, backward * per_pass
 
 
 def attention_kernel(w: Workload) -> str:
@@ -284,16 +301,17 @@ def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:
         dense = linears.get(name, (0.0, 0.0))
         linears[name] = (dense[0] + forward, dense[1] + backward)
     bandwidth = hw.memory_bytes_per_second()
-    elementwise = tokens * _elementwise_bytes(w) / bandwidth
+    pointwise = tokens * _elementwise_bytes(w) / bandwidth
+    routing_forward, routing_backward = (tokens * moved / bandwidth for moved in _routing_bytes(w))
     attention = _attention(hw, w)
-    forward = sum(f for f, _ in linears.values()) + attention[0] + elementwise
-    backward = sum(b for _, b in linears.values()) + attention[1] + 2 * elementwise
+    forward = sum(f for f, _ in linears.values()) + attention[0] + pointwise + routing_forward
+    backward = sum(b for _, b in linears.values()) + attention[1] + 2 * pointwise + routing_backward
     backward += tokens * _gradient_sums_bytes(w) / bandwidth
     ac = w.ac
     if ac.mode == "full":
         recompute = forward
     elif ac.mode == "selective" and ac.selective_ac_option == "op":
-        recompute = sum(linears[name][0] for name in recomputed_by_op_ac(list(linears))) + elementwise
+        recompute = sum(linears[name][0] for name in recomputed_by_op_ac(list(linears))) + pointwise + routing_forward
     elif ac.mode == "selective":  # every N-th block checkpointed in full
         recompute = forward / int(ac.selective_ac_option)
     else:

@@ -233,35 +233,44 @@ def _gradient_sums_bytes(w: Workload) -> float:
 
 
 def _routing_bytes(w: Workload) -> tuple[float, float]:
-    """(forward, backward) bytes a MoE layer moves per token beside its matmuls and the experts'
-    activation, averaged over the layers: each copy of a routed row, counted pass by pass over
-    models/common/moe/ (tests/unit/test_unit_moe_traffic.py counts the same on the layer's aten
-    ops). In elements of a routed row, forward: the row gathered from its token (read, write); the
-    grouped GEMM's padded buffer zeroed (write), then filled out of place (a clone: read, write;
-    the rows: read, write); the outputs gathered out of it (2) and back into token order (2);
-    each token's top_k rows weighed and summed by one batched matmul (read; its sum written, 1 per
-    top_k rows). Backward, each gather's gradient scattered into zeros (write; read, then
-    read-modify-write the target: 4, the token's 3 and its zeros 1 per top_k rows), the padded
-    buffer's gradient gathered back (2), the weighted sum's two gradients (the rows' written,
-    the rows read again: 2, and the output's gradient read twice: 2 per top_k rows). Compiled,
-    inductor writes each gather into the kernel next to it: the rows into expert order and back,
-    weighed (read, write each way). Under EP the received rows are regrouped by local expert and
-    back (a gather each way: forward 4, backward 8). Per token of the rank's sequence slice (every
-    tp rank's where TP splits the experts); the busiest EP rank's rows stretched by the load
-    imbalance."""
+    """(forward, backward) bytes a MoE layer's routing moves per token beside its matmuls and the
+    experts' activation, averaged over the layers: the copies of routed rows that
+    models/common/moe/ makes on the grouped-GEMM path (tests/unit/test_unit_moe_traffic.py counts
+    the same on the layer's aten ops), in elements of a routed row, each pass a read or a write.
+    The rank's own rows (its sequence slice's top_k, every tp rank's where TP splits the experts):
+    forward, each gathered from its token (2) and back into token order (2), then each token's
+    top_k weighed and summed by one batched matmul (1, and its sum 1 per top_k rows); backward,
+    the matmul's two gradients (2, and 2 per top_k), the inverse permutation's gradient scattered
+    into zeros (the zeros, the rows, the target read and written: 4), the token gather's (the rows
+    read, each token's zeros, read and write once per top_k rows: CUDA's sorted accumulation).
+    The rows the rank's experts run (the busiest EP rank's, stretched by the load imbalance):
+    forward, the grouped GEMM's padded buffer zeroed and the rows written into it (3), the outputs
+    gathered out of it (2); backward, that gather's gradient scattered (4), the rows' gathered
+    back (2); under EP, regrouped by local expert and back (4, and 8 backward); with expert
+    biases (GPT-OSS), each padded row's bias gathered and added after each GEMM (forward 5 + 10
+    hidden/dim, backward 1 + 2 hidden/dim, their gradients read into the bias's). Compiled,
+    inductor writes each gather into the kernel beside it (the rows into expert order, and back
+    weighed: read, write each way) and the bias adds into the activation's kernel."""
     m, p = w.model, w.parallelism
     if not m.moe.enabled:
         return 0.0, 0.0
-    k = m.moe.top_k
+    moe = m.moe
+    k = moe.top_k
     if w.compiled:
-        forward, backward = 4.0, 8.0
+        own, received = (2.0, 4.0), (2.0, 4.0)
     else:
-        forward, backward = 12 + 1 / k, 15 + 3 / k
+        own, received = (5 + 1 / k, 7 + 5 / k), (5.0, 6.0)
+        if moe.bias:
+            hidden = moe.hidden_dim / w.experts_tp / m.dim
+            received = (received[0] + 5 + 10 * hidden, received[1] + 1 + 2 * hidden)
     if p.expert_parallel_degree > 1:
-        forward, backward = forward + 4, backward + 8
-    rows = k * w.expert_load_imbalance * w.experts_tp / p.tensor_parallel_degree
-    per_pass = m.num_moe_layers / m.n_layers * rows * m.dim * DTYPE_BYTES[w.param_dtype]
-    return forward * per_pass, backward * per_pass
+        received = (received[0] + 4, received[1] + 8)
+    rows = k * w.experts_tp / p.tensor_parallel_degree * m.num_moe_layers / m.n_layers
+    element = m.dim * DTYPE_BYTES[w.param_dtype]
+    imbalance = w.expert_load_imbalance
+    forward = own[0] + imbalance * received[0]
+    backward = own[1] + imbalance * received[1]
+    return rows * element * forward, rows * element * backward
 
 
 def attention_kernel(w: Workload) -> str:
@@ -301,17 +310,17 @@ def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:
         dense = linears.get(name, (0.0, 0.0))
         linears[name] = (dense[0] + forward, dense[1] + backward)
     bandwidth = hw.memory_bytes_per_second()
-    pointwise = tokens * _elementwise_bytes(w) / bandwidth
+    elementwise = tokens * _elementwise_bytes(w) / bandwidth
     routing_forward, routing_backward = (tokens * moved / bandwidth for moved in _routing_bytes(w))
     attention = _attention(hw, w)
-    forward = sum(f for f, _ in linears.values()) + attention[0] + pointwise + routing_forward
-    backward = sum(b for _, b in linears.values()) + attention[1] + 2 * pointwise + routing_backward
+    forward = sum(f for f, _ in linears.values()) + attention[0] + elementwise + routing_forward
+    backward = sum(b for _, b in linears.values()) + attention[1] + 2 * elementwise + routing_backward
     backward += tokens * _gradient_sums_bytes(w) / bandwidth
     ac = w.ac
     if ac.mode == "full":
         recompute = forward
     elif ac.mode == "selective" and ac.selective_ac_option == "op":
-        recompute = sum(linears[name][0] for name in recomputed_by_op_ac(list(linears))) + pointwise + routing_forward
+        recompute = sum(linears[name][0] for name in recomputed_by_op_ac(list(linears))) + elementwise + routing_forward
     elif ac.mode == "selective":  # every N-th block checkpointed in full
         recompute = forward / int(ac.selective_ac_option)
     else:

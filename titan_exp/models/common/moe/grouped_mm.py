@@ -39,7 +39,8 @@ def grouped_swiglu(
     starts = [0, *itertools.accumulate(padded)][:-1]
     # Where each row sits in the padded buffer: its expert's start plus its place among that expert's rows.
     place = torch.cat([torch.arange(start, start + count) for start, count in zip(starts, counts)]).to(rows.device)
-    x = rows.new_zeros(sum(padded), rows.shape[1]).index_copy(0, place, rows)
+    # Written into the fresh zeros in place: out of place, index_copy would clone them first.
+    x = rows.new_zeros(sum(padded), rows.shape[1]).index_copy_(0, place, rows)
     offsets = torch.tensor(list(itertools.accumulate(padded)), dtype=torch.int32, device=rows.device)
     gate = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offsets)
     up = torch._grouped_mm(x, w3.transpose(-2, -1), offs=offsets)

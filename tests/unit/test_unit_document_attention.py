@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from titan_exp.config.compose import compose_job_config
-from titan_exp.estimate.documents import flex_keys, flex_keys_of_mean
+from titan_exp.estimate.documents import flex_causal_keys, flex_keys, flex_keys_of_mean
 from titan_exp.estimate.gpu_compute import _attention
 from titan_exp.estimate.hardware_profiles import hardware_profiles
 from titan_exp.job.memory import workload
@@ -42,6 +42,19 @@ def test_causal_attention_over_a_window_computes_half_of_it_in_whole_blocks_and_
     assert flex_keys_of_mean(8192, 8192) == pytest.approx((64 + 1) / 2 * FLEX_BLOCK)
     # 512-token documents, 4 blocks each: a query block computes 1 to 4 of them.
     assert flex_keys_of_mean(512, 8192) == pytest.approx(2.5 * FLEX_BLOCK)
+
+
+@pytest.mark.parametrize("seq_len", [8192, 1000])
+def test_flexattention_without_documents_computes_whole_diagonal_blocks(seq_len):
+    """GPT-OSS runs FlexAttention on every layer (its sinks): causal, the keys of whole blocks up to
+    the diagonal, half a block a query more than flash's half window; the count of one document a
+    window, partial last block included."""
+    assert flex_causal_keys(seq_len) == pytest.approx(flex_keys([seq_len], seq_len))
+    gpt_oss = compose_job_config(["model=gpt_oss_20b", f"training.seq_len={seq_len}", "hardware=h100"])
+    full_layers = gpt_oss.model.keys_per_query(flex_causal_keys(seq_len), seq_len, cuda=True)
+    assert workload(gpt_oss, "cuda").keys_per_query == pytest.approx(full_layers)
+    if seq_len == 8192:
+        assert flex_causal_keys(seq_len) == seq_len / 2 + FLEX_BLOCK / 2
 
 
 def test_the_planned_attention_falls_with_the_documents_length():

@@ -51,6 +51,15 @@ def flex_keys(lengths: Sequence[int], seq_len: int) -> float:
     return float((keys * widths).sum() / (_WINDOWS * seq_len))
 
 
+def flex_causal_keys(seq_len: int) -> float:
+    """As flex_keys for one document a window (causal): query block b computes key blocks 0..b
+    whole, so a query computes half the window and half a block more (flash's kernels skip the
+    masked part of the diagonal block; FlexAttention's compute it)."""
+    starts = np.arange(0, seq_len, FLEX_BLOCK)
+    ends = np.minimum(starts + FLEX_BLOCK, seq_len)
+    return float(((ends - starts) * ends).sum() / seq_len)
+
+
 def flex_keys_of_mean(document_tokens: float, seq_len: int) -> float:
     """As flex_keys, for documents all of the mean length given (plan.document_tokens)."""
     return flex_keys([max(1, round(document_tokens))], seq_len)

@@ -7,6 +7,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+from titan_exp.estimate.documents import flex_causal_keys
 from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import (
     SINGLE_STAGE_SCHEDULES,
@@ -56,12 +57,14 @@ class Workload:
     @property
     def keys_per_query(self) -> float:
         """The keys attention's kernel computes per query: half the window, causal (its kernels skip
-        the blocks above the diagonal); under a document mask, FlexAttention's blocks on CUDA
-        (`masked_keys`) and the whole window on CPU ranks, whose SDPA takes the mask dense and
-        computes every key."""
+        the blocks above the diagonal; a family that runs FlexAttention on CUDA even without a
+        document mask, as GPT-OSS, its whole diagonal blocks too); under a document mask,
+        FlexAttention's blocks on CUDA (`masked_keys`) and the whole window on CPU ranks, whose
+        SDPA takes the mask dense and computes every key."""
         cuda = self.device == "cuda"
         if self.masked_keys is None:
-            keys = self.seq_len / 2
+            flex = cuda and self.model.cuda_attention_kernel(document_mask=False) == "flex"
+            keys = flex_causal_keys(self.seq_len) if flex else self.seq_len / 2
         else:
             keys = self.masked_keys if cuda else self.seq_len
         return self.model.keys_per_query(keys, self.seq_len, cuda)

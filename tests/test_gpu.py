@@ -216,3 +216,48 @@ def test_latent_attention_runs_the_kernel_the_planner_prices_it_at():
         flash = timed(heads(160), heads(160), heads(160))
     forward, backward = (flash[i] / efficient[i] for i in (0, 1))
     print(f"memory-efficient against flash: forward {forward:.2f}, backward {backward:.2f}")
+
+
+def test_a_moe_layer_runs_in_about_the_time_the_planner_gives_it():
+    """DeepSeek-V3 16B's routed experts (64 of 1,408 wide, top 6, no shared expert here) over 4 ×
+    4,096 tokens in bfloat16, forward and backward, eager, on this GPU: the time against what the
+    planner gives the same work on this GPU's profile (the experts' grouped GEMMs, the routing's
+    copies, the SwiGLU's pointwise work). Prints both, for a calibration to read; fails only
+    outside 2× either way, where a term is missing or wrong, not merely unfitted."""
+    import torch
+
+    from titan_exp.config.compose import compose_job_config
+    from titan_exp.estimate.gpu_compute import _routed_experts, _routing_bytes
+    from titan_exp.estimate.hardware_profiles import profile_for_device
+    from titan_exp.job.memory import workload
+    from titan_exp.models.common.moe.layer import MoE
+
+    assert torch.cuda.is_available(), "no GPU visible: this test needs a CUDA machine"
+    overrides = ["model=deepseek_v3_16b", "parallelism=single", "model.n_layers=1", "model.moe.n_dense_layers=0",
+                 "model.moe.num_shared_experts=0", "training.local_batch_size=4", "training.seq_len=4096",
+                 "training.mixed_precision_param=bfloat16"]  # fmt: skip
+    cfg = compose_job_config(overrides)
+    w = workload(cfg, "cuda")
+    hw = profile_for_device(torch.cuda.get_device_name())
+    bandwidth = hw.memory_bytes_per_second()
+    experts = sum(forward + backward for forward, backward in _routed_experts(hw, w).values())
+    routing = sum(_routing_bytes(w)) * w.tokens / bandwidth
+    activation = 3 * 5 * w.model.active_ffn_hidden_dim * 2 * w.tokens / bandwidth  # forward, twice backward
+    planned = experts + routing + activation
+
+    layer = MoE(cfg.model.dim, cfg.model.moe).cuda().bfloat16()
+    for parameter in layer.parameters():
+        torch.nn.init.normal_(parameter, std=0.02)
+    x = torch.randn(4, 4096, cfg.model.dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    times = []
+    for _ in range(6):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        layer(x).sum().backward()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    measured = sorted(times[1:])[len(times[1:]) // 2]  # the first warms the kernels up
+    print(f"MoE layer forward+backward: measured {measured * 1e3:.2f} ms, planned {planned * 1e3:.2f} ms "
+          f"(experts {experts * 1e3:.2f}, routing {routing * 1e3:.2f}, activation {activation * 1e3:.2f})")  # fmt: skip
+    assert planned / 2 < measured < 2 * planned

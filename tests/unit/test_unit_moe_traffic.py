@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+import torch.distributed as dist
 from layouts import layout
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -21,12 +22,13 @@ from titan_exp.parallel.config import ActivationCheckpointConfig
 # Widths apart from each other and from every other tensor's (the router's experts, top_k), so
 # an op over routed rows is known by its last dimension.
 DIM, HIDDEN, EXPERTS, TOKENS = 256, 96, 8, 4096
-# Ops that move no data (views), and those the planner prices elsewhere: GEMMs (the experts' and
-# the router's) and the experts' activation (silu, its product, their gradients).
+# Ops that move no data (views, allocations), and those the planner prices elsewhere: GEMMs (the
+# experts' and the router's), the experts' activation (silu, its product, their gradients), and
+# collectives (the c10d namespace's: EP's all-to-alls, estimate/step_time.py).
 _NOT_ROUTING = {
     "view", "_unsafe_view", "expand", "t", "transpose", "unsqueeze", "squeeze", "slice", "select", "detach",
-    "alias", "as_strided", "reshape", "permute", "split_with_sizes", "mm", "addmm", "_grouped_mm",
-    "silu", "silu_backward", "mul",
+    "alias", "as_strided", "reshape", "permute", "split_with_sizes", "new_empty", "empty", "mm", "addmm",
+    "_grouped_mm", "silu", "silu_backward", "mul",
 }  # fmt: skip
 # Accumulating scatters: autograd's gradient of an indexing gather. Under a dispatch mode autograd
 # takes the out-of-place index_put; a real run scatters into the zeros in place (_index_put_impl_).
@@ -61,7 +63,8 @@ class _RoutedRowTraffic(TorchDispatchMode):
         name = func.overloadpacket.__name__
         outputs = list(out) if isinstance(out, (tuple, list)) else [out]
         tensors = [t for t in (*args, *outputs) if isinstance(t, torch.Tensor) and t.dim()]
-        if name in self.skipped or not any(t.shape[-1] in (DIM, HIDDEN) for t in tensors):
+        routed = any(t.shape[-1] in (DIM, HIDDEN) for t in tensors)
+        if name in self.skipped or func.namespace == "c10d" or not routed:
             return out
         if name in ("new_zeros", "zeros", "zeros_like"):
             moved = _bytes(outputs)
@@ -77,8 +80,9 @@ class _RoutedRowTraffic(TorchDispatchMode):
         return out
 
 
-def _measured(monkeypatch, top_k: int, bias: bool) -> tuple[float, float]:
-    """(forward, backward) bytes per routed element of the layer's routing ops."""
+def _measured(monkeypatch, top_k: int, bias: bool, ep_group: dist.ProcessGroup | None = None) -> tuple[float, float]:
+    """(forward, backward) bytes per routed element of the layer's routing ops; with `ep_group`, its
+    experts run on that group's ranks (models/common/moe/dispatch.py)."""
     monkeypatch.setattr(moe_layer, "grouped_mm_applies", lambda rows, weight: True)
     cfg = MoEConfig(num_experts=EXPERTS, top_k=top_k, hidden_dim=HIDDEN, score_func="softmax", bias=bias)
     with torch.random.fork_rng():
@@ -86,6 +90,7 @@ def _measured(monkeypatch, top_k: int, bias: bool) -> tuple[float, float]:
         layer = moe_layer.MoE(DIM, cfg).to(torch.bfloat16)
         for parameter in layer.parameters():
             torch.nn.init.normal_(parameter, std=0.02)
+        layer.experts.ep_group = ep_group
         x = torch.randn(1, TOKENS, DIM, dtype=torch.bfloat16, requires_grad=True)
         gradient = torch.randn(1, TOKENS, DIM, dtype=torch.bfloat16)
     forward, backward = _RoutedRowTraffic(sums_elsewhere=False), _RoutedRowTraffic(sums_elsewhere=True)
@@ -97,10 +102,11 @@ def _measured(monkeypatch, top_k: int, bias: bool) -> tuple[float, float]:
     return sum(forward.moved.values()) / elements, sum(backward.moved.values()) / elements
 
 
-def _planned(top_k: int, bias: bool, compiled: bool = False) -> tuple[float, float]:
+def _planned(top_k: int, bias: bool, compiled: bool = False, ep: int = 1) -> tuple[float, float]:
     moe = MoEConfig(num_experts=EXPERTS, top_k=top_k, hidden_dim=HIDDEN, bias=bias)
     model = ModelConfig(dim=DIM, n_layers=1, n_heads=4, n_kv_heads=4, vocab_size=128, moe=moe)
-    w = Workload(model, layout(dp_shard=1), ActivationCheckpointConfig(), 1, TOKENS, param_dtype="bfloat16")
+    parallelism = layout(dp_shard=ep, ep=ep)
+    w = Workload(model, parallelism, ActivationCheckpointConfig(), 1, TOKENS, param_dtype="bfloat16")
     w = dataclasses.replace(w, compiled=compiled)
     return tuple(moved / (top_k * DIM) for moved in _routing_bytes(w))
 
@@ -109,6 +115,22 @@ def _planned(top_k: int, bias: bool, compiled: bool = False) -> tuple[float, flo
 def test_the_planner_counts_the_routing_traffic_the_eager_layer_moves(monkeypatch, top_k: int, bias: bool) -> None:
     """Across top_k (its per-token terms apart from its per-row ones) and with expert biases."""
     assert _planned(top_k, bias) == pytest.approx(_measured(monkeypatch, top_k, bias), rel=0.03)
+
+
+@pytest.fixture
+def one_rank_group():
+    """This process as the one rank of a gloo group: the exchanges are identities, the regrouping runs."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_expert_parallelism_adds_the_regrouping_the_planner_counts(monkeypatch, one_rank_group) -> None:
+    """The received rows regrouped by local expert and back (a gather each way and their scatters):
+    what the layer moves beyond the same layer without EP, against what the planner adds for EP."""
+    with_ep, without = _measured(monkeypatch, 2, False, one_rank_group), _measured(monkeypatch, 2, False)
+    added = [planned - plain for planned, plain in zip(_planned(2, False, ep=2), _planned(2, False))]
+    assert [ep - plain for ep, plain in zip(with_ep, without)] == pytest.approx(added, rel=0.03)
 
 
 def test_compiled_routing_is_planned_as_fewer_passes_than_eager() -> None:

@@ -32,6 +32,16 @@ def _segment_starts(lengths: Sequence[int], seq_len: int) -> np.ndarray | None:
     return (np.maximum(document_start, window_start) - window_start).reshape(_WINDOWS, seq_len)
 
 
+def flex_causal_keys(seq_len: int) -> float:
+    """The mean keys FlexAttention computes a query under a causal mask (one document a window):
+    query block b computes key blocks 0..b whole, so a query computes half the window and half a
+    block more (flash's kernels skip the masked part of the diagonal block; FlexAttention's compute
+    it)."""
+    starts = np.arange(0, seq_len, FLEX_BLOCK)
+    ends = np.minimum(starts + FLEX_BLOCK, seq_len)
+    return float(((ends - starts) * ends).sum() / seq_len)
+
+
 def flex_keys(lengths: Sequence[int], seq_len: int) -> float:
     """The mean keys FlexAttention computes a query over windows of `seq_len` tokens packed with
     documents of `lengths`, each query attending within its document: per query block, every key
@@ -39,8 +49,8 @@ def flex_keys(lengths: Sequence[int], seq_len: int) -> float:
     documents are consecutive: the one holding the key block's last token and the query block's
     first), each whole."""
     segment_starts = _segment_starts(lengths, seq_len)
-    if segment_starts is None:  # one document a window: causal
-        segment_starts = np.zeros((_WINDOWS, seq_len), dtype=np.int64)
+    if segment_starts is None:  # no documents given: causal
+        return flex_causal_keys(seq_len)
     blocks = np.arange(0, seq_len, FLEX_BLOCK)
     widths = np.minimum(blocks + FLEX_BLOCK, seq_len) - blocks  # the last block may be partial
     first = segment_starts[:, blocks]  # where each query block's first token's document begins
@@ -49,15 +59,6 @@ def flex_keys(lengths: Sequence[int], seq_len: int) -> float:
     computed = ((last[:, None, :] == first[:, :, None]) & earlier) | np.eye(blocks.size, dtype=bool)
     keys = (computed * widths).sum(axis=-1)  # per window and query block
     return float((keys * widths).sum() / (_WINDOWS * seq_len))
-
-
-def flex_causal_keys(seq_len: int) -> float:
-    """As flex_keys for one document a window (causal): query block b computes key blocks 0..b
-    whole, so a query computes half the window and half a block more (flash's kernels skip the
-    masked part of the diagonal block; FlexAttention's compute it)."""
-    starts = np.arange(0, seq_len, FLEX_BLOCK)
-    ends = np.minimum(starts + FLEX_BLOCK, seq_len)
-    return float(((ends - starts) * ends).sum() / seq_len)
 
 
 def flex_keys_of_mean(document_tokens: float, seq_len: int) -> float:

@@ -18,7 +18,6 @@ from published_runs import (
     layout,
     pipelined,
     seq,
-    world,
 )
 from published_sources import (
     AWS_SAGEMAKER,
@@ -78,13 +77,10 @@ QWEN3_32B = [
 ]
 
 
-def _dp(model: list[str], gpus: int, hardware: list[str], batch: int, *more: str) -> list[str]:
-    return [*model, "parallelism=fsdp", *world(gpus), *hardware, f"training.local_batch_size={batch}", *more]
-
-
 def _qwen3_32b(gpus: int, batch: int, tp: int = 1, *more: str) -> list[str]:
     return [
-        *_dp(QWEN3_32B, gpus, GRAND_TETON, batch, f"parallelism.tensor_parallel_degree={tp}"),
+        *fsdp(QWEN3_32B, gpus, GRAND_TETON, batch),
+        f"parallelism.tensor_parallel_degree={tp}",
         *seq(4096),
         *FULL_AC,
         *more,
@@ -132,7 +128,7 @@ HELD_OUT: list[Published] = [
     # Llama 2 7B (torchtitan's "7B" of 2024-03) on 8 Grand Teton H100s, seq 2048, local batch 8
     # (FSDP2 rows of PR 165; "SAC" was every second layer then; midpoints of the ranges).
     *(Published(f"llama2-7b fsdp8 {name}", "ho-llama2-7b", TT_PR.format(165, "02923f02"),
-                [*_dp(LLAMA2["7b"], 8, GRAND_TETON, batch), *seq(2048), *ac, *compiled], tps, memory)
+                [*fsdp(LLAMA2["7b"], 8, GRAND_TETON, batch), *seq(2048), *ac, *compiled], tps, memory)
       for name, batch, ac, compiled, tps, memory in (
           ("full ac eager", 8, FULL_AC, [], 6200, 31.0),
           ("sac2 eager", 8, IBM_AC["13b"], [], 6700, 59.4),
@@ -140,7 +136,7 @@ HELD_OUT: list[Published] = [
           ("sac2 compile", 8, IBM_AC["13b"], COMPILE_BLOCKS, 8250, 53.8),
           ("no ac compile", 8, [], COMPILE_BLOCKS, 9200, 90.3))),
     Published("llama2-7b fsdp4 tp2 full ac eager", "ho-llama2-7b", TT_PR.format(165, "02923f02"),
-              [*_dp(LLAMA2["7b"], 8, GRAND_TETON, 16, "parallelism.tensor_parallel_degree=2"), *seq(2048), *FULL_AC],
+              [*fsdp(LLAMA2["7b"], 8, GRAND_TETON, 16), "parallelism.tensor_parallel_degree=2", *seq(2048), *FULL_AC],
               5850, 57.9),
     # DeepSeek-V3 16B on 8 Grand Teton H100s, seq 4096: FSDP 4 × CP 2, full AC, eager (PR 1504), with
     # DeepSeek-V3's tokenizer: its log builds the model with vocab_size=129280 (15,816,584,704
@@ -151,15 +147,15 @@ HELD_OUT: list[Published] = [
     # IBM's Llama 2 runs, FSDP (HSDP within a node for 7B), local batch 2, seq 4096, eager, on 128
     # A100s and 96 H100s; then compiled.
     *(Published(f"ibm llama2-{size} {gpu}", f"ho-ibm-{gpu}", IBM_FSDP,
-                [*_dp(LLAMA2[size], gpus, hw, 2), *(HSDP_NODE if size == "7b" else []), *seq(4096), *IBM_AC[size]],
+                [*fsdp(LLAMA2[size], gpus, hw, 2), *(HSDP_NODE if size == "7b" else []), *seq(4096), *IBM_AC[size]],
                 tps, None)
       for gpu, gpus, hw, figures in (("a100", 128, IBM_A100, (3700, 1800, 700, 370)),
                                      ("h100", 96, IBM_H100, (7500, 3800, 1550, 800)))
       for size, tps in zip(("7b", "13b", "34b", "70b"), figures)),
     Published("ibm llama2-7b a100 compile", "ho-ibm-a100", IBM_COMPILE,
-              [*_dp(LLAMA2["7b"], 128, IBM_A100, 2), *HSDP_NODE, *seq(4096), *COMPILE_BLOCKS], 4550, None),
+              [*fsdp(LLAMA2["7b"], 128, IBM_A100, 2), *HSDP_NODE, *seq(4096), *COMPILE_BLOCKS], 4550, None),
     Published("ibm llama2-7b h100 compile", "ho-ibm-h100", IBM_COMPILE,
-              [*_dp(LLAMA2["7b"], 96, IBM_H100, 2), *HSDP_NODE, *seq(4096), *COMPILE_BLOCKS], 9600, None),
+              [*fsdp(LLAMA2["7b"], 96, IBM_H100, 2), *HSDP_NODE, *seq(4096), *COMPILE_BLOCKS], 9600, None),
     # torchtitan on 4 AWS p5 nodes (32 H100s, EFA): Llama 3 8B, the default of late 2024 (FSDP 32,
     # local batch 1, seq 8192, op SAC), eager, then compiled, then float8.
     Published("aws 8b fsdp32 eager", "ho-aws", AWS_SAGEMAKER, [*fsdp("llama3_8b", 32, H100, 1), *SAC_OP], 6475, None),
@@ -197,10 +193,10 @@ HELD_OUT: list[Published] = [
     # torchtitan's "gpt2" flavour on 4 Grand Teton H100s, FSDP 4, local batch 5, seq 8192, no AC, fused
     # AdamW (its toml): compiled blocks, then eager (PR 533's baselines, August 2024; steps 10-100).
     Published("gpt2-shape fsdp4 lbs5 compile", "ho-gpt2", TT_PR.format(533, "e0634d9dc"),
-              [*_dp(LLAMA3_GPT2, 4, GRAND_TETON, 5), *COMPILE_BLOCKS, "optimizer.implementation=fused"],
+              [*fsdp(LLAMA3_GPT2, 4, GRAND_TETON, 5), *COMPILE_BLOCKS, "optimizer.implementation=fused"],
               112000, 81.67),
     Published("gpt2-shape fsdp4 lbs5 eager", "ho-gpt2", TT_PR.format(533, "e0634d9dc"),
-              [*_dp(LLAMA3_GPT2, 4, GRAND_TETON, 5), "optimizer.implementation=fused"], 98800, 86.48),
+              [*fsdp(LLAMA3_GPT2, 4, GRAND_TETON, 5), "optimizer.implementation=fused"], 98800, 86.48),
     # Llama 3 8B on 8 A100s of 80 GB, FSDP 8, local batch 1, seq 8192, op SAC, compiled (steps 20-40).
     Published("a100 8b fsdp8 lbs1 sac op compile", "ho-a100-8b-8", TT_ISSUE_929,
               [*fsdp("llama3_8b", 8, A100, 1), *SAC_OP, *COMPILE_BLOCKS], 2910, 47.61),

@@ -63,8 +63,10 @@ class Published:
         ]
 
 
-def fsdp(model: str, gpus: int, hardware: list[str], batch: int) -> list[str]:
-    return [f"model={model}", "parallelism=fsdp", *world(gpus), *hardware, f"training.local_batch_size={batch}"]
+def fsdp(model: str | list[str], gpus: int, hardware: list[str], batch: int) -> list[str]:
+    """`model` (a config name, or the overrides that reshape one) under FSDP over `gpus` GPUs."""
+    shape = [f"model={model}"] if isinstance(model, str) else model
+    return [*shape, "parallelism=fsdp", *world(gpus), *hardware, f"training.local_batch_size={batch}"]
 
 
 def world(gpus: int) -> list[str]:

@@ -227,7 +227,12 @@ def test_a_moe_layer_runs_in_about_the_time_the_planner_gives_it():
     import torch
 
     from titan_exp.config.compose import compose_job_config
-    from titan_exp.estimate.gpu_compute import _routed_experts, _routing_bytes
+    from titan_exp.estimate.gpu_compute import (
+        BACKWARD_TRAFFIC,
+        SWIGLU_EAGER_ELEMENTS,
+        _routed_experts,
+        _routing_bytes,
+    )
     from titan_exp.estimate.hardware_profiles import profile_for_device
     from titan_exp.job.memory import workload
     from titan_exp.models.common.moe.layer import MoE
@@ -242,7 +247,8 @@ def test_a_moe_layer_runs_in_about_the_time_the_planner_gives_it():
     bandwidth = hw.memory_bytes_per_second()
     experts = sum(forward + backward for forward, backward in _routed_experts(hw, w).values())
     routing = sum(_routing_bytes(w)) * w.tokens / bandwidth
-    activation = 3 * 5 * w.model.active_ffn_hidden_dim * 2 * w.tokens / bandwidth  # forward, twice backward
+    swiglu = SWIGLU_EAGER_ELEMENTS * w.model.active_ffn_hidden_dim * 2 * w.tokens / bandwidth  # bfloat16
+    activation = (1 + BACKWARD_TRAFFIC) * swiglu
     planned = experts + routing + activation
 
     layer = MoE(cfg.model.dim, cfg.model.moe).cuda().bfloat16()

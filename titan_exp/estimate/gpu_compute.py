@@ -59,6 +59,11 @@ _AGAINST_FLASH = {
     "efficient": (43.4 / 53.1, 27.4 / 51.9),
     "math": (1.0, 1.0),
 }
+# Eager SwiGLU's elements moved per hidden channel and token: silu, then multiply (read 3, write 2).
+SWIGLU_EAGER_ELEMENTS = 5
+# Bandwidth-bound work moves twice its forward's bytes in backward (each op's gradient reads the
+# incoming gradient and what it saved, and writes its input's gradient).
+BACKWARD_TRAFFIC = 2
 # Rowwise-scaled float8 GEMMs against tensorwise ones (torchao's float8 README, GEMM benchmarks on
 # H100: rowwise's per-row scales cost ~15% of the GEMM's throughput).
 _ROWWISE_GEMM = 0.85
@@ -207,7 +212,7 @@ def _elementwise_bytes(w: Workload) -> float:
     # contiguous copy; two residual adds (read 2, write 1); silu then multiply (read 3, write 2).
     norms = 20 * (2 * dim + attention.inner_norms)
     copies = (attention.copied + 2 * attention.output) * a
-    return (norms + 20 * attention.rotary + copies + 2 * 3 * dim * a + 5 * ffn * a) / tp
+    return (norms + 20 * attention.rotary + copies + 2 * 3 * dim * a + SWIGLU_EAGER_ELEMENTS * ffn * a) / tp
 
 
 def _gradient_sums_bytes(w: Workload) -> float:
@@ -314,7 +319,7 @@ def block_seconds(hw: HardwareConfig, w: Workload) -> dict[str, float]:
     routing_forward, routing_backward = (tokens * moved / bandwidth for moved in _routing_bytes(w))
     attention = _attention(hw, w)
     forward = sum(f for f, _ in linears.values()) + attention[0] + elementwise + routing_forward
-    backward = sum(b for _, b in linears.values()) + attention[1] + 2 * elementwise + routing_backward
+    backward = sum(b for _, b in linears.values()) + attention[1] + BACKWARD_TRAFFIC * elementwise + routing_backward
     backward += tokens * _gradient_sums_bytes(w) / bandwidth
     ac = w.ac
     if ac.mode == "full":

@@ -366,6 +366,24 @@ def test_expert_parallel_within_a_node_beats_across_nodes() -> None:
     assert within < across
 
 
+def test_the_gpu_models_imbalance_enters_the_step_once() -> None:
+    """The GPU model already runs the busiest rank's rows through the experts (gpu_compute): the step
+    adds no second stretch on top, which a measured layer (the rows it drew) still gets."""
+
+    def workload(imbalance: float) -> Workload:
+        return Workload(MOE, layout(dp_shard=4, ep=4), ActivationCheckpointConfig(), 4, 256,
+                        param_dtype="bfloat16", expert_load_imbalance=imbalance)  # fmt: skip
+
+    balanced, skewed = workload(1.0), workload(1.5)
+    modelled = gpu_compute(skewed, HW)
+    assert modelled.imbalanced and modelled.layer > gpu_compute(balanced, HW).layer
+    layers = MOE.n_layers
+    step_of = step_time(skewed, HW, modelled).compute - step_time(balanced, HW, gpu_compute(balanced, HW)).compute
+    assert step_of == pytest.approx(layers * (modelled.layer - gpu_compute(balanced, HW).layer))
+    measured = dataclasses.replace(modelled, imbalanced=False)
+    assert step_time(skewed, HW, measured).compute > step_time(skewed, HW, modelled).compute
+
+
 def test_imbalance_stretches_the_all_to_all_and_the_experts_compute() -> None:
     balanced = step(layout(dp_shard=4, ep=4), BLOCKING, m=MOE)
     skewed = step(layout(dp_shard=4, ep=4), BLOCKING, m=MOE, imbalance=1.5)

@@ -350,4 +350,4 @@ def gpu_compute(w: Workload, hw: HardwareConfig) -> ComputeTimes:
     """Per microbatch: a block (forward + backward + recomputation), the head; the optimizer step."""
     block = block_seconds(hw, w)
     optimizer = (_OPTIMIZER_BYTES[w.optimizer] + _CLIP_BYTES) * local_parameters(w) / hw.memory_bytes_per_second()
-    return ComputeTimes(layer=sum(block.values()), head=head_seconds(hw, w), optimizer=optimizer)
+    return ComputeTimes(layer=sum(block.values()), head=head_seconds(hw, w), optimizer=optimizer, imbalanced=True)

@@ -66,6 +66,9 @@ class ComputeTimes:
     layer: float
     head: float
     optimizer: float
+    # Whether `layer` already runs the busiest EP rank's routed rows (plan.expert_load_imbalance), as
+    # the GPU model prices them (estimate/gpu_compute.py); a measured layer runs the rows it drew.
+    imbalanced: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,8 @@ def step_time(w: Workload, hw: HardwareConfig, compute: ComputeTimes, oversubscr
     blocking = _tensor_parallel(w, links, compute, layers, microbatches)
     blocking += _context_parallel(w, links, layers, microbatches)
     blocking += _expert_parallel(w, links, layers, microbatches)
-    work += microbatches * layers * compute.layer * _expert_share(w) * (w.expert_load_imbalance - 1)
+    if not compute.imbalanced:
+        work += microbatches * layers * compute.layer * _expert_share(w) * (w.expert_load_imbalance - 1)
     work += _fsdp_copies(w, hw, layers, microbatches)
     overlapped = _data_parallel(w, links, compute, layers, microbatches)
     if p.pipeline_parallel_degree > 1:

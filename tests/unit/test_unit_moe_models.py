@@ -14,6 +14,7 @@ from titan_exp import CONF_DIR
 from titan_exp.config.compose import compose_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.estimate.workload import inactive_parameters, model_parameters
+from titan_exp.job.memory import workload
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.models.common.moe.config import MoEConfig
 from titan_exp.models.common.moe.layer import MoE
@@ -331,3 +332,12 @@ def test_the_grouped_gemm_equals_one_matmul_per_expert(gpt_oss):
     torch.testing.assert_close(grouped, looped, rtol=1e-5, atol=1e-4)
     for mine, theirs in zip(grads, (rows.grad, *(p.grad for p in params))):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-3)
+
+
+def test_the_load_imbalance_stretches_a_layout_only_under_expert_parallelism():
+    """plan.expert_load_imbalance is the busiest EP rank's rows over the mean rank's: without EP a
+    rank runs exactly its own tokens' rows, so a sweep over EP degrees stretches only its EP points."""
+    base = ["model=deepseek_v3_16b", "hardware=h100", "launcher.nproc_per_node=8", "plan.expert_load_imbalance=1.5"]
+    for ep, stretched in ((1, 1.0), (8, 1.5)):
+        cfg = compose_job_config([*base, f"parallelism.expert_parallel_degree={ep}"])
+        assert workload(cfg, "cuda").expert_load_imbalance == stretched

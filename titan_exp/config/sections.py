@@ -196,8 +196,8 @@ class PlanConfig(Section):
     # a few seconds) rather than model it; false: model everything (instant).
     measure: bool = True
     # MoE models: the busiest expert-parallel rank's routed tokens over the mean rank's (1.0:
-    # balanced routing); its all-to-all and expert compute stretch by it. A run's
-    # moe/load_imbalance (max/mean per expert) bounds it from above.
+    # balanced routing); its all-to-all and expert compute stretch by it (no effect without EP). A
+    # run's moe/load_imbalance (max/mean per expert) bounds it from above.
     expert_load_imbalance: float = 1.0
     # model.attn_mask_type=block_causal: the documents' mean length in tokens (attention's work
     # follows how many keys each query sees, within its document). None: measured from data.paths

@@ -295,22 +295,27 @@ def test_dense_gemms_of_an_8b_and_a_32b_model_run_at_the_rate_the_planner_gives_
     w = workload(compose_job_config(["training.mixed_precision_param=bfloat16"]), "cuda")
     tokens = 8192
 
-    def timed(a: torch.Tensor, b: torch.Tensor) -> float:
-        times = []
-        for _ in range(6):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+    def timed(a: torch.Tensor, b: torch.Tensor, repeats: int = 20) -> float:
+        """Seconds of one product, from back-to-back ones between two events (a single one would
+        also time its launch, ~10% of the smallest shapes here)."""
+        a @ b  # cuBLAS picks its kernel for the shape
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
             a @ b
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return sorted(times[1:])[len(times[1:]) // 2]  # the first warms cuBLAS's choice up
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / repeats
+
+    warm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    timed(warm, warm, repeats=50)  # the clocks up to a sustained load's before any shape is timed
 
     ratios = []
     for model, linears in _LINEARS.items():
         for name, (fan_in, fan_out) in linears.items():
             # forward (tokens × in)·(in × out); input gradient (tokens × out)·(out × in); weight
-            # gradient (in × tokens)·(tokens × out).
+            # gradient (in × tokens)·(tokens × out). Contiguous operands: the planner's formula per
+            # shape, not the transposed layouts autograd hands cuBLAS.
             for m, k, n in ((tokens, fan_in, fan_out), (tokens, fan_out, fan_in), (fan_in, tokens, fan_out)):
                 a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)

@@ -13,6 +13,9 @@ import transformers
 from titan_exp import CONF_DIR
 from titan_exp.config.compose import compose_job_config
 from titan_exp.config.resolve import resolve
+from titan_exp.estimate.gpu_compute import gpu_compute
+from titan_exp.estimate.memory import rank_memory
+from titan_exp.estimate.step_time import step_time
 from titan_exp.estimate.workload import inactive_parameters, model_parameters
 from titan_exp.job.memory import workload
 from titan_exp.metrics.flops import flops_per_token
@@ -336,8 +339,17 @@ def test_the_grouped_gemm_equals_one_matmul_per_expert(gpt_oss):
 
 def test_the_load_imbalance_stretches_a_layout_only_under_expert_parallelism():
     """plan.expert_load_imbalance is the busiest EP rank's rows over the mean rank's: without EP a
-    rank runs exactly its own tokens' rows, so a sweep over EP degrees stretches only its EP points."""
-    base = ["model=deepseek_v3_16b", "hardware=h100", "launcher.nproc_per_node=8", "plan.expert_load_imbalance=1.5"]
-    for ep, stretched in ((1, 1.0), (8, 1.5)):
-        cfg = compose_job_config([*base, f"parallelism.expert_parallel_degree={ep}"])
-        assert workload(cfg, "cuda").expert_load_imbalance == stretched
+    rank runs exactly its own tokens' rows, so a sweep over EP degrees stretches only its EP points
+    (their step and memory), whatever the setting."""
+    base = ["model=deepseek_v3_16b", "hardware=h100", "launcher.nproc_per_node=8",
+            "parallelism.data_parallel_shard_degree=8", "training.mixed_precision_param=bfloat16"]  # fmt: skip
+
+    def planned(*overrides: str) -> tuple[float, float]:
+        cfg = compose_job_config([*base, *overrides])
+        w = workload(cfg, "cuda")
+        return step_time(w, cfg.hardware, gpu_compute(w, cfg.hardware)).total, rank_memory(w).total
+
+    skewed = "plan.expert_load_imbalance=1.5"
+    assert planned(skewed) == planned()
+    with_ep = "parallelism.expert_parallel_degree=8"
+    assert all(s > b for s, b in zip(planned(with_ep, skewed), planned(with_ep)))

@@ -140,7 +140,7 @@ def _routed_experts(hw: HardwareConfig, w: Workload) -> dict[str, tuple[float, f
         return {}
     moe, share = m.moe, m.num_moe_layers / m.n_layers
     experts = moe.num_experts / p.expert_parallel_degree
-    rows = w.tokens / p.tensor_parallel_degree * w.experts_tp * moe.top_k * w.expert_load_imbalance
+    rows = w.tokens / p.tensor_parallel_degree * w.experts_tp * moe.top_k * w.busiest_rank_rows
     per_expert, hidden = rows / experts, moe.hidden_dim / w.experts_tp
     dtype = w.param_dtype  # torchao's float8 recipe converts nn.Linear only: the experts stay high precision
     times = {}
@@ -232,7 +232,7 @@ def _gradient_sums_bytes(w: Workload) -> float:
     adds = (readers - 1) + (1 - moe_share)
     if m.moe.enabled:
         moe = m.moe
-        routed = moe.top_k * w.expert_load_imbalance + (1 + 2 * (moe.num_shared_experts > 0))
+        routed = moe.top_k * w.busiest_rank_rows + (1 + 2 * (moe.num_shared_experts > 0))
         adds += moe_share * routed * w.experts_tp / p.tensor_parallel_degree
     return (1 if w.compiled else 3) * adds * m.dim * DTYPE_BYTES[w.param_dtype]
 
@@ -272,7 +272,7 @@ def _routing_bytes(w: Workload) -> tuple[float, float]:
         received = (received[0] + 4, received[1] + 8)
     rows = k * w.experts_tp / p.tensor_parallel_degree * m.num_moe_layers / m.n_layers
     element = m.dim * DTYPE_BYTES[w.param_dtype]
-    imbalance = w.expert_load_imbalance
+    imbalance = w.busiest_rank_rows
     forward = own[0] + imbalance * received[0]
     backward = own[1] + imbalance * received[1]
     return rows * element * forward, rows * element * backward

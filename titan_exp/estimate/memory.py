@@ -191,7 +191,7 @@ def _routed_rows(w: Workload) -> float:
     whose rows the rank runs, its top_k rows as the experts read them and their outputs back in
     token order (the batched matmul that weighs and sums them reads them), and the int64 indices
     that move them (source tokens and the way back; under EP also the received rows' order and its
-    way back). The busiest EP rank runs `expert_load_imbalance` times the mean rank's rows."""
+    way back). The busiest EP rank runs `busiest_rank_rows` times the mean rank's rows."""
     m = w.model
     if not m.moe.enabled:
         return 0.0
@@ -200,7 +200,7 @@ def _routed_rows(w: Workload) -> float:
     routed_here = (moe.num_experts + 2 * moe.top_k) * 4 / act + moe.top_k * 8 / act
     rows = 2 * moe.top_k * m.dim + (4 if ep else 2) * moe.top_k * 8 / act
     if ep:
-        rows += (w.expert_load_imbalance - 1) * moe.top_k * (m.dim + moe.activation_kept * moe.hidden_dim)
+        rows += (w.busiest_rank_rows - 1) * moe.top_k * (m.dim + moe.activation_kept * moe.hidden_dim)
     if w.experts_tp > 1:
         # Every tp rank's tokens, gathered (kept once more), and their rows: tp times a slice's
         # (the caller divides by tp).

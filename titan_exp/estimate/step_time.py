@@ -106,7 +106,7 @@ def step_time(w: Workload, hw: HardwareConfig, compute: ComputeTimes, oversubscr
     blocking += _context_parallel(w, links, layers, microbatches)
     blocking += _expert_parallel(w, links, layers, microbatches)
     if not compute.imbalanced:
-        work += microbatches * layers * compute.layer * _expert_share(w) * (w.expert_load_imbalance - 1)
+        work += microbatches * layers * compute.layer * _expert_share(w) * (w.busiest_rank_rows - 1)
     work += _fsdp_copies(w, hw, layers, microbatches)
     overlapped = _data_parallel(w, links, compute, layers, microbatches)
     if p.pipeline_parallel_degree > 1:
@@ -237,7 +237,7 @@ def _expert_parallel(w: Workload, links: _Links, layers: int, microbatches: int)
     moe_layers = layers * m.num_moe_layers / m.n_layers
     # Each tp rank sends its sequence slice's rows, or, where TP splits the experts, every tp rank's.
     tokens = w.tokens / p.tensor_parallel_degree * w.experts_tp
-    rows = tokens * m.moe.top_k * w.expert_load_imbalance
+    rows = tokens * m.moe.top_k * w.busiest_rank_rows
     exchanges = 4 + (2 if w.ac.mode == "full" else 0)
     return (
         microbatches
@@ -250,7 +250,7 @@ def _expert_parallel(w: Workload, links: _Links, layers: int, microbatches: int)
 def _expert_share(w: Workload) -> float:
     """The routed experts' share of a layer's compute (by active parameters: their matmuls dominate)."""
     m = w.model
-    if not m.moe.enabled or w.expert_load_imbalance == 1:
+    if not m.moe.enabled or w.busiest_rank_rows == 1:
         return 0.0
     routed = routed_expert_parameters(m) * m.moe.top_k / m.moe.num_experts
     return routed / (layer_parameters(m) - routed_expert_parameters(m) + routed)

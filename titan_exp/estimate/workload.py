@@ -41,7 +41,7 @@ class Workload:
     loss_compiled: bool = False
     async_tp: bool = False
     device: str = "cuda"
-    # The busiest expert-parallel rank's routed tokens over the mean rank's (plan.expert_load_imbalance).
+    # plan.expert_load_imbalance, as set (`busiest_rank_rows` is what the model reads).
     expert_load_imbalance: float = 1.0
     # What the allocator reserves beyond the memory model's count, a share of the live tensors
     # (the device profile's hardware.allocator_slack).
@@ -53,6 +53,12 @@ class Workload:
     optimizer: str = "foreach"
     # The pipeline step returns the last stage's outputs (plan.pipeline_returns_outputs).
     pipeline_returns_outputs: bool = False
+
+    @property
+    def busiest_rank_rows(self) -> float:
+        """The busiest expert-parallel rank's routed rows over the mean rank's: the setting under EP;
+        1 without, where a rank runs exactly its own tokens' rows whatever the experts' loads."""
+        return self.expert_load_imbalance if self.parallelism.expert_parallel_degree > 1 else 1.0
 
     @property
     def keys_per_query(self) -> float:

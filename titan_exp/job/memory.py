@@ -41,8 +41,7 @@ def workload(cfg: JobConfig, device: str) -> Workload:
         loss_compiled=cfg.compile.compiles("loss"),
         async_tp=p.enable_async_tensor_parallel,
         device=device,
-        # Without EP a rank runs exactly its own tokens' rows, whatever the experts' loads: no busiest rank.
-        expert_load_imbalance=cfg.plan.expert_load_imbalance if p.expert_parallel_degree > 1 else 1.0,
+        expert_load_imbalance=cfg.plan.expert_load_imbalance,
         # A profile's slack is its device's: a job checked for another device leaves it out.
         allocator_slack=cfg.hardware.allocator_slack if cfg.hardware.device == device else 0.0,
         masked_keys=_masked_keys(cfg) if cfg.model.attn_mask_type == "block_causal" else None,

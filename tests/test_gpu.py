@@ -269,13 +269,14 @@ def test_a_moe_layer_runs_in_about_the_time_the_planner_gives_it():
     assert planned / 2 < measured < 2 * planned
 
 
-# The linears of Llama 3 8B and of Qwen3-32B (fan in, fan out) over 8,192 tokens: published runs of
-# the larger model ran ~20% faster than the planner's one GEMM efficiency gives it (Qwen3-32B, PR 1690),
-# those of the smaller one within a few percent; this measures whether GEMMs of its shapes are why.
-_LINEARS = {
-    "llama3_8b": {"wq": (4096, 4096), "wk": (4096, 1024), "w1": (4096, 14336), "w2": (14336, 4096)},
-    "qwen3_32b": {"wq": (5120, 8192), "wk": (5120, 1024), "w1": (5120, 25600), "w2": (25600, 5120)},
-}
+# Llama 3 8B and Qwen3-32B (Qwen3 8B's block at 32B's widths): published runs of the larger model ran
+# ~20% faster than the planner's one GEMM efficiency gives it (Qwen3-32B, PR 1690), those of the
+# smaller one within a few percent; this measures whether GEMMs of its shapes are why.
+_MODELS = {
+    "llama3_8b": ["model=llama3_8b"],
+    "qwen3_32b": ["model=qwen3_8b", "model.dim=5120", "model.n_heads=64", "model.n_kv_heads=8",
+                  "model.intermediate_size=25600"],
+}  # fmt: skip
 
 
 def test_dense_gemms_of_an_8b_and_a_32b_model_run_at_the_rate_the_planner_gives_them():
@@ -286,13 +287,12 @@ def test_dense_gemms_of_an_8b_and_a_32b_model_run_at_the_rate_the_planner_gives_
     import torch
 
     from titan_exp.config.compose import compose_job_config
-    from titan_exp.estimate.gpu_compute import _gemm
+    from titan_exp.estimate.gpu_compute import _gemm, linear_shapes
     from titan_exp.estimate.hardware_profiles import profile_for_device
     from titan_exp.job.memory import workload
 
     assert torch.cuda.is_available(), "no GPU visible: this test needs a CUDA machine"
     hw = profile_for_device(torch.cuda.get_device_name())
-    w = workload(compose_job_config(["training.mixed_precision_param=bfloat16"]), "cuda")
     tokens = 8192
 
     def timed(a: torch.Tensor, b: torch.Tensor, repeats: int = 20) -> float:
@@ -311,8 +311,10 @@ def test_dense_gemms_of_an_8b_and_a_32b_model_run_at_the_rate_the_planner_gives_
     timed(warm, warm, repeats=50)  # the clocks up to a sustained load's before any shape is timed
 
     ratios = []
-    for model, linears in _LINEARS.items():
-        for name, (fan_in, fan_out) in linears.items():
+    for model, overrides in _MODELS.items():
+        w = workload(compose_job_config([*overrides, "training.mixed_precision_param=bfloat16"]), "cuda")
+        for name, (fan_in, fan_out) in linear_shapes(w).items():
+            fan_in, fan_out = int(fan_in), int(fan_out)
             # forward (tokens × in)·(in × out); input gradient (tokens × out)·(out × in); weight
             # gradient (in × tokens)·(tokens × out). Contiguous operands: the planner's formula per
             # shape, not the transposed layouts autograd hands cuBLAS.

@@ -375,11 +375,10 @@ def test_the_gpu_models_imbalance_enters_the_step_once() -> None:
                         param_dtype="bfloat16", expert_load_imbalance=imbalance)  # fmt: skip
 
     balanced, skewed = workload(1.0), workload(1.5)
-    modelled = gpu_compute(skewed, HW)
-    assert modelled.imbalanced and modelled.layer > gpu_compute(balanced, HW).layer
-    layers = MOE.n_layers
-    step_of = step_time(skewed, HW, modelled).compute - step_time(balanced, HW, gpu_compute(balanced, HW)).compute
-    assert step_of == pytest.approx(layers * (modelled.layer - gpu_compute(balanced, HW).layer))
+    modelled, plain = gpu_compute(skewed, HW), gpu_compute(balanced, HW)
+    assert modelled.imbalanced and modelled.layer > plain.layer
+    step_of = step_time(skewed, HW, modelled).compute - step_time(balanced, HW, plain).compute
+    assert step_of == pytest.approx(MOE.n_layers * (modelled.layer - plain.layer))
     measured = dataclasses.replace(modelled, imbalanced=False)
     assert step_time(skewed, HW, measured).compute > step_time(skewed, HW, modelled).compute
 

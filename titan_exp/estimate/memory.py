@@ -199,8 +199,7 @@ def _routed_rows(w: Workload) -> float:
     ep = w.parallelism.expert_parallel_degree > 1
     routed_here = (moe.num_experts + 2 * moe.top_k) * 4 / act + moe.top_k * 8 / act
     rows = 2 * moe.top_k * m.dim + (4 if ep else 2) * moe.top_k * 8 / act
-    if ep:
-        rows += (w.busiest_rank_rows - 1) * moe.top_k * (m.dim + moe.activation_kept * moe.hidden_dim)
+    rows += (w.busiest_rank_rows - 1) * moe.top_k * (m.dim + moe.activation_kept * moe.hidden_dim)
     if w.experts_tp > 1:
         # Every tp rank's tokens, gathered (kept once more), and their rows: tp times a slice's
         # (the caller divides by tp).

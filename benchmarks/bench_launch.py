@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench_vs_plain import stream  # the same timing of a command's output
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = ["data=synthetic", "training.seq_len=64", "training.local_batch_size=2", "metrics.log_freq=1", "tracking=none"]

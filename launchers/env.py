@@ -107,9 +107,3 @@ def wait_for_rendezvous(timeout_s: float) -> None:
             return
         except OSError:
             time.sleep(_RENDEZVOUS_POLL_S)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -16,10 +16,11 @@ import submitit
 from launchers import signals
 from launchers.base import ConfigError, JobSpec, Launcher, MemoryBudget, PlacedJob, Placement, PlacementRequest
 from launchers.devices import available_memory, cpu_cores, gpu_memory, threads_per_rank, visible_gpus
-from launchers.env import RankEnv, export, free_port
+from launchers.env import RankEnv, export
 from launchers.heartbeat import heartbeat_file, start_beating
 from launchers.local_supervisor import Supervisor, pid_file_name
 from launchers.processes import stop_when_gone
+from launchers.rendezvous import free_port
 from launchers.tasks import run_recording_failures
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import cloudpickle
 import psutil
 
+from launchers import rendezvous
 from launchers.heartbeat import heartbeat_file, silent_for, start_beating
 from launchers.processes import stop_when_gone
 from launchers.tasks import run_recording_failures
@@ -48,9 +49,7 @@ class RankProcess:
 
     def free_port(self) -> int:
         """A port free on every address of this node, for rank 0's rendezvous."""
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            return probe.getsockname()[1]
+        return rendezvous.free_port()
 
     def missing(self, folders: tuple, token: str) -> list:
         """The folders of `folders` whose token file this node does not see (not the launching

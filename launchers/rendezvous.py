@@ -4,7 +4,9 @@ talking first. The batch script runs `python -m launchers.rendezvous` on the job
 batch host) before srun starts the ranks: it prints the first port from the derived one that is
 free there, which srun hands to every task as MASTER_PORT."""
 
+import itertools
 import os
+import random
 import re
 import socket
 
@@ -75,6 +77,18 @@ def free_job_port(job_id: int) -> int:
         if _free(port):
             return port
     raise RuntimeError(f"ports {', '.join(map(str, tried))} are all in use on this host")
+
+
+def free_port() -> int:
+    """A port free on this host now, for a rendezvous this process starts (local ranks, Ray's
+    rank 0, a test's servers). It lies below the ephemeral range, as a job's port does: a port the
+    kernel hands out for port 0 lies inside it, where any outgoing connection on the host may take
+    it before rank 0's store binds it again (a store then fails with EADDRINUSE). Each call starts
+    from the next of a random sequence, so processes and successive calls seldom try the same port."""
+    return free_job_port(next(_free_port_seeds))
+
+
+_free_port_seeds = itertools.count(random.randrange(PORT_SPAN))
 
 
 def _free(port: int) -> bool:

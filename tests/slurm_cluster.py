@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 
 SCRIPT = Path(__file__).resolve().parent / "slurm" / "two_node_cluster.sh"
 NODES = ("tn1", "tn2")

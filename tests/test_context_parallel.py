@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 from titan_exp.models.common.rotary import causal_attention
 from titan_exp.parallel.context import AllGatherAttention, load_balanced_positions
 

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor, Partial
 from torch.distributed.tensor.parallel import loss_parallel
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 from titan_exp.config.compose import compose_job_config
 from titan_exp.models.common.transformer import canonical_name
 from titan_exp.models.registry import build_model

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 from titan_exp.parallel.gloo_comms import PeerAllGather, PeerReduceScatter
 
 NUMEL = 3 * 4 * 1000 + 12  # divisible by 2, 3 and 4 ranks

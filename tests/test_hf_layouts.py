@@ -23,7 +23,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 from titan_exp.checkpoint.hf import load_hf, save_hf
 from titan_exp.config.compose import compose_job_config
 from titan_exp.models.common.transformer import canonical_name

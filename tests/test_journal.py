@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from launchers.env import free_port
 from launchers.processes import process_alive
+from launchers.rendezvous import free_port
 
 from conftest import REPO, SMALL_MODEL, mlflow_client, mlflow_runs, run_cli, start_mlflow_server, stop_mlflow_server
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 from titan_exp.config.compose import compose_job_config
 from titan_exp.job.parity import layout_folder
 from titan_exp.metrics.expert_load import EXPERT_LOAD_ARTIFACT

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 from titan_exp.config.resolve import resolve
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.train.model_parts import build_model_parts, materialize

@@ -1,7 +1,7 @@
 """launcher=ray without a cluster to talk to: refused in one line before anything is written (the
 cluster tests, tests/test_ray.py, start a real one)."""
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 
 from conftest import SMALL_MODEL, run_cli
 

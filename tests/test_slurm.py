@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 
 from conftest import REPO, SMALL_MODEL, loss_curve, mlflow_client, mlflow_runs, run_cli, wait_for_output
 

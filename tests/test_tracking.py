@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 
 from conftest import (
     REPO,

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from launchers.env import free_port
+from launchers.rendezvous import free_port
 from titan_exp.compare.runs import MEMORY_KEYS
 from titan_exp.compare.ui_view import STRATEGY_COLUMNS
 from titan_exp.metric_names import LOSS, MFU_MEAN, TPS_MEAN

@@ -4,11 +4,12 @@ monkeypatch restores the environment, including what export_slurm_environment wr
 
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
 from launchers.env import RankEnv, export, export_slurm_environment, external_launcher
-from launchers.rendezvous import PORT_TRIES, expand_nodelist, free_job_port, job_port
+from launchers.rendezvous import PORT_BASE, PORT_SPAN, PORT_TRIES, expand_nodelist, free_job_port, free_port, job_port
 
 # Everything the code under test reads or writes.
 VARIABLES = (
@@ -163,3 +164,15 @@ def test_a_taken_derived_port_gives_way_to_one_no_neighbouring_job_derives() -> 
     assert instead == job_port(job_id + PORT_TRIES)  # the next job's port is job_port(job_id) + 1
     assert instead not in {job_port(job_id + d) for d in range(-PORT_TRIES + 1, PORT_TRIES)}
     assert free_job_port(job_id) == job_port(job_id)
+
+
+def test_a_locally_chosen_port_lies_below_the_ephemeral_range_and_is_free() -> None:
+    """The local launcher's rank 0 binds its port seconds after it is chosen: a port from the
+    kernel's ephemeral range could meanwhile become another connection's local port (EADDRINUSE)."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(3)]
+    assert len(set(ports)) == 3, ports  # successive calls (two servers of one test) differ
+    for port in ports:
+        assert PORT_BASE <= port < min(PORT_BASE + PORT_SPAN, ephemeral_low)
+        with socket.socket() as server:
+            server.bind(("", port))

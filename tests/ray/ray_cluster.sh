@@ -58,13 +58,26 @@ start_ray() {
   fi || { echo "ray start failed on $node: $(tail -3 "$dir/start-$node.log")" >&2; return 1; }
 }
 
+# Every process of network namespace $1, killed until none is left (a raylet may start a worker
+# between two passes).
+kill_namespace() {
+  local pids
+  for _ in $(seq 100); do
+    pids=$(ip netns pids "$1" 2>/dev/null) || return 0
+    [ -n "$pids" ] || return 0
+    kill -9 $pids 2>/dev/null || true
+    sleep 0.1
+  done
+}
+
 remove_created() {
   [ -f "$dir/created" ] || return 0
+  # The nodes' processes first: they write into their folders, which are removed before the
+  # namespaces (the reverse of their making).
+  { grep '^netns ' "$dir/created" || true; } | while read -r _ name; do kill_namespace "$name"; done
   tac "$dir/created" | while read -r kind name; do
     case $kind in
-      netns)
-        for pid in $(ip netns pids "$name" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
-        ip netns delete "$name" 2>/dev/null || true ;;
+      netns) kill_namespace "$name"; ip netns delete "$name" 2>/dev/null || true ;;
       link) ip link delete "$name" 2>/dev/null || true ;;
       dir) rm -rf "$name" ;;
     esac
@@ -78,7 +91,7 @@ case $action in
   on) inside "$node" "$@"; exit ;;
   kill)
     inside "$node" ip link set "${prefix}${node}n" down
-    for pid in $(ip netns pids "$(namespace "$node")"); do kill -9 "$pid" 2>/dev/null || true; done
+    kill_namespace "$(namespace "$node")"
     exit ;;
   revive)
     inside "$node" ip link set "${prefix}${node}n" up

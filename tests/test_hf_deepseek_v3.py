@@ -18,43 +18,10 @@ from titan_exp.checkpoint.hf import load_hf
 from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
 from titan_exp.models.registry import FAMILIES, build_model, config_from_hf, hf_cautions
 
-VOCAB, SEQ, BLOCK = 320, 24, 16
-SHAPE = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    moe_intermediate_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    n_shared_experts=1,
-    n_routed_experts=4,
-    routed_scaling_factor=2.5,
-    kv_lora_rank=32,
-    q_lora_rank=32,
-    qk_rope_head_dim=8,
-    v_head_dim=16,
-    qk_nope_head_dim=16,
-    n_group=2,
-    topk_group=1,
-    num_experts_per_tok=2,
-    first_k_dense_replace=1,
-    norm_topk_prob=True,
-    max_position_embeddings=128,
-    rms_norm_eps=1e-6,
-    rope_parameters={
-        "rope_type": "yarn",
-        "rope_theta": 10000.0,
-        "factor": 4.0,
-        "original_max_position_embeddings": 32,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "mscale": 1.0,
-        "mscale_all_dim": 1.0,
-    },
-    initializer_range=0.1,
-    tie_word_embeddings=False,
-)
+from hf_checkpoints import DEEPSEEK_V3_SHAPE, FLOAT8_BLOCK, float8_blocks, spread_blocks
+
+SEQ = 24
+VOCAB = DEEPSEEK_V3_SHAPE["vocab_size"]
 
 
 def tokens() -> torch.Tensor:
@@ -74,7 +41,7 @@ def our_logits(folder: Path) -> torch.Tensor:
 def saved(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("deepseek")
     torch.manual_seed(0)
-    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**SHAPE))
+    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**DEEPSEEK_V3_SHAPE))
     with torch.no_grad():  # a selection bias of zeros would hide one read wrongly
         for name, buffer in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
@@ -98,20 +65,6 @@ def test_our_model_loaded_from_the_folder_gives_transformers_logits(saved, layou
     ]
 
 
-def quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float8 e4m3 weight, float32 scale_inv per BLOCK × BLOCK, the blocks at the edges partial), as
-    DeepSeek-V3's checkpoints hold them."""
-    rows, cols = weight.shape
-    padded = torch.nn.functional.pad(weight, (0, -cols % BLOCK, 0, -rows % BLOCK))
-    blocks = padded.reshape(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // BLOCK, BLOCK)
-    scale_inv = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
-    return (weight / spread(scale_inv, rows, cols)).to(torch.float8_e4m3fn), scale_inv
-
-
-def spread(scale_inv: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    return scale_inv.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:rows, :cols]
-
-
 def test_float8_weights_with_block_scales_load_dequantized(saved):
     """Every 2-D projection (not the embeddings, norms, routers or output) in float8 with its
     block scales; the float32 folder beside it holds the same weights dequantized by hand."""
@@ -121,15 +74,16 @@ def test_float8_weights_with_block_scales_load_dequantized(saved):
         folder.mkdir()
         config = json.loads((source / "config.json").read_text())
         if folder is fp8:
-            config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [BLOCK, BLOCK]}
+            block = [FLOAT8_BLOCK, FLOAT8_BLOCK]
+            config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": block}
         (folder / "config.json").write_text(json.dumps(config))
     stored, plain = {}, {}
     for name, tensor in load_file(source / "model.safetensors").items():
         projection = tensor.dim() == 2 and "proj" in name
         if projection:
-            weight, scale_inv = quantized(tensor.float())
+            weight, scale_inv = float8_blocks(tensor.float())
             stored[name], stored[name.removesuffix("weight") + "weight_scale_inv"] = weight, scale_inv
-            plain[name] = weight.float() * spread(scale_inv, *tensor.shape)
+            plain[name] = weight.float() * spread_blocks(scale_inv, *tensor.shape)
         else:
             stored[name] = plain[name] = tensor
     save_file(stored, fp8 / "model.safetensors", metadata={"format": "pt"})

@@ -26,23 +26,9 @@ from titan_exp.models.registry import FAMILIES, build_model, config_from_hf
 from titan_exp.rules import ConfigError
 
 from conftest import assert_bfloat16_export_gives_our_logits, loss_curve, mlflow_runs, run_cli, store_in
+from hf_checkpoints import GPT_OSS_SHAPE, mxfp4
 
-VOCAB, SEQ, WINDOW = 160, 40, 8  # the window binds: queries beyond it see only their last 8 keys
-SHAPE = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=64,  # MXFP4 packs 32 values a block along the inputs: 64 and 64
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    num_local_experts=4,
-    num_experts_per_tok=2,
-    sliding_window=WINDOW,
-    max_position_embeddings=SEQ,
-    swiglu_limit=1.5,  # low enough that the clamps bind on random weights
-    tie_word_embeddings=False,
-)
+VOCAB, SEQ, WINDOW = (GPT_OSS_SHAPE[key] for key in ("vocab_size", "max_position_embeddings", "sliding_window"))
 
 
 def tokens() -> torch.Tensor:
@@ -66,7 +52,7 @@ def our_logits(folder: Path) -> torch.Tensor:
 def saved(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("gpt_oss")
     torch.manual_seed(0)
-    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**SHAPE)).float()
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**GPT_OSS_SHAPE)).float()
     with torch.no_grad():  # transformers starts biases at zero: random ones, so that a misread one shows
         for name, param in model.named_parameters():
             if name.endswith(("bias", "sinks")):
@@ -86,15 +72,6 @@ def test_our_model_loaded_from_the_folder_gives_transformers_logits(saved):
     moe = cfg.moe
     assert (moe.num_experts, moe.top_k, moe.hidden_dim, moe.bias, moe.swiglu_limit) == (4, 2, 64, True, 1.5)
     torch.testing.assert_close(our_logits(saved["folder"]), saved["logits"], rtol=1e-5, atol=1e-5)
-
-
-def mxfp4(shape: tuple[int, ...], generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random MXFP4 `_blocks` (…, blocks, 16 bytes) and `_scales` (…, blocks) of a tensor of `shape`
-    (experts × out × in, the published orientation): every code, exponents around 2^0."""
-    *outer, cols = shape
-    codes = torch.randint(0, 256, (*outer, cols // 32, 16), generator=generator, dtype=torch.uint8)
-    scales = torch.randint(124, 130, (*outer, cols // 32), generator=generator).to(torch.uint8)
-    return codes, scales
 
 
 def test_mxfp4_experts_load_as_transformers_dequantizes_them(saved):

@@ -13,9 +13,6 @@ import os
 from pathlib import Path
 
 import pytest
-import test_hf_deepseek_v3
-import test_hf_gpt_oss
-import test_hf_qwen3
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -32,6 +29,16 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.train.model_parts import build_model_parts, materialize
 
+from hf_checkpoints import (
+    DEEPSEEK_V3_SHAPE,
+    FLOAT8_BLOCK,
+    GPT_OSS_SHAPE,
+    QWEN3_MOE,
+    QWEN3_SHAPE,
+    float8_blocks,
+    mxfp4,
+)
+
 WORLD = 2
 DENSE_LAYOUTS = {
     "fsdp2": ["parallelism=fsdp"],
@@ -47,7 +54,7 @@ CASES = [(folder, layout) for folder, layouts in FOLDERS.items() for layout in l
 def _float8_copy(source: Path, folder: Path) -> Path:
     """`source`'s weights as the published DeepSeek-V3 stores them: each projection in float8 e4m3
     with a float32 scale per block."""
-    block = test_hf_deepseek_v3.BLOCK
+    block = FLOAT8_BLOCK
     folder.mkdir()
     config = json.loads((source / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [block, block]}
@@ -55,7 +62,7 @@ def _float8_copy(source: Path, folder: Path) -> Path:
     stored = {}
     for name, tensor in load_file(source / "model.safetensors").items():
         if tensor.dim() == 2 and "proj" in name:
-            weight, scale_inv = test_hf_deepseek_v3.quantized(tensor.float())
+            weight, scale_inv = float8_blocks(tensor.float())
             stored[name], stored[name.removesuffix("weight") + "weight_scale_inv"] = weight, scale_inv
         else:
             stored[name] = tensor
@@ -73,7 +80,7 @@ def _mxfp4_copy(source: Path, folder: Path) -> Path:
     for name, tensor in load_file(source / "model.safetensors").items():
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             shape = (tensor.shape[0], tensor.shape[2], tensor.shape[1])
-            stored[f"{name}_blocks"], stored[f"{name}_scales"] = test_hf_gpt_oss.mxfp4(shape, generator)
+            stored[f"{name}_blocks"], stored[f"{name}_scales"] = mxfp4(shape, generator)
         else:
             stored[name] = tensor
     save_file(stored, folder / "model.safetensors", metadata={"format": "pt"})
@@ -92,11 +99,11 @@ def _save(model: torch.nn.Module, folder: Path, **kwargs) -> Path:
 
 def _folders(tmp: Path) -> dict[str, Path]:
     torch.manual_seed(0)
-    qwen3 = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**test_hf_qwen3.SHAPE))
-    moe_config = transformers.Qwen3MoeConfig(**test_hf_qwen3.SHAPE, **test_hf_qwen3.MOE)
+    qwen3 = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**QWEN3_SHAPE))
+    moe_config = transformers.Qwen3MoeConfig(**QWEN3_SHAPE, **QWEN3_MOE)
     qwen3_moe = transformers.Qwen3MoeForCausalLM(moe_config)
-    deepseek = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**test_hf_deepseek_v3.SHAPE))
-    gpt_oss = transformers.GptOssForCausalLM(transformers.GptOssConfig(**test_hf_gpt_oss.SHAPE)).float()
+    deepseek = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**DEEPSEEK_V3_SHAPE))
+    gpt_oss = transformers.GptOssForCausalLM(transformers.GptOssConfig(**GPT_OSS_SHAPE)).float()
     return {
         "qwen3": _save(qwen3, tmp / "qwen3"),
         "qwen3_moe": _save(qwen3_moe, tmp / "qwen3_moe"),

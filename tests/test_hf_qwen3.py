@@ -19,31 +19,18 @@ from titan_exp.checkpoint.hf import load_hf
 from titan_exp.models.registry import build_model, config_from_hf
 
 from conftest import assert_bfloat16_export_gives_our_logits, loss_curve, mlflow_runs, run_cli, store_in
+from hf_checkpoints import QWEN3_MOE, QWEN3_SHAPE
 
-VOCAB, SEQ = 320, 32
-SHAPE = dict(
-    hidden_size=64,
-    intermediate_size=160,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,  # wider than hidden_size / heads, as Qwen3's are
-    vocab_size=VOCAB,
-    max_position_embeddings=128,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    initializer_range=0.1,  # logits far from uniform: a wrongly ordered weight shows
-    tie_word_embeddings=False,
-)
-MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[0])
+SEQ = 32
+VOCAB = QWEN3_SHAPE["vocab_size"]
 
 
 def save_random(folder: Path, moe: bool, fused: bool = False) -> Path:
     torch.manual_seed(0)
     if moe:
-        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**SHAPE, **MOE))
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**QWEN3_SHAPE, **QWEN3_MOE))
     else:
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**SHAPE))
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**QWEN3_SHAPE))
     with torch.no_grad():  # q/k norms of ones would hide a wrong channel order
         for name, param in model.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):

@@ -17,7 +17,6 @@ from pathlib import Path
 import cloudpickle
 import pytest
 import torch
-from ray_cluster import WORKERS, RayTestCluster
 
 from launchers.base import JobSpec, Placement
 from launchers.ray import RayLauncher
@@ -35,6 +34,7 @@ from conftest import (
     store_in,
     wait_for_output,
 )
+from ray_cluster import WORKERS, RayTestCluster
 
 pytestmark = pytest.mark.ray
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks run this module's functions

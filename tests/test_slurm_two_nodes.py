@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from slurm_cluster import TwoNodeCluster
 
 from launchers.rendezvous import expand_nodelist, job_port
 
@@ -31,6 +30,7 @@ from conftest import (
     store_in,
     wait_for_output,
 )
+from slurm_cluster import TwoNodeCluster
 
 pytestmark = pytest.mark.slurm
 

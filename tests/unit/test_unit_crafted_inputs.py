@@ -12,14 +12,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for crafted.py
 
-from crafted import CASES, files_data, hf_load, tiny_llama  # noqa: E402
-
 from titan_exp.config.compose import compose_job_config  # noqa: E402
 from titan_exp.config.resolve import resolve  # noqa: E402
 from titan_exp.data.documents import MAX_RECORD_CHARS  # noqa: E402
 from titan_exp.data.files import FilesSource  # noqa: E402
 from titan_exp.job.preflight import preflight  # noqa: E402
 from titan_exp.rules import ConfigError  # noqa: E402
+
+from crafted import CASES, files_data, hf_load, tiny_llama  # noqa: E402
 
 # What reading a refused input may add to this process's peak memory.
 MEMORY_BOUND = 1 << 30

@@ -1,8 +1,9 @@
-"""Where the ranks of a Slurm job meet: the first node of its node list (which Slurm compresses,
-e.g. `gpu-[017-018],cpu1`) and a port derived from the job id, so that every task agrees without
-talking first. The batch script runs `python -m launchers.rendezvous` on the job's first node (the
-batch host) before srun starts the ranks: it prints the first port from the derived one that is
-free there, which srun hands to every task as MASTER_PORT."""
+"""Where the ranks of a job meet. A Slurm job's: the first node of its node list (which Slurm
+compresses, e.g. `gpu-[017-018],cpu1`) and a port derived from the job id, so that every task agrees
+without talking first. The batch script runs `python -m launchers.rendezvous` on the job's first node
+(the batch host) before srun starts the ranks: it prints the first port from the derived one that is
+free there, which srun hands to every task as MASTER_PORT. Local and Ray jobs (and the tests'
+servers) take a free port from the same range (`free_port`)."""
 
 import itertools
 import os
@@ -88,7 +89,14 @@ def free_port() -> int:
     return free_job_port(next(_free_port_seeds))
 
 
-_free_port_seeds = itertools.count(random.randrange(PORT_SPAN))
+def _new_free_port_seeds() -> None:
+    global _free_port_seeds
+    _free_port_seeds = itertools.count(random.randrange(PORT_SPAN))
+
+
+_new_free_port_seeds()
+# A forked process steps from a start of its own (random reseeds itself in the child first).
+os.register_at_fork(after_in_child=_new_free_port_seeds)
 
 
 def _free(port: int) -> bool:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from launchers.env import wait_for_rendezvous
+from launchers.rendezvous import free_port
 from titan_exp.metrics import startup
 
 
@@ -54,9 +55,7 @@ def test_a_rank_continues_the_launching_process_marks_from_its_own_creation(clea
 
 
 def test_the_rendezvous_wait_returns_once_rank_0_listens(monkeypatch):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # below the ephemeral range: a connection to it cannot connect to itself
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     start = time.monotonic()

@@ -59,7 +59,7 @@ start_ray() {
 }
 
 # Every process of network namespace $1, killed until none is left (a raylet may start a worker
-# between two passes).
+# between two passes); after 10 s, says which survive (the removals after it then go on as they can).
 kill_namespace() {
   local pids
   for _ in $(seq 100); do
@@ -68,6 +68,7 @@ kill_namespace() {
     kill -9 $pids 2>/dev/null || true
     sleep 0.1
   done
+  echo "ray_cluster.sh: processes $(echo $pids) of $1 survived SIGKILL for 10 s" >&2
 }
 
 remove_created() {
@@ -79,7 +80,7 @@ remove_created() {
     case $kind in
       netns) kill_namespace "$name"; ip netns delete "$name" 2>/dev/null || true ;;
       link) ip link delete "$name" 2>/dev/null || true ;;
-      dir) rm -rf "$name" ;;
+      dir) rm -rf "$name" || echo "ray_cluster.sh: $name not wholly removed" >&2 ;;
     esac
   done
   rm -f "$dir/created"

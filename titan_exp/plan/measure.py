@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor.parallel import loss_parallel
 
 from launchers.devices import available_memory
+from launchers.rendezvous import free_port
 from titan_exp.config.job import ResolvedJob, changed_config
 from titan_exp.config.schema import JobConfig
 from titan_exp.estimate.config import HardwareConfig
@@ -79,9 +79,7 @@ def _gloo_link() -> dict[str, float]:
     """Between two rank processes (medians of 7 calls): the per-call cost of a tiny all-gather and
     of a tiny reduce-scatter (gloo's is higher), and the bus bandwidth of all-gathers from 2 to 32 MB
     (the sizes of FSDP's units and TP's activations), their median."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with mp.Manager() as manager:
         out = manager.dict()
         # spawn, not fork: a fork of a process whose OpenMP threads have run can hang.

@@ -3,7 +3,11 @@ configs' shapes), and the quantized forms the published checkpoints store: DeepS
 weights with a scale per block, GPT-OSS's MXFP4 experts. The families' tests
 (tests/test_hf_*.py) and every layout's (tests/test_hf_layouts.py) build from them."""
 
+import json
+from pathlib import Path
+
 import torch
+from safetensors.torch import load_file, save_file
 
 QWEN3_SHAPE = dict(
     hidden_size=64,
@@ -77,6 +81,25 @@ def float8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def spread_blocks(scale_inv: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return scale_inv.repeat_interleave(FLOAT8_BLOCK, 0).repeat_interleave(FLOAT8_BLOCK, 1)[:rows, :cols]
+
+
+def float8_copy(source: Path, folder: Path) -> Path:
+    """`source`'s weights as the published DeepSeek-V3 stores them: each projection in float8 e4m3
+    with a float32 scale per block (`weight_scale_inv`)."""
+    folder.mkdir()
+    config = json.loads((source / "config.json").read_text())
+    block = [FLOAT8_BLOCK, FLOAT8_BLOCK]
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": block}
+    (folder / "config.json").write_text(json.dumps(config))
+    stored = {}
+    for name, tensor in load_file(source / "model.safetensors").items():
+        if tensor.dim() == 2 and "proj" in name:
+            weight, scale_inv = float8_blocks(tensor.float())
+            stored[name], stored[name.removesuffix("weight") + "weight_scale_inv"] = weight, scale_inv
+        else:
+            stored[name] = tensor
+    save_file(stored, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
 
 
 GPT_OSS_SHAPE = dict(

@@ -6,7 +6,7 @@ stored as the published checkpoints store them (float8 e4m3, a float32 `weight_s
 block) load dequantized, equal to the dequantized weights; out, the export opens in transformers
 (tests/test_hf_qwen3.py runs the multi-rank path the families share)."""
 
-import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from titan_exp.checkpoint.hf import load_hf
 from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
 from titan_exp.models.registry import FAMILIES, build_model, config_from_hf, hf_cautions
 
-from hf_checkpoints import DEEPSEEK_V3_SHAPE, FLOAT8_BLOCK, float8_blocks, spread_blocks
+from hf_checkpoints import DEEPSEEK_V3_SHAPE, float8_copy, spread_blocks
 
 SEQ = 24
 VOCAB = DEEPSEEK_V3_SHAPE["vocab_size"]
@@ -69,24 +69,16 @@ def test_float8_weights_with_block_scales_load_dequantized(saved):
     """Every 2-D projection (not the embeddings, norms, routers or output) in float8 with its
     block scales; the float32 folder beside it holds the same weights dequantized by hand."""
     source = saved["per-expert"]
-    fp8, dequantized = saved["tmp"] / "fp8", saved["tmp"] / "dequantized"
-    for folder in (fp8, dequantized):
-        folder.mkdir()
-        config = json.loads((source / "config.json").read_text())
-        if folder is fp8:
-            block = [FLOAT8_BLOCK, FLOAT8_BLOCK]
-            config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": block}
-        (folder / "config.json").write_text(json.dumps(config))
-    stored, plain = {}, {}
-    for name, tensor in load_file(source / "model.safetensors").items():
-        projection = tensor.dim() == 2 and "proj" in name
-        if projection:
-            weight, scale_inv = float8_blocks(tensor.float())
-            stored[name], stored[name.removesuffix("weight") + "weight_scale_inv"] = weight, scale_inv
-            plain[name] = weight.float() * spread_blocks(scale_inv, *tensor.shape)
-        else:
-            stored[name] = plain[name] = tensor
-    save_file(stored, fp8 / "model.safetensors", metadata={"format": "pt"})
+    fp8, dequantized = float8_copy(source, saved["tmp"] / "fp8"), saved["tmp"] / "dequantized"
+    stored, plain = load_file(fp8 / "model.safetensors"), {}
+    for name, tensor in stored.items():
+        if tensor.dtype == torch.float8_e4m3fn:
+            scale_inv = stored[name.removesuffix("weight") + "weight_scale_inv"]
+            plain[name] = tensor.float() * spread_blocks(scale_inv, *tensor.shape)
+        elif not name.endswith("weight_scale_inv"):
+            plain[name] = tensor
+    dequantized.mkdir()
+    shutil.copy(source / "config.json", dequantized / "config.json")
     save_file(plain, dequantized / "model.safetensors", metadata={"format": "pt"})
     assert any(t.dtype == torch.float8_e4m3fn for t in stored.values())
     torch.testing.assert_close(our_logits(fp8), our_logits(dequantized), rtol=0, atol=0)

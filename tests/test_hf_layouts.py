@@ -31,11 +31,10 @@ from titan_exp.train.model_parts import build_model_parts, materialize
 
 from hf_checkpoints import (
     DEEPSEEK_V3_SHAPE,
-    FLOAT8_BLOCK,
     GPT_OSS_SHAPE,
     QWEN3_MOE,
     QWEN3_SHAPE,
-    float8_blocks,
+    float8_copy,
     mxfp4,
 )
 
@@ -49,25 +48,6 @@ MOE_LAYOUTS = {**DENSE_LAYOUTS, "fsdp2·ep2": ["parallelism=fsdp", "parallelism.
 FOLDERS = {"qwen3": DENSE_LAYOUTS, "qwen3_moe": MOE_LAYOUTS, "qwen3_moe fused": MOE_LAYOUTS}
 FOLDERS |= {"deepseek_v3 float8": MOE_LAYOUTS, "gpt_oss mxfp4": MOE_LAYOUTS}
 CASES = [(folder, layout) for folder, layouts in FOLDERS.items() for layout in layouts]
-
-
-def _float8_copy(source: Path, folder: Path) -> Path:
-    """`source`'s weights as the published DeepSeek-V3 stores them: each projection in float8 e4m3
-    with a float32 scale per block."""
-    block = FLOAT8_BLOCK
-    folder.mkdir()
-    config = json.loads((source / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [block, block]}
-    (folder / "config.json").write_text(json.dumps(config))
-    stored = {}
-    for name, tensor in load_file(source / "model.safetensors").items():
-        if tensor.dim() == 2 and "proj" in name:
-            weight, scale_inv = float8_blocks(tensor.float())
-            stored[name], stored[name.removesuffix("weight") + "weight_scale_inv"] = weight, scale_inv
-        else:
-            stored[name] = tensor
-    save_file(stored, folder / "model.safetensors", metadata={"format": "pt"})
-    return folder
 
 
 def _mxfp4_copy(source: Path, folder: Path) -> Path:
@@ -108,7 +88,7 @@ def _folders(tmp: Path) -> dict[str, Path]:
         "qwen3": _save(qwen3, tmp / "qwen3"),
         "qwen3_moe": _save(qwen3_moe, tmp / "qwen3_moe"),
         "qwen3_moe fused": _save(qwen3_moe, tmp / "qwen3_moe_fused", save_original_format=False),
-        "deepseek_v3 float8": _float8_copy(_save(deepseek, tmp / "deepseek_v3"), tmp / "deepseek_v3_float8"),
+        "deepseek_v3 float8": float8_copy(_save(deepseek, tmp / "deepseek_v3"), tmp / "deepseek_v3_float8"),
         "gpt_oss mxfp4": _mxfp4_copy(_save(gpt_oss, tmp / "gpt_oss"), tmp / "gpt_oss_mxfp4"),
     }
 

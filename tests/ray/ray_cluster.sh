@@ -78,7 +78,7 @@ remove_created() {
   { grep '^netns ' "$dir/created" || true; } | while read -r _ name; do kill_namespace "$name"; done
   tac "$dir/created" | while read -r kind name; do
     case $kind in
-      netns) kill_namespace "$name"; ip netns delete "$name" 2>/dev/null || true ;;
+      netns) ip netns delete "$name" 2>/dev/null || true ;;
       link) ip link delete "$name" 2>/dev/null || true ;;
       dir) rm -rf "$name" || echo "ray_cluster.sh: $name not wholly removed" >&2 ;;
     esac

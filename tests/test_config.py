@@ -113,7 +113,7 @@ def test_a_corpus_that_is_not_text_is_refused_before_training(tmp_path: Path, co
     "override,hint",
     [
         ("launcher.partition=gpu", "is read by launcher=slurm only"),
-        ("model.mla.kv_lora_rank=64", "is read by model=deepseek_v3_16b|deepseek_v3_671b|deepseek_v3_debug only"),
+        ("model.mla.kv_lora_rank=64", "is read by model=deepseek_v3_16b|deepseek_v3_671b|deepseek_v3_debug|hf only"),
         ("training.stepz=3", "did you mean training.steps?"),
     ],
 )

@@ -223,4 +223,4 @@ def _task_node(config: DictConfig) -> DictConfig:
 
 
 def _task(config: DictConfig):
-    return to_job_config(_task_node(config))
+    return to_job_config(_task_node(config), config.hydra.overrides.task)

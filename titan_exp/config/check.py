@@ -18,7 +18,7 @@ def check_job(cfg: JobConfig, dims: ParallelDims, placement: Placement, placed: 
     check_model_fit(cfg, dims)
     check_layout(cfg, dims)
     check_batch(cfg, dims)
-    check_against_model(cfg)
+    check_against_model(cfg, placed)
     if cfg.checkpoint.create_seed_checkpoint and dims.world_size != 1:
         raise ConfigError(
             "checkpoint.create_seed_checkpoint",
@@ -204,10 +204,11 @@ def check_batch(cfg: JobConfig, dims: ParallelDims) -> None:
         )
 
 
-def check_against_model(cfg: JobConfig) -> None:
-    """The sequence and the data's vocabulary within the model's; documents for a document mask."""
+def check_against_model(cfg: JobConfig, placed: bool = True) -> None:
+    """The sequence and the data's vocabulary within the model's; documents for a document mask.
+    A plan (`placed=False`) reads no data: the data's rules are a job's."""
     t, m, d = cfg.training, cfg.model, cfg.data
-    if m.attn_mask_type == "block_causal" and d.source == "synthetic":
+    if m.attn_mask_type == "block_causal" and d.source == "synthetic" and placed:
         raise ConfigError(
             "model.attn_mask_type",
             m.attn_mask_type,
@@ -227,11 +228,14 @@ def check_against_model(cfg: JobConfig) -> None:
             raise ConfigError(
                 f"checkpoint.{hf_key}", True, f"Hugging Face's format cannot hold {m.name}_{m.flavor}: {refused}"
             )
-    if d.vocab_key is None:  # a tokenizer file's: the pre-flight reads it
+    if d.vocab_key is None or not placed:  # a tokenizer file's: the pre-flight reads it
         return
     vocab = getattr(d, d.vocab_key)
     if not 0 < vocab <= m.vocab_size:
-        raise ConfigError(f"data.{d.vocab_key}", vocab, f"must lie in [1, model vocab_size={m.vocab_size}]")
+        own = "data=files data.paths=[...] data.tokenizer_path=<its tokenizer.json>"
+        fix = f"train on the model's own tokens ({own}) or lower it" if d.source == "text" else "lower it"
+        within = f"must lie in [1, model vocab_size={m.vocab_size}] of {m.name}_{m.flavor}"
+        raise ConfigError(f"data.{d.vocab_key}", vocab, f"{within}; {fix}")
 
 
 def check_device_features(cfg: JobConfig, dims: ParallelDims, device: str) -> None:

@@ -1,6 +1,6 @@
 """From Hydra's composed config to the typed one: keys the schema does not know are refused rather
 than dropped, and so are command-line values of keys that only label (rules.label); then the
-DictConfig becomes a JobConfig."""
+DictConfig becomes a JobConfig, its model=hf section told which keys were set beside the option."""
 
 import dataclasses
 import difflib
@@ -12,7 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 from titan_exp import CONF_DIR
 from titan_exp.config.schema import JobConfig, option_schemas, register_schema
 from titan_exp.config.tree import group_options, option_schema
-from titan_exp.rules import ConfigError
+from titan_exp.models.registry import HFFolderConfig
+from titan_exp.rules import ConfigError, dotted_keys
 
 
 def to_job_config(composed: DictConfig, overrides: Sequence[str] = ()) -> JobConfig:
@@ -20,7 +21,31 @@ def to_job_config(composed: DictConfig, overrides: Sequence[str] = ()) -> JobCon
     command line's, as Hydra recorded them (hydra.overrides.task)."""
     check_label_overrides(overrides)
     check_known_keys(composed)
-    return OmegaConf.to_object(composed)
+    cfg = OmegaConf.to_object(composed)
+    if isinstance(cfg.model, HFFolderConfig):
+        cfg.model.keys_set = model_keys_set(composed.model, overrides)
+    return cfg
+
+
+# Keys of a model=hf section that are never applied over the folder: the labels and the folder itself.
+_NOT_OVER_THE_FOLDER = ("name", "flavor", "hf_path")
+
+
+def model_keys_set(model: DictConfig, overrides: Sequence[str]) -> tuple[str, ...]:
+    """The keys (dotted, under `model.`) of a model=hf section set beside the option: those the
+    command line names, and those an experiment (or another file) sets to other than the schema's
+    default. Each applies over the folder's config.json (models/registry.config_from_hf)."""
+    values = dotted_keys(OmegaConf.to_container(model))
+    defaults = dotted_keys(OmegaConf.to_container(OmegaConf.structured(HFFolderConfig)))
+    named = [key.removeprefix("model.") for key in _override_keys(overrides) if key.startswith("model.")]
+    keys_set = {key for key in values if any(key == n or key.startswith(f"{n}.") for n in named)}
+    keys_set |= {key for key, value in values.items() if value != defaults.get(key)}
+    return tuple(sorted(keys_set - set(_NOT_OVER_THE_FOLDER)))
+
+
+def _override_keys(overrides: Sequence[str]) -> list[str]:
+    """The keys a command line's overrides set (Hydra's `+key=`, `++key=` and `~key` forms alike)."""
+    return [override.lstrip("+~").partition("=")[0] for override in overrides]
 
 
 def compose_job_config(overrides: Sequence[str]) -> JobConfig:

@@ -9,6 +9,7 @@ the pre-flight's (job/preflight.py)."""
 import copy
 import math
 import os
+from operator import attrgetter
 from pathlib import Path
 
 from launchers.base import Placement, PlacementRequest
@@ -19,7 +20,7 @@ from titan_exp.config import check
 from titan_exp.config.aliases import apply_aliases
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
-from titan_exp.models.registry import config_from_hf
+from titan_exp.models.registry import HF_OPTION, config_from_hf
 from titan_exp.parallel.config import resolved_context_parallel_impl
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.rules import ConfigError
@@ -46,17 +47,19 @@ def resolve(cfg: JobConfig, place: bool = True, job_dir: Path | None = None, roo
 
 
 def _model_from_hf(cfg: JobConfig) -> None:
-    """model=hf: the model section of model.hf_path's config.json, its family's (read here, not in
-    the pre-flight: every rule after this one depends on the model's shape)."""
+    """model=hf: the model section of model.hf_path's config.json, its family's, with the keys set
+    beside model=hf over it (read here, not in the pre-flight: every rule after this one depends on
+    the model's shape)."""
     model = cfg.model
-    if model.name != "hf":
+    if model.name != HF_OPTION:
         if model.hf_path is not None:
             raise ConfigError("model.hf_path", model.hf_path, "is read by model=hf only; add model=hf")
         return
     if model.hf_path is None:
         raise ConfigError("model.hf_path", None, "model=hf takes its shape from a Hugging Face model folder; set it")
     folder = Path(model.hf_path).resolve()
-    cfg.model = config_from_hf(str(folder), "model.hf_path")
+    keys_set = {key: attrgetter(key)(model) for key in getattr(model, "keys_set", ())}
+    cfg.model = config_from_hf(str(folder), "model.hf_path", keys_set)
     cfg.model.flavor = folder.name
 
 

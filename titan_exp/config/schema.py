@@ -23,7 +23,7 @@ from titan_exp.config.sections import (
 from titan_exp.data.config import DataConfig
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.registry import FAMILIES
+from titan_exp.models.registry import FAMILIES, HF_OPTION, HFFolderConfig
 from titan_exp.objective import SweepConfig
 from titan_exp.optim.config import LRSchedulerConfig, OptimizerConfig
 from titan_exp.parallel.config import ActivationCheckpointConfig, CommConfig, CompileConfig, ParallelismConfig
@@ -70,10 +70,11 @@ class JobConfig(Section):
 
 def option_schemas() -> dict[str, dict[str, type[Section]]]:
     """The groups whose options build on a section of their own (a subclass of the group's
-    section: a model family's, models/registry.py; an engine's, launchers/registry.py): each
-    option names its schema first in its defaults list, `- /<group>_schema/<name>@_here_`."""
+    section: a model family's, or model=hf's with every family's keys, models/registry.py; an
+    engine's, launchers/registry.py): each option names its schema first in its defaults list,
+    `- /<group>_schema/<name>@_here_`."""
     return {
-        "model": {name: family.config for name, family in FAMILIES.items()},
+        "model": {name: family.config for name, family in FAMILIES.items()} | {HF_OPTION: HFFolderConfig},
         "launcher": LAUNCHER_SECTIONS,
     }
 

@@ -68,7 +68,7 @@ def run_parity(cfg: JobConfig, task_overrides: list[str], job_dir: Path) -> bool
 
 
 def _composed(overrides: list[str]) -> JobConfig:
-    return to_job_config(compose(config_name="config", overrides=overrides))
+    return to_job_config(compose(config_name="config", overrides=overrides), overrides)
 
 
 def layout_folder(layout: str) -> str:

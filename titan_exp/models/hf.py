@@ -110,6 +110,13 @@ class HFFormat:
         """Our name (within the layer) and shape of each tensor of layer `layer`."""
         raise NotImplementedError
 
+    def weight_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Our name and shape of every weight of `cfg`'s model, as this format holds it."""
+        shapes = dict(self.top_shapes(cfg))
+        for layer in range(cfg.n_layers):
+            shapes |= {f"layers.{layer}.{name}": shape for name, shape in self.layer_shapes(cfg, layer).items()}
+        return shapes
+
     def expected_shapes(self, cfg: ModelConfig, fused: bool = False) -> dict[str, tuple[int, ...]]:
         """HF's name and shape of every tensor a checkpoint of `cfg` holds (`fused`: its experts in
         transformers' fused layout)."""

@@ -1,7 +1,12 @@
 """The model families, one line each: a family is its folder under models/ (its FAMILY record,
 models/family.py) and the option YAMLs of conf/model/ that name it. Torch-free."""
 
-from typing import TYPE_CHECKING
+import copy
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import TYPE_CHECKING, ClassVar
 
 from titan_exp.models import deepseek_v3, gpt_oss, llama3, qwen3
 from titan_exp.models.config import ModelConfig
@@ -23,6 +28,22 @@ FAMILIES: dict[str, ModelFamily] = {
 }
 
 
+# The option that takes the model from a Hugging Face folder (conf/model/hf.yaml), and its `name`
+# until the folder's config.json says which family it is.
+HF_OPTION = "hf"
+
+
+@dataclass
+class HFFolderConfig(*(family.config for family in FAMILIES.values())):
+    """model=hf's section until its folder is read (config/resolve.py): every family's keys, so that
+    any of them may be set beside model=hf; the folder's family must then have it."""
+
+    # The keys (dotted, under `model.`) set beside model=hf, on the command line or in an
+    # experiment (config/compose.py finds them): they apply over the folder's config.json. Not a
+    # config key: an attribute of the composed section only.
+    keys_set: ClassVar[tuple[str, ...]] = ()
+
+
 def family_of(cfg: ModelConfig) -> ModelFamily:
     """The family of a resolved model section (its `name`)."""
     return FAMILIES[cfg.name]
@@ -33,9 +54,13 @@ def build_model(cfg: ModelConfig) -> "Transformer":
     return family_of(cfg).build(cfg)
 
 
-def config_from_hf(folder: str, key: str) -> ModelConfig:
+def config_from_hf(folder: str, key: str, keys_set: Mapping[str, object] = {}) -> ModelConfig:
     """The model section of a Hugging Face model folder: its family from config.json's model_type,
-    every shape field from the rest; `key` named the folder (a refusal names it)."""
+    every field it gives from the rest, then `keys_set` (dotted keys under `model.` and their
+    values) over them. A set key the family lacks is refused, and so is one that would change a
+    weight's shape (the weights are the folder's: the refusal names the folder's value) or make a
+    model the folder's format cannot hold (its architecture is the folder's). `key` named the folder
+    (a refusal of the folder names it)."""
     hf = read_hf_config(folder, key)
     refuse = refusing(key, folder)
     family = _reader(hf, refuse)
@@ -44,6 +69,24 @@ def config_from_hf(folder: str, key: str) -> ModelConfig:
         cfg.check("model")
     except ConfigError as err:
         raise ConfigError(key, folder, f"its {CONFIG_FILE} makes {err}") from None
+    shapes, held = family.hf.weight_shapes(cfg), family.hf.refusal(cfg) is None
+    for name, value in keys_set.items():
+        section, _, leaf = name.rpartition(".")
+        owner = attrgetter(section)(cfg) if section else cfg
+        if leaf not in {f.name for f in dataclasses.fields(owner)} or dataclasses.is_dataclass(getattr(owner, leaf)):
+            raise ConfigError(f"model.{name}", value, f"is not a key of {family.name} models, which {folder} holds")
+        theirs = getattr(owner, leaf)
+        if value == theirs:
+            continue
+        changed = copy.deepcopy(cfg)
+        setattr(attrgetter(section)(changed) if section else changed, leaf, value)
+        changed.check("model")  # its own rules first: a shape is only compared once it is one
+        given = f"drop it: {folder}'s {CONFIG_FILE} gives {theirs}, and"
+        if family.hf.weight_shapes(changed) != shapes:
+            raise ConfigError(f"model.{name}", value, f"{given} the weights' shapes are the folder's")
+        if held and (why := family.hf.refusal(changed)):
+            raise ConfigError(f"model.{name}", value, f"{given} its format holds no other ({why})")
+        cfg = changed
     return cfg
 
 

@@ -150,6 +150,8 @@ class DeepSeekV3Format(HFFormat):
             return "DeepseekV3ForCausalLM's router keeps a selection bias; set model.moe.load_balance_coeff"
         if cfg.moe.aux_loss_coeff is not None:
             return "DeepseekV3ForCausalLM balances without an auxiliary loss; set model.moe.aux_loss_coeff=null"
+        if cfg.moe.bias or cfg.moe.swiglu_limit is not None:
+            return "DeepseekV3ForCausalLM's experts are SwiGLUs without biases or clamps"
         if cfg.norm_eps != _LATENT_NORM_EPS:
             return f"DeepSeek-V3's latent norms keep {_LATENT_NORM_EPS}; set model.norm_eps={_LATENT_NORM_EPS}"
         return None

@@ -64,6 +64,8 @@ class Qwen3Format(LlamaFormat):
             return "Qwen3MoeForCausalLM routes by softmax, ungrouped, without shared experts"
         if moe.enabled and (moe.route_scale != 1.0 or moe.load_balance_coeff is not None):
             return "Qwen3MoeForCausalLM neither scales the routed output nor biases the choice"
+        if moe.enabled and (moe.bias or moe.swiglu_limit is not None):
+            return "Qwen3MoeForCausalLM's experts are SwiGLUs without biases or clamps"
         return None
 
     def permuted_heads(self, name: str, cfg: ModelConfig) -> int | None:

@@ -28,7 +28,7 @@ PERIOD = [
     f"profiling.profiler_warmup={WARMUP}",
     f"profiling.memory_snapshot_freq={FREQ}",
 ]
-_STEP = re.compile(r"^step\s+(\d+)\s.*\sstep ([\d.]+)s")
+_STEP = re.compile(r"^step\s+(\d+)/\d+\s.*\sstep ([\d.]+)s")
 
 
 def outside_windows(step: int) -> bool:

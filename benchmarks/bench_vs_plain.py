@@ -91,7 +91,7 @@ class Titan:
         seconds = [
             float(m.group(2))
             for line in lines
-            if (m := re.search(r"step\s+(\d+)\s.*\sstep ([\d.]+)s", line)) and int(m.group(1)) > WARMUP
+            if (m := re.search(r"step\s+(\d+)/\d+\s.*\sstep ([\d.]+)s", line)) and int(m.group(1)) > WARMUP
         ]
         return BATCH * SEQ / statistics.mean(seconds)
 

@@ -1,6 +1,6 @@
-"""The command line as a user meets it: printing the config, refusing bad configs up front, and a
-sweep going on past a point that fails (a run whose gradients stop being finite fails naming the
-step: test_sweep_objective.py's study)."""
+"""The command line as a user meets it: printing the config, a run's step lines, refusing bad configs
+up front, and a sweep going on past a point that fails (a run whose gradients stop being finite
+fails naming the step: test_sweep_objective.py's study)."""
 
 import os
 import re
@@ -20,6 +20,18 @@ def test_cfg_job_prints_the_composed_config_without_training(tmp_path, new_store
     # No step was trained (no step lines) and nothing was tracked.
     assert not re.search(r"^step\s+\d", result.stdout, re.M) and "MLflow run" not in result.stdout
     assert not db.exists()
+
+
+def test_a_runs_step_lines_say_where_it_stands_and_the_time_left(tmp_path):
+    """Each logged step: N of all, and the time left at the pace since the first step, which has
+    none yet, as the last has nothing left; a log (this pipe) gets plain lines, nothing redrawn."""
+    overrides = ["parallelism=single", "tracking=none", *SMALL_MODEL, "training.steps=4", "metrics.log_freq=1"]
+    result = run_cli(overrides, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if re.match(r"step +\d+/", line)]
+    assert [line.split()[1] for line in lines] == ["1/4", "2/4", "3/4", "4/4"], result.stdout
+    assert [bool(re.search(r"  ~\d+ s left$", line)) for line in lines] == [False, True, True, False], lines
+    assert "\r" not in result.stdout and "\x1b" not in result.stdout
 
 
 @pytest.mark.parametrize(

@@ -156,7 +156,7 @@ def test_rank0_killed_outright_its_last_steps_and_log_reach_the_store(tmp_path, 
     assert proc.returncode == 1 and "rank 0 failed" in err, err
     [run] = mlflow_runs(db)
     assert run.info.status == "FAILED"
-    printed_steps = [int(line.split()[1]) for line in printed + out.splitlines() if line.startswith("step ")]
+    printed_steps = [int(m[1]) for line in printed + out.splitlines() if (m := re.match(r"step +(\d+)", line))]
     logged = _logged_steps(db, run.info.run_id)
     assert logged[: len(printed_steps)] == printed_steps, (logged, printed_steps)  # every step it printed
     artifacts = db.parent / "mlartifacts" / "titan_exp" / run.info.run_id / "artifacts"

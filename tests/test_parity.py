@@ -240,7 +240,7 @@ def in_process(capsys, runs_in_process):
         capsys.readouterr()
         metrics = Trainer.run(job, RankEnv(rank=0, local_rank=0, world_size=1, local_world_size=1))
         printed = capsys.readouterr().out
-        curve = [float(loss) for loss in re.findall(r"^step +\d+  loss +(\S+)", printed, re.M)]
+        curve = [float(loss) for loss in re.findall(r"^step +\d+/\d+  loss +(\S+)", printed, re.M)]
         runs_in_process[tuple(overrides)] = InProcess(metrics, curve)
         return runs_in_process[tuple(overrides)]
 

@@ -198,7 +198,7 @@ def test_a_job_whose_node_died_starts_again_and_resumes_in_the_same_run(cluster,
     job = _start([*JOB, *_on_ray(cluster), *TWO_NODES, *resumable, "launcher.heartbeat_timeout_s=20", uri], tmp_path)
     try:
         placed = wait_for_output(tmp_path, r"ranks placed by Ray: rank 0 on ([\d.]+), rank 1 on ([\d.]+)")
-        wait_for_output(tmp_path, r"^step    45 ")
+        wait_for_output(tmp_path, r"^step    45/")
         dead = cluster.node_of(placed.group(2))
         cluster.kill(dead)
         wait_for_output(tmp_path, r"the job starts again to resume from its last checkpoint \(attempt 2 of 2", 120)
@@ -221,7 +221,7 @@ def test_a_job_stopped_from_outside_ends_killed_and_leaves_no_rank(cluster, tmp_
     job = _start([*JOB, *_on_ray(cluster), *TWO_NODES, "training.steps=5000", uri], tmp_path)
     try:
         submission = wait_for_output(tmp_path, r"^Ray job (titan_exp-\S+) submitted").group(1)
-        wait_for_output(tmp_path, r"^step     3 ")
+        wait_for_output(tmp_path, r"^step     3/")
         stopped = cluster.ray("job", "stop", submission)
         assert stopped.returncode == 0, stopped.stderr
         assert job.wait(timeout=120) == 1, (tmp_path / "out.txt").read_text()[-3000:]
@@ -253,7 +253,7 @@ def test_a_dead_worker_fails_the_run_naming_its_node_and_leaves_no_rank(cluster,
     )
     try:
         placed = wait_for_output(tmp_path, r"ranks placed by Ray: rank 0 on ([\d.]+), rank 1 on ([\d.]+)")
-        wait_for_output(tmp_path, r"^step     3 ")
+        wait_for_output(tmp_path, r"^step     3/")
         dead, alive = cluster.node_of(placed.group(2)), cluster.node_of(placed.group(1))
         cluster.kill(dead)
         killed = time.monotonic()

@@ -108,7 +108,7 @@ def test_warned_job_saves_requeues_and_resumes_in_the_same_run(slurm_env, tmp_pa
     job = _start([*JOB, *SLURM, *steps, uri], tmp_path, slurm_env)
     submitted = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted: 2 ranks, logs (\S+)")
     job_id = submitted.group(1)
-    wait_for_output(tmp_path, r"^step     5 ")  # rank 0's lines streamed to the submitting terminal
+    wait_for_output(tmp_path, r"^step     5/")  # rank 0's lines streamed to the submitting terminal
     # What Slurm sends signal_delay_s ahead of the time limit, or on preemption.
     subprocess.run(["scancel", "--signal=USR2", job_id], env=slurm_env, check=True)
     assert job.wait(timeout=300) == 0, (tmp_path / "out.txt").read_text()[-3000:]
@@ -139,7 +139,7 @@ def test_job_stopped_from_outside_never_stays_running(slurm_env, tmp_path, store
     uri, db = store
     job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
     job_id = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted").group(1)
-    wait_for_output(tmp_path, r"^step     3 ")
+    wait_for_output(tmp_path, r"^step     3/")
     subprocess.run(["scancel", *scancel, job_id], env=slurm_env, check=True)
     assert job.wait(timeout=180) == 1, (tmp_path / "out.txt").read_text()[-3000:]
     [run] = mlflow_runs(db)
@@ -212,7 +212,7 @@ def test_ctrl_c_while_waiting_cancels_the_job_and_its_run_ends_killed(slurm_env,
     uri, db = store
     job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
     job_id = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted").group(1)
-    wait_for_output(tmp_path, r"^step     3 ")
+    wait_for_output(tmp_path, r"^step     3/")
     job.send_signal(signal.SIGINT)  # the submitting process only, as from a terminal it would be the group
     assert job.wait(timeout=180) != 0
     [run] = mlflow_runs(db)
@@ -241,7 +241,7 @@ def test_warned_job_without_checkpoints_ends_killed_with_timeout(slurm_env, tmp_
     uri, db = store
     job = _start([*JOB, *SLURM, "training.steps=5000", uri], tmp_path, slurm_env)
     job_id = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted").group(1)
-    wait_for_output(tmp_path, r"^step     3 ")
+    wait_for_output(tmp_path, r"^step     3/")
     subprocess.run(["scancel", "--signal=USR2", job_id], env=slurm_env, check=True)
     assert job.wait(timeout=180) == 1, (tmp_path / "out.txt").read_text()[-3000:]
     [run] = mlflow_runs(db)
@@ -300,7 +300,7 @@ def test_a_stopped_task_is_named_by_its_heartbeat_and_the_job_cancelled(slurm_en
     job = _start([*JOB, *SLURM, "training.steps=5000", "launcher.heartbeat_timeout_s=20", uri], tmp_path, slurm_env)
     job_id = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted").group(1)
     try:
-        wait_for_output(tmp_path, r"^step     3 ")
+        wait_for_output(tmp_path, r"^step     3/")
         os.kill(_task_pid(job_id, 1), signal.SIGSTOP)
         assert job.wait(timeout=120) == 1, (tmp_path / "out.txt").read_text()[-3000:]
     finally:  # a failure here must not leave the job running past the cluster

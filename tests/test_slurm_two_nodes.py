@@ -272,7 +272,7 @@ def test_two_node_job_whose_node_dies_ends_failed_naming_it_and_leaves_nothing(c
     job = _start_job(args, tmp_path, cluster.env)
     job_id = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted").group(1)
     try:
-        wait_for_output(tmp_path, r"^step    20 ")
+        wait_for_output(tmp_path, r"^step    20/")
         died = time.monotonic()
         cluster.kill("tn2")
         assert job.wait(timeout=120) == 1, (tmp_path / "out.txt").read_text()[-3000:]
@@ -306,7 +306,7 @@ def test_two_node_job_whose_node_dies_requeues_and_resumes_in_the_same_run(clust
     job = _start_job([*JOB, *TWO_NODES, *steps, *checkpoints, uri], tmp_path, cluster.env)
     job_id = wait_for_output(tmp_path, r"^Slurm job (\d+) submitted").group(1)
     try:
-        wait_for_output(tmp_path, r"^step    25 ")
+        wait_for_output(tmp_path, r"^step    25/")
         cluster.kill("tn2")
         wait_for_output(tmp_path, rf"stopped answering: .* from tn2 .*; job {job_id} requeued to resume", timeout=60)
         deadline = time.monotonic() + 120  # tn2 is DOWN once slurmctld has not heard from it for SlurmdTimeout

@@ -43,6 +43,22 @@ def test_a_process_started_before_its_first_mark_and_the_phases_add_up_to_the_to
     assert line.startswith(f"start-up: {phases['total']:.2f} s to the end of the first step = python_imports ")
 
 
+def test_the_clock_starts_with_the_interpreter_not_with_the_shell_that_execs_it():
+    """bash execs its last command, whose process keeps the shell's creation: the sleep before it is
+    no start-up of ours, while the interpreter's own start before titan_exp's first line is."""
+    code = (
+        "import titan_exp; from titan_exp.metrics import startup; startup.mark('python_imports'); "
+        "print(startup.carried()[0][1], titan_exp.REACHED[0])"
+    )
+    before = time.time()
+    result = subprocess.run(
+        ["bash", "-c", 'sleep 3 && "$0" -c "$1"', sys.executable, code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    origin, reached = map(float, result.stdout.split())
+    assert before + 3 <= origin < reached
+
+
 def test_a_rank_continues_the_launching_process_marks_from_its_own_creation(clean_marks):
     launched_at = time.time() - 5.0
     startup.adopt((("origin", launched_at), ("store", launched_at + 1.0)))

@@ -1,7 +1,12 @@
 """titan_exp: compose, place, train, track and predict PyTorch-native LLM training layouts."""
 
 import os
+import time
 from pathlib import Path
+
+# When this interpreter reached titan_exp's first line, and the CPU time it had used by then: what
+# its start-up clock starts from (metrics/startup.py). Taken first, before anything of ours loads.
+REACHED = (time.time(), time.process_time())
 
 # The Hydra config tree ships inside the package, so the installed `titan_exp` command finds it too.
 CONF_DIR = Path(__file__).resolve().parent / "conf"

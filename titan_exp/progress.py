@@ -1,6 +1,7 @@
 """Progress of long work (a plan grid, a sweep's points, the loss-parity layouts): k of n, the time
 since it began and an estimate of the time left at this pace; redrawn in place on a terminal, one
-plain line per step elsewhere (a log keeps every line)."""
+plain line per step elsewhere (a log keeps every line). A run's logged steps carry the time left on
+their own lines (train/leader.py)."""
 
 import time
 from typing import TextIO
@@ -16,11 +17,16 @@ def duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+def time_left(done: int, total: int, elapsed: float) -> str:
+    """`~3 min 20 s left`: the rest at the pace so far, so none before the first item is done, nor
+    after the last ("")."""
+    return f"~{duration(elapsed / done * (total - done))} left" if 0 < done < total else ""
+
+
 def progress_line(what: str, done: int, total: int, elapsed: float) -> str:
-    """`what k of n (elapsed, ~left)`; the estimate assumes the rest goes at the pace so far, so
-    there is none before the first item is done, nor after the last."""
-    left = f", ~{duration(elapsed / done * (total - done))} left" if 0 < done < total else ""
-    return f"{what} {done} of {total} ({duration(elapsed)}{left})"
+    """`what k of n (elapsed, ~left)`."""
+    left = time_left(done, total, elapsed)
+    return f"{what} {done} of {total} ({duration(elapsed)}{f', {left}' if left else ''})"
 
 
 class Progress:

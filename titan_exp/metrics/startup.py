@@ -2,13 +2,15 @@
 marks taken in the launching process (carried to the ranks in RunContext) and in rank 0, which
 prints the breakdown after its first step and logs it as `startup/*` metrics. Torch-free.
 
-Each mark names the phase that ends there; the first mark is the origin: the launching process's
-creation (read from /proc, so the interpreter's own start and imports count), or the rank process's
-own creation where nothing of ours launched it (torchrun, srun)."""
+Each mark names the phase that ends there; the first mark is the origin: when the launching
+process's program started (program_start: the interpreter's own start and imports count), or the
+rank's where nothing of ours launched it (srun), or torchrun's agent's creation (the command's start)."""
 
 import os
 import time
 from pathlib import Path
+
+import titan_exp
 
 Marks = tuple[tuple[str, float], ...]
 ORIGIN = "origin"
@@ -29,12 +31,22 @@ def process_start_time(pid: int | str = "self") -> float:
     return time.time() - (uptime_s - started_ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def program_start() -> float:
+    """When this process's program (the interpreter) started, on time.time()'s scale: the later of
+    its creation and titan_exp's first line less the CPU time used by then. An exec keeps the
+    creation, so for a shell's last command (`bash -c 'setup.sh && titan_exp'`: bash execs it) that
+    is the shell's; the CPU time carries over too, but a shell that waited on its commands used next
+    to none, while the interpreter's start-up is CPU work (what it waits on the disk for is left out)."""
+    reached, cpu_seconds = titan_exp.REACHED
+    return max(process_start_time(), reached - cpu_seconds)
+
+
 def mark(phase: str, at: float | None = None) -> None:
-    """`phase` ended now (or `at`). The first mark of a process is its own creation, or torchrun's
-    (its agent, this process's parent, is where the command started)."""
+    """`phase` ended now (or `at`). The first mark of a process is its program's start, or torchrun's
+    creation (its agent, this process's parent, is where the command started)."""
     if not _marks:
         torchrun = "TORCHELASTIC_RUN_ID" in os.environ
-        _marks.append((ORIGIN, process_start_time(os.getppid() if torchrun else "self")))
+        _marks.append((ORIGIN, process_start_time(os.getppid()) if torchrun else program_start()))
     _marks.append((phase, time.time() if at is None else at))
 
 

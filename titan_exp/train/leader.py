@@ -4,6 +4,7 @@ rank it is."""
 
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from titan_exp.metrics.expert_load import EXPERT_LOAD_ARTIFACT, plot_expert_load
 from titan_exp.metrics.flops import flops_per_token
 from titan_exp.metrics.format import format_line, format_summary
 from titan_exp.metrics.throughput import ThroughputMeter
+from titan_exp.progress import time_left
 from titan_exp.tracking.run import DEVICE_PROFILE_PARAM, UNREAD_KEYS_PARAM
 from titan_exp.tracking.writer import BackgroundTracker
 from titan_exp.train.step import StepOutcome
@@ -94,6 +96,10 @@ class Leader(Follower):
         self.meter: ThroughputMeter | None = None
         self.last: dict[str, object] = {}
         self.tokens_per_step = 0
+        self.steps = 0
+        # (when, which) this start's first step ended: the time left is paced by the steps after it,
+        # its start-up (compilation, allocation) left out.
+        self._paced_from: tuple[float, int] | None = None
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -144,12 +150,15 @@ class Leader(Follower):
             self.tracker.writer_idle if self.tracker else lambda: True,
         )
         self.tokens_per_step = t.local_batch_size * t.seq_len * job.accumulation
+        self.steps = t.steps
 
     def count(self, step: int, outcome: StepOutcome, audit_metrics: dict[str, float]) -> None:
         """The step's tokens and data time into the meter; a memory audit's figures into the run."""
         if self.tracker and audit_metrics:
             self.tracker.log_metrics(step, audit_metrics)
         self.meter.add_step(self.tokens_per_step, outcome.data_seconds)
+        if self._paced_from is None:
+            self._paced_from = (time.monotonic(), step)
 
     def report_startup(self, step: int) -> None:
         """After the first step: where the start-up went (metrics/startup.py); a writer that waited
@@ -173,7 +182,9 @@ class Leader(Follower):
             self.tracker.log_metrics(step, self.last)
         if self.job_dir is not None:
             events.emit(self.job_dir, events.STEP, step=step, loss=loss_avg)
-        print(format_line(step, self.last), flush=True)
+        ended_at, first = self._paced_from
+        left = time_left(step - first, self.steps - first, time.monotonic() - ended_at)
+        print(format_line(step, self.steps, self.last, left), flush=True)
 
     def log_validation(self, step: int, loss: float, seconds: float) -> None:
         self.meter.leave_out(seconds)

@@ -5,12 +5,15 @@ import csv
 
 import pytest
 
-from titan_exp.compare.report import NOT_READ, OVERSUBSCRIBED, columns, table, write_report
+from titan_exp import metric_names as names
+from titan_exp.compare.report import NOT_READ, OVERSUBSCRIBED, columns, compare_sweep, table, write_report
 from titan_exp.compare.runs import RunSummary, add_scaling_efficiency, best_first, parse_mesh, varying_params
 from titan_exp.parallel.dims import ParallelDims
-from titan_exp.tracking.run import UNREAD_KEYS_PARAM
+from titan_exp.tracking.config import TrackingConfig
+from titan_exp.tracking.run import PARENT_TAG, ROLE_TAG, SWEEP_OVERRIDES_PARAM, UNREAD_KEYS_PARAM
+from titan_exp.tracking.store import experiment_id
 
-from conftest import compose_config
+from conftest import compose_config, mlflow_client
 
 
 def _summary(
@@ -113,6 +116,60 @@ def test_the_table_has_a_column_for_each_key_that_differs_and_dashes_where_it_is
     assert column(rows, "parallelism.name", varying) == ["pp", "pp", "fsdp"]
     # Keys that only runs which do not read them set differently are no difference.
     assert varying_params(runs[1:]) == ["parallelism.name"]
+
+
+def test_a_runs_own_checkpoint_folder_is_no_column():
+    """Every run keeps its checkpoints in a folder of its own (<job folder>/checkpoints): a value of
+    its own in every run, never a difference to show."""
+    runs = [
+        _summary(
+            f"fsdp{n}", "fsdp", n, 500.0, {"dp_shard": n}, **{"checkpoint.folder": f"/out/multirun/{n}/checkpoints"}
+        )
+        for n in (1, 2)
+    ]
+    assert varying_params(runs) == []
+
+
+def _log_point(client, experiment_id: str, parent_id: str, name: str, intervals: list[float]) -> None:
+    """A finished sweep point as a run logs it: the TPS/device of each log interval (5 steps each),
+    the steady mean from the second on (its first equal to the interval's own, as the meter logs it)."""
+    from mlflow.entities import Metric
+
+    run = client.create_run(experiment_id, run_name=name, tags={PARENT_TAG: parent_id})
+    metrics = []
+    for n, tps in enumerate(intervals):
+        step, at = 5 * (n + 1), 1_000 + n
+        metrics.append(Metric(names.TPS, tps, at, step))
+        if n:
+            steady = intervals[1 : n + 1]
+            mean = tps if n == 1 else len(steady) / sum(1 / t for t in steady)
+            metrics.append(Metric(names.TPS_MEAN, mean, at, step))
+    client.log_batch(run.info.run_id, metrics=metrics)
+    client.set_terminated(run.info.run_id, "FINISHED")
+
+
+def test_a_sweeps_table_shows_each_runs_spread_and_which_runs_it_does_not_tell_apart(tmp_path, store):
+    """Three points logged into a real store: ddp and fsdp within each other's spread (a), tp
+    below both (b); the first interval (start-up) is in no spread. No point has a prediction: the
+    note names the `plan` command of the sweep's overrides."""
+    _, db = store
+    uri = f"sqlite:///{db}"
+    client = mlflow_client(db)
+    experiment = experiment_id(client, TrackingConfig(uri=uri))
+    parent = client.create_run(experiment, run_name="sweep: parallelism=ddp,fsdp,tp", tags={ROLE_TAG: "sweep"})
+    client.log_param(parent.info.run_id, SWEEP_OVERRIDES_PARAM, "parallelism=ddp,fsdp,tp training.steps=30")
+    _log_point(client, experiment, parent.info.run_id, "ddp2", [300.0, 1210.0, 1190.0, 1250.0, 1230.0, 1205.0])
+    _log_point(client, experiment, parent.info.run_id, "fsdp2", [200.0, 1180.0, 1220.0, 1200.0, 1170.0, 1240.0])
+    _log_point(client, experiment, parent.info.run_id, "tp2", [100.0, 900.0, 950.0, 1000.0, 920.0, 940.0])
+    report = compare_sweep(uri, parent.info.run_id, tmp_path / "compare")
+    with open(tmp_path / "compare" / "strategy_table.csv") as file:
+        rows = {row["strategy"]: row for row in csv.DictReader(file)}
+    assert list(rows) == ["ddp2", "fsdp2", "tp2"]  # best first
+    assert {name: row["tps_group"] for name, row in rows.items()} == {"ddp2": "a", "fsdp2": "a", "tp2": "b"}
+    assert {name: row["steady_intervals"] for name, row in rows.items()} == dict.fromkeys(rows, "5")
+    assert float(rows["ddp2"]["tps_per_device_median"]) == 1210.0
+    assert "| 1,210 (1,205–1,230, n=5) | a |" in report.markdown
+    assert "`titan_exp plan parallelism=ddp,fsdp,tp training.steps=30` records one." in report.markdown
 
 
 def test_the_csv_leaves_a_key_empty_where_the_run_does_not_read_it(tmp_path):

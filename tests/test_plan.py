@@ -316,7 +316,7 @@ def test_compute_timed_without_the_cores_is_said_to_be_slow():
     work, and below 80% the plan says its compute figures are too slow."""
     import time
 
-    from titan_exp.plan.measure import _CpuShare, busy_caution
+    from titan_exp.plan.measure import _CpuShare
 
     with _CpuShare(threads=1) as waited:
         time.sleep(0.3)
@@ -324,5 +324,50 @@ def test_compute_timed_without_the_cores_is_said_to_be_slow():
         start = time.perf_counter()
         while time.perf_counter() - start < 0.3:
             pass
-    assert waited.share < 0.2 and "plan again on an idle machine" in busy_caution(waited.share)
-    assert worked.share > waited.share + 0.3 and busy_caution(1.0) is None  # (beside other tests' ranks)
+    assert waited.share < 0.2 and "plan again on an idle machine" in plan_cli.busy_caution([waited.share])
+    assert worked.share > waited.share + 0.3 and plan_cli.busy_caution([1.0]) is None  # (beside other tests' ranks)
+
+
+def test_a_grid_timed_on_a_busy_machine_says_so_once(tmp_path, plan, monkeypatch):
+    """Two of three points' compute timed while other processes took the cores: one caution for the
+    grid, naming how many and the least share, not one a point."""
+    from titan_exp.plan import measure
+
+    shares, timed = iter([0.5, 0.9, 0.3]), measure.measured_compute
+    monkeypatch.setattr(measure, "measured_compute", lambda *args: (timed(*args)[0], next(shares)))
+    args = ["launcher.nproc_per_node=2", "plan.measure=false", "tracking=none", "training.local_batch_size=1,2,4"]
+    out, rows = plan(args, tmp_path)
+    assert len(rows) == 3
+    [caution] = [line for line in out.splitlines() if line.startswith("caution:")]
+    assert "at 2 of 3 points this one got as little as 30% of its threads' time" in caution
+
+
+def test_calibrate_against_a_server_draws_no_download_progress_bars(tmp_path, monkeypatch):
+    """A server's artifacts come over HTTP, where MLflow draws a progress bar for each file read (one
+    a run, three lines each); `plan calibrate` reads each run's overrides and says nothing of it."""
+    from mlflow.tracking import MlflowClient
+
+    from launchers.rendezvous import free_port
+
+    from conftest import start_mlflow_server, stop_mlflow_server
+
+    # As a user's shell has it (a client opened in this process sets it: tracking/store.py).
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
+    port = free_port()
+    server = start_mlflow_server(tmp_path / "server.db", port, tmp_path / "server.log")
+    try:
+        uri = f"http://127.0.0.1:{port}"
+        client = MlflowClient(uri)
+        experiment = client.create_experiment("titan_exp")  # the server's artifacts, over HTTP
+        for layout, tps in (("ddp", 1000.0), ("fsdp", 900.0), ("tp", 700.0)):
+            run_id = client.create_run(experiment, run_name=layout).info.run_id
+            client.log_param(run_id, "derived/device_profile", "h100")
+            client.log_metric(run_id, "throughput/tps_per_device_mean", tps, step=10)
+            overrides = f"- model=llama3_debug\n- parallelism={layout}\n- launcher.nproc_per_node=2\n"
+            client.log_text(run_id, overrides, "config/hydra/overrides.yaml")
+            client.set_terminated(run_id, "FINISHED")
+        done = subcommand(["plan", "calibrate", "--hardware", "h100", "--uri", uri, "--out", str(tmp_path / "h.yaml")])
+    finally:
+        stop_mlflow_server(server)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("| fitted on |") == 3 and "Downloading artifacts" not in done.stderr

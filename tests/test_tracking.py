@@ -204,8 +204,9 @@ def test_the_printed_link_opens_on_the_sweeps_points_sorted_by_tps(tracked):
     assert charts == f"{link}&compareRunsMode=CHART"
     charts_shot = _screenshot("mlflow_ui_comparison_charts.png")
     charts_text = _page_text(charts, "--window-size=1600,1000", f"--screenshot={charts_shot}")
-    # Its section holds the loss, TPS/device, MFU and CPU peak-memory charts (the CUDA one has no data here).
-    assert "Strategy comparison (4)" in charts_text, charts_text[-2000:]
+    # Its section holds the loss, TPS/device (steady and per interval), MFU and CPU peak-memory charts
+    # (the CUDA one has no data here).
+    assert "Strategy comparison (5)" in charts_text, charts_text[-2000:]
     assert charts_shot.stat().st_size > 10_000
     print(f"screenshots: {link_shot}, {charts_shot}")
 

@@ -5,8 +5,18 @@ Markdown, HTML and CSV renderings."""
 import csv
 from pathlib import Path
 
-from titan_exp.compare.report import COLUMNS, CSV_COLUMNS, columns, table, to_html, to_markdown, write_csv
-from titan_exp.compare.runs import RunSummary, add_scaling_efficiency
+from titan_exp.compare.report import (
+    COLUMNS,
+    CSV_COLUMNS,
+    SPREAD_NOTE,
+    columns,
+    notes,
+    table,
+    to_html,
+    to_markdown,
+    write_csv,
+)
+from titan_exp.compare.runs import RunSummary, add_scaling_efficiency, add_tps_groups
 
 
 def summary(name: str, world_size: int = 2, tps: float | None = 1000.0, **fields: object) -> RunSummary:
@@ -117,7 +127,7 @@ def test_markdown_header_separator_rows_and_escaping() -> None:
     assert lines[0] == "| " + " | ".join(COLUMNS) + " |"
     assert lines[1] == "|" + "---|" * len(COLUMNS)
     assert len(lines) == 2 + len(rows)
-    assert lines[2].startswith("| a\\|b | 2 | 16 | 4,096 | 2 | 1,000 | n/a | 41.26 |")
+    assert lines[2].startswith("| a\\|b | 2 | 16 | 4,096 | 2 | 1,000 |  |  | n/a | 41.26 |")
     # Every row has as many unescaped separators as the header.
     assert {line.replace("\\|", "").count("|") for line in lines} == {len(COLUMNS) + 1}
 
@@ -157,3 +167,76 @@ def test_the_mlflow_view_adds_the_expert_load_where_a_run_has_experts() -> None:
     columns = strategy_columns([run(), run(**{"moe/load_imbalance": 1.4})])
     assert columns.index(EXPERT_LOAD_COLUMN) == columns.index("metrics.`loss/global_avg`") - 1
     assert [c for c in columns if c != EXPERT_LOAD_COLUMN] == list(STRATEGY_COLUMNS)
+
+
+def test_each_run_shows_the_median_and_quartiles_of_its_steady_intervals() -> None:
+    """Five intervals: quartiles by the inclusive method (1,000 and 1,200 around 1,100); two give no spread."""
+    spread = summary("five", steady_tps=[1300.0, 900.0, 1100.0, 1000.0, 1200.0])
+    short = summary("two", steady_tps=[1000.0, 1100.0])
+    rows = table([spread, short])
+    assert column(rows, "TPS/device median (IQR)") == ["1,100 (1,000–1,200, n=5)", ""]
+    assert notes([spread, short], [])[0] == SPREAD_NOTE
+    assert SPREAD_NOTE not in notes([short], [])
+
+
+def steady(name: str, low: float, high: float, **fields: object) -> RunSummary:
+    """A run whose steady intervals' quartiles are `low` and `high` (five intervals, evenly spread)."""
+    step = (high - low) / 2
+    return summary(name, tps=low + step, steady_tps=[low - step, low, low + step, high, high + step], **fields)
+
+
+def test_runs_whose_quartiles_overlap_share_a_letter_and_the_others_differ() -> None:
+    """first overlaps second, second overlaps third, first and third do not: a, ab, b; fourth stands
+    apart (c). A failed run and one without a spread are in no group."""
+    runs = [
+        steady("first", 1200.0, 1300.0),
+        steady("second", 1150.0, 1250.0),
+        steady("third", 1000.0, 1160.0),
+        steady("fourth", 700.0, 800.0),
+        steady("failed", 1200.0, 1300.0, status="FAILED"),
+        summary("short", steady_tps=[1200.0, 1250.0]),
+    ]
+    add_tps_groups(runs)
+    assert column(table(runs), "TPS group") == ["a", "ab", "b", "c", "", ""]
+
+
+def test_more_groups_than_letters_go_on_as_a_spreadsheets_columns() -> None:
+    runs = [steady(f"r{n}", 1000.0 - 10 * n, 1004.0 - 10 * n) for n in range(28)]
+    add_tps_groups(runs)
+    assert [r.tps_group for r in runs[24:]] == ["y", "z", "aa", "ab"]
+    runs.insert(1, steady("between", 993.0, 1001.0))  # in the first group and the second
+    add_tps_groups(runs)
+    assert [r.tps_group for r in runs[:3]] == ["a", "a,b", "b"]
+
+
+def test_a_missing_prediction_says_which_plan_command_records_it() -> None:
+    planned = summary("planned", predicted_tps_per_device=900.0)
+    unplanned = summary("unplanned")
+    assert column(table([unplanned]), "predicted TPS/device") == ["n/a"]
+    [said] = [n for n in notes([planned, unplanned], [], "`titan_exp plan x=1,2`") if n.startswith("n/a")]
+    assert said.endswith("`titan_exp plan x=1,2` records one.")
+    assert not [n for n in notes([planned], []) if "titan_exp plan" in n]
+    assert "config/hydra/overrides.yaml" in "".join(notes([unplanned], []))  # without a sweep's overrides
+
+
+def test_the_csv_holds_the_quartiles_and_the_group(tmp_path: Path) -> None:
+    run = steady("spread", 1000.0, 1200.0)
+    add_tps_groups([run])
+    write_csv([run, summary("short")], tmp_path / "t.csv")
+    with open(tmp_path / "t.csv", newline="") as file:
+        first, second = csv.DictReader(file)
+    assert [first[k] for k in ("tps_per_device_q1", "tps_per_device_median", "tps_per_device_q3")] == [
+        "1000.0",
+        "1100.0",
+        "1200.0",
+    ]
+    assert first["steady_intervals"] == "5" and first["tps_group"] == "a"
+    assert second["tps_per_device_median"] == second["tps_group"] == "" and second["steady_intervals"] == "0"
+
+
+def test_the_mlflow_charts_overlay_each_intervals_tps_beside_the_steady_bars() -> None:
+    """The UI's view shows the spread the table gives as quartiles: each log interval's TPS/device."""
+    from titan_exp.compare.ui_view import STRATEGY_CHARTS
+
+    charts = [(kind, metric) for kind, metric, _ in STRATEGY_CHARTS]
+    assert ("LINE", "throughput/tps_per_device") in charts and ("BAR", "throughput/tps_per_device_mean") in charts

@@ -148,3 +148,37 @@ def test_the_time_a_peak_takes_to_measure_again_is_in_no_interval(clock: SimpleN
         metrics = meter.collect()
         assert metrics["time/step_s"] == 1.0 and metrics["throughput/tps_per_device"] == 1000
     assert metrics["throughput/tps_per_device_mean"] == 1000
+
+
+def test_compare_reads_back_the_intervals_the_steady_mean_covers(clock: SimpleNamespace) -> None:
+    """compare's spread (compare/runs.py's steady_intervals, from the metric histories) is over the
+    intervals the last steady mean covers: their tokens over their seconds is that mean. A run
+    resumed from step 2 logs steps 3-5 again from a new meter, whose writer was busy until the end
+    of its third interval."""
+    from titan_exp import metric_names as names
+    from titan_exp.compare.runs import steady_intervals
+
+    idle = SimpleNamespace(now=False)
+    records = []  # (step, timestamp, the metrics of one log call)
+
+    def train(first_step: int, seconds: list[float], idle_from: int) -> None:
+        meter = ThroughputMeter(FLOPS_PER_TOKEN, PEAK, 1, torch.device("cpu"), undisturbed=lambda: idle.now)
+        for n, interval in enumerate(seconds):
+            meter.add_step(1000, 0.0)
+            clock.now += interval
+            idle.now = n + 1 >= idle_from
+            records.append((first_step + n, len(records), meter.collect()))
+
+    train(1, [3.0, 1.1, 1.3, 0.9, 1.2], idle_from=1)
+    train(3, [2.5, 1.7, 1.9, 1.05, 0.95, 1.15], idle_from=3)
+    tps, steady = (
+        [
+            SimpleNamespace(step=step, timestamp=at, value=metrics[key])
+            for step, at, metrics in records
+            if key in metrics
+        ]
+        for key in (names.TPS, names.TPS_MEAN)
+    )
+    window = steady_intervals(tps, steady)
+    assert window == pytest.approx([1000 / 1.05, 1000 / 0.95, 1000 / 1.15])
+    assert len(window) / sum(1 / t for t in window) == pytest.approx(records[-1][2][names.TPS_MEAN])

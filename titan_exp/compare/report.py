@@ -8,15 +8,17 @@ from pathlib import Path
 
 from titan_exp.compare import plots
 from titan_exp.compare.runs import (
+    MIN_INTERVALS,
     RunSummary,
     add_scaling_efficiency,
+    add_tps_groups,
     best_first,
     families,
     summarize,
     sweep_points,
     varying_params,
 )
-from titan_exp.tracking.run import MlflowRun
+from titan_exp.tracking.run import SWEEP_OVERRIDES_PARAM, MlflowRun
 from titan_exp.tracking.store import client as mlflow_client
 
 EXPERT_LOAD_COLUMN = "experts max/mean"
@@ -27,6 +29,8 @@ COLUMNS = [
     "tokens/step",
     "accumulation",
     "TPS/device",
+    "TPS/device median (IQR)",
+    "TPS group",
     "predicted TPS/device",
     "MFU %",
     "peak memory GiB",
@@ -43,6 +47,14 @@ OVERSUBSCRIBED_NOTE = (
     f"{OVERSUBSCRIBED}: the run's CPU rank threads outnumbered its cores; its throughput measures "
     "time-sharing, not the layout."
 )
+SPREAD_NOTE = (
+    "TPS/device median (IQR): the median and interquartile range of TPS/device over the n log intervals "
+    f"that TPS/device covers (blank with fewer than {MIN_INTERVALS}). TPS group: runs that share a letter have "
+    "overlapping interquartile ranges, so the difference between their TPS/device lies within the spread "
+    "from interval to interval and their order is not established; runs with no letter in common differ."
+)
+# What records the predictions a table lacks, where the runs' overrides are not at hand (`compare --all`).
+PLAN_ANY_RUN = "`titan_exp plan` with the run's overrides (its artifact config/hydra/overrides.yaml)"
 SCALING_NOTE = (
     "scaling efficiency: TPS/device over that of the smallest data-parallel size among runs that differ "
     "in nothing else; blank where there is no such run."
@@ -81,6 +93,10 @@ def table(summaries: list[RunSummary], varying: list[str] = ()) -> list[list[str
         memory = f"{number(s.peak_memory_gib, '.2f')} ({s.memory_kind})" if s.peak_memory_gib is not None else "n/a"
         status = s.status if not s.failure_reason else f"{s.status}: {s.failure_reason[:80]}"
         tps = number(s.tps_per_device, ",.0f") + (f" ({OVERSUBSCRIBED})" if s.oversubscribed else "")
+        spread = ""
+        if s.tps_quartiles:
+            q1, median, q3 = s.tps_quartiles
+            spread = f"{median:,.0f} ({q1:,.0f}–{q3:,.0f}, n={len(s.steady_tps)})"
         rows.append(
             [
                 s.name,
@@ -88,6 +104,8 @@ def table(summaries: list[RunSummary], varying: list[str] = ()) -> list[list[str
                 str(s.world_size),
                 *s.batch,
                 tps,
+                spread,
+                s.tps_group,
                 predicted(s.predicted_tps_per_device, s.tps_per_device, ",.0f"),
                 number(s.mfu_pct, ".2f"),
                 memory,
@@ -111,9 +129,17 @@ EXPERT_LOAD_NOTE = (
 )
 
 
-def notes(summaries: list[RunSummary], varying: list[str]) -> list[str]:
-    """What a reader needs to read the table right: the lines under it."""
-    lines = [SCALING_NOTE] if any(s.scaling_efficiency is not None for s in summaries) else []
+def notes(summaries: list[RunSummary], varying: list[str], plan_command: str = PLAN_ANY_RUN) -> list[str]:
+    """What a reader needs to read the table right: the lines under it (`plan_command`: what
+    records the predictions of the runs' layouts)."""
+    lines = [SPREAD_NOTE] if any(s.tps_quartiles for s in summaries) else []
+    if any(s.predicted_tps_per_device is None for s in summaries):
+        lines.append(
+            "n/a in predicted TPS/device and predicted peak GiB: the experiment holds no prediction of the "
+            f"run's layout; {plan_command} records one."
+        )
+    if any(s.scaling_efficiency is not None for s in summaries):
+        lines.append(SCALING_NOTE)
     if has_experts(summaries):
         lines.append(EXPERT_LOAD_NOTE)
     if any(not s.reads(key) for s in summaries for key in varying):
@@ -150,6 +176,11 @@ CSV_COLUMNS = [
     "tokens_per_step",
     "accumulation",
     "tps_per_device",
+    "tps_per_device_q1",
+    "tps_per_device_median",
+    "tps_per_device_q3",
+    "steady_intervals",
+    "tps_group",
     "oversubscribed",
     "predicted_tps_per_device",
     "mfu_pct",
@@ -179,6 +210,9 @@ def write_csv(summaries: list[RunSummary], path: Path, varying: list[str] = ()) 
                     s.world_size,
                     *(value.replace(",", "") for value in s.batch),
                     s.tps_per_device,
+                    *(s.tps_quartiles or ("", "", "")),
+                    len(s.steady_tps),
+                    s.tps_group,
                     s.oversubscribed,
                     s.predicted_tps_per_device,
                     s.mfu_pct,
@@ -227,16 +261,17 @@ class Report:
     files: list[Path]
 
 
-def write_report(summaries: list[RunSummary], out_dir: Path, title: str) -> Report:
+def write_report(summaries: list[RunSummary], out_dir: Path, title: str, plan_command: str = PLAN_ANY_RUN) -> Report:
     """The table (best first, a column for each config key that differs) in three formats, and the
-    plots, under out_dir."""
+    plots, under out_dir; `plan_command` records the predictions it lacks."""
     add_scaling_efficiency(summaries)
     summaries = best_first(summaries)
+    add_tps_groups(summaries)
     varying = varying_params(summaries)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = table(summaries, varying)
     header = columns(varying, has_experts(summaries))
-    below = notes(summaries, varying)
+    below = notes(summaries, varying, plan_command)
     markdown = to_markdown(rows, header) + "".join(f"\n{note}\n" for note in below)
     (out_dir / "strategy_table.md").write_text(f"# {title}\n\n{markdown}")
     (out_dir / "strategy_table.html").write_text(to_html(rows, title, header, below))
@@ -250,7 +285,9 @@ def compare_sweep(uri: str, parent_run_id: str, out_dir: Path) -> Report:
     client = mlflow_client(uri)
     parent = client.get_run(parent_run_id)
     summaries = [summarize(client, run) for run in sweep_points(client, parent)]
-    report = write_report(summaries, out_dir, f"Strategy comparison: {parent.info.run_name}")
+    swept = parent.data.params.get(SWEEP_OVERRIDES_PARAM)
+    plan_command = f"`titan_exp plan {swept}`" if swept else PLAN_ANY_RUN
+    report = write_report(summaries, out_dir, f"Strategy comparison: {parent.info.run_name}", plan_command)
     parent_run = MlflowRun(uri, parent_run_id)
     for path in report.files:
         parent_run.log_artifact(path, "compare")

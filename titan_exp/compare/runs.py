@@ -2,6 +2,7 @@
 figures of the strategy table."""
 
 import statistics
+import string
 from dataclasses import dataclass, field
 
 from titan_exp import metric_names as names
@@ -13,12 +14,13 @@ MEMORY_KEYS = ((names.MAX_ACTIVE_GIB, "active"), (names.CPU_RSS_PEAK_GIB, "cpu r
 PREDICTION_ROLE = "prediction"
 
 
-# Params that say how a run was tracked, planned or what it derived, not what it was asked to compute:
-# never a difference between runs.
-NOT_CHOICES = ("tracking.", "derived/", "plan.", "parity.", "sweep.")
+# Params that say how a run was tracked, planned or what it derived, not what it was asked to compute,
+# and where it kept its checkpoints (by default a folder of its own, another in every run): never a
+# difference between runs.
+NOT_CHOICES = ("tracking.", "derived/", "plan.", "parity.", "sweep.", "checkpoint.folder")
 # Params that say where the ranks ran and how the run was kept: not what its ranks computed, so
 # runs that differ only here scale alike (the columns still show them where they vary).
-PLACEMENT = ("launcher.", "checkpoint.folder", "data.cache_dir", "profiling.save_")
+PLACEMENT = ("launcher.", "data.cache_dir", "profiling.save_")
 # What changes with the data-parallel size alone when a layout is scaled out (strong or weak), and
 # a key read or not by that size (FSDP's resharding: nothing is sharded on one device).
 DATA_PARALLEL_DEGREES = ("parallelism.data_parallel_shard_degree", "parallelism.data_parallel_replicate_degree")
@@ -40,6 +42,8 @@ SHOWN_ELSEWHERE = (
     "launcher.nodes",
     "training.global_batch_size",
 )
+# The fewest steady log intervals that give a spread (fewer: the quartiles are the values themselves).
+MIN_INTERVALS = 3
 
 
 @dataclass
@@ -68,6 +72,18 @@ class RunSummary:
     predicted_peak_memory_gib: float | None = None
     # A MoE run's expert load at its last step: the worst layer's busiest expert over the mean.
     expert_load_imbalance: float | None = None
+    # The TPS/device of each log interval that tps_per_device covers (steady_intervals).
+    steady_tps: list[float] = field(default_factory=list)
+    # The letters of the runs whose TPS/device it is not told apart from (filled by add_tps_groups).
+    tps_group: str = ""
+
+    @property
+    def tps_quartiles(self) -> tuple[float, float, float] | None:
+        """(lower quartile, median, upper quartile) of steady_tps; None below MIN_INTERVALS intervals."""
+        if len(self.steady_tps) < MIN_INTERVALS:
+            return None
+        q1, median, q3 = statistics.quantiles(self.steady_tps, n=4, method="inclusive")
+        return q1, median, q3
 
     @property
     def batch(self) -> tuple[str, str, str]:
@@ -179,10 +195,30 @@ def loss_curve(client, run_id: str, key: str = names.LOSS) -> list[tuple[int, fl
     return sorted(latest.items())
 
 
+def steady_intervals(tps: list, steady: list) -> list[float]:
+    """The TPS/device of each log interval that the run's last steady TPS/device covers, in the
+    order logged: metrics/throughput.py's steady state read back from the histories it left (`tps`,
+    `steady`: of TPS and TPS_MEAN, MLflow Metrics, one record's figures sharing step and timestamp).
+    A meter logs no steady figure at its first interval (start-up; a resumed run starts a new meter),
+    and one equal to the interval's own where the steady state starts afresh with that interval."""
+    steady_at = {(m.step, m.timestamp): m.value for m in steady}
+    window: list[float] = []
+    for m in sorted(tps, key=lambda m: (m.timestamp, m.step)):
+        mean = steady_at.get((m.step, m.timestamp))
+        if mean is None:
+            window = []
+        elif mean == m.value:
+            window = [m.value]
+        else:
+            window.append(m.value)
+    return window
+
+
 def summarize(client, run) -> RunSummary:
     metrics, tags = run.data.metrics, run.data.tags
     memory_key, memory_kind = next(((k, kind) for k, kind in MEMORY_KEYS if k in metrics), (None, ""))
     curve = loss_curve(client, run.info.run_id)
+    tps, steady = (client.get_metric_history(run.info.run_id, key) for key in (names.TPS, names.TPS_MEAN))
     return RunSummary(
         run_id=run.info.run_id,
         name=run.info.run_name,
@@ -202,6 +238,7 @@ def summarize(client, run) -> RunSummary:
         loss_curve=curve,
         failure_reason=tags.get("failure_reason", ""),
         expert_load_imbalance=metrics.get(names.LOAD_IMBALANCE),
+        steady_tps=steady_intervals(tps, steady),
         **_predicted(client, run),
     )
 
@@ -242,6 +279,28 @@ def best_first(summaries: list[RunSummary]) -> list[RunSummary]:
     measured = [s for s in summaries if s.status == "FINISHED" and s.tps_per_device is not None]
     rest = [s for s in summaries if all(s is not m for m in measured)]
     return sorted(measured, key=lambda s: -s.tps_per_device) + rest
+
+
+def add_tps_groups(summaries: list[RunSummary]) -> None:
+    """Letters for the finished runs with a spread, the first run's group `a`: two runs share a
+    letter where their TPS/device interquartile ranges overlap (the difference between them lies
+    within the spread over their intervals), so runs with no letter in common are told apart."""
+    ranged = [s for s in summaries if s.status == "FINISHED" and s.tps_quartiles]
+    spans = [(q1, q3) for q1, _, q3 in (s.tps_quartiles for s in ranged)]
+    # Ranges that overlap pairwise share a point, the highest of their lower quartiles: every
+    # largest set of them is the ranges that hold one range's lower quartile.
+    holding = [frozenset(i for i, (q1, q3) in enumerate(spans) if q1 <= low <= q3) for low, _ in spans]
+    groups = sorted({g for g in holding if not any(g < other for other in holding)}, key=min)
+    letters = [_group_name(n) for n in range(len(groups))]
+    separator = "" if len(groups) <= len(string.ascii_lowercase) else ","  # `ab` while letters are single
+    for i, summary in enumerate(ranged):
+        summary.tps_group = separator.join(letter for letter, group in zip(letters, groups) if i in group)
+
+
+def _group_name(n: int) -> str:
+    """0 → a, 25 → z, 26 → aa, 27 → ab (as a spreadsheet's columns)."""
+    letters = string.ascii_lowercase
+    return (_group_name(n // 26 - 1) if n >= 26 else "") + letters[n % 26]
 
 
 def parse_mesh(text: str) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """A link into MLflow's own UI that opens on the comparison: the model-training runs table of the
 latest sweep's points (or of every run), the strategy columns shown in order, each wide enough for
 its header and values, sorted by TPS/device; with
-CHARTS_VIEW added, MLflow's run charts of the same runs: the loss curves overlaid and TPS/device,
-MFU and peak memory per run.
+CHARTS_VIEW added, MLflow's run charts of the same runs: the loss curves overlaid, TPS/device, MFU
+and peak memory per run, and each log interval's TPS/device overlaid (its spread, which the strategy
+table gives as quartiles).
 
 MLflow 3's UI shares a table's state (search, sort, columns) through an experiment tag,
 `mlflow.sharedViewState.<key>`, opened by `?viewStateShareKey=<key>`; `workflowType=machine_learning`
@@ -37,10 +38,12 @@ STRATEGY_COLUMNS = (
 EXPERT_LOAD_COLUMN = f"metrics.`{names.LOAD_IMBALANCE}`"
 
 _SECTION = "titan_exp-strategy"
-# The charts view: the loss curves overlaid, and one bar per run of each strategy figure.
+# The charts view: the loss curves overlaid, one bar per run of each strategy figure, and the
+# TPS/device of each log interval overlaid.
 STRATEGY_CHARTS = (
     ("LINE", names.LOSS, "loss"),
     ("BAR", names.TPS_MEAN, "TPS/device"),
+    ("LINE", names.TPS, "TPS/device per log interval"),
     ("BAR", names.MFU_MEAN, "MFU %"),
     *(("BAR", key, f"peak memory GiB ({kind})") for key, kind in MEMORY_KEYS),
 )

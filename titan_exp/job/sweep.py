@@ -21,6 +21,7 @@ from titan_exp.compare.report import compare_sweep
 from titan_exp.config.schema import JobConfig
 from titan_exp.tracking.config import TrackingConfig
 from titan_exp.tracking.parent_run import ParentRun, parent_run_id_in
+from titan_exp.tracking.run import SWEEP_OVERRIDES_PARAM
 
 # The run's description, shown first on its Overview in MLflow's UI.
 DESCRIPTION_TAG = "mlflow.note.content"
@@ -98,7 +99,7 @@ class SweepParentRun(Callback):
         overrides = list(config.hydra.overrides.task)
         tracking: TrackingConfig = OmegaConf.to_object(config.tracking)
         folder = Path(config.hydra.sweep.dir)
-        _active = Sweep(tracking, _parent_name(overrides), folder, {"sweep.overrides": " ".join(overrides)})
+        _active = Sweep(tracking, _parent_name(overrides), folder, {SWEEP_OVERRIDES_PARAM: " ".join(overrides)})
         # titan_exp's own launcher opens the parent run once every point's config passed its checks;
         # under another launcher the points run as they come (and find the parent in the folder).
         if config.hydra.launcher._target_ != TITAN_EXP_LAUNCHER:

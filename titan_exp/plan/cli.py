@@ -66,6 +66,24 @@ COLUMNS = [
 ]
 
 
+# The share of its threads' wall time below which a timing was taken on a busy machine (the
+# process is never scheduled all of it: the interpreter's own pauses, allocation).
+_BUSY_BELOW = 0.8
+
+
+def busy_caution(shares: list[float]) -> str | None:
+    """What a plan says, once, of compute timed while its process got less than _BUSY_BELOW of its
+    threads' time (`shares`: each point's)."""
+    busy = [share for share in shares if share < _BUSY_BELOW]
+    if not busy:
+        return None
+    where = f"at {len(busy)} of {len(shares)} points " if len(shares) > 1 else ""
+    return (
+        f"compute was timed while other processes took the cores ({where}this one got as little as "
+        f"{min(busy):.0%} of its threads' time): its step times are too slow; plan again on an idle machine"
+    )
+
+
 def grid(overrides: list[str]) -> list[list[str]]:
     """Every combination of the comma lists and sweeps in `overrides` (Hydra's grammar, as its
     basic sweeper expands them)."""
@@ -227,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerow(COLUMNS)
         writer.writerows(rows)
     print(to_markdown(rows, COLUMNS), end="")
-    for caution in dict.fromkeys(caution for p in predictions for caution in p.cautions):
+    if caution := busy_caution([p.cpu_share for p in predictions]):
         print(f"caution: {caution}")
     print(f"table: {out}/plan.md (.csv, .html); figures measured on this machine: "
           f"{sorted({k for p in predictions for k, v in p.sources.items() if v == MEASURED}) or 'none'}")  # fmt: skip

@@ -158,14 +158,10 @@ def measured_compute(
     return times, got.share
 
 
-# The share of its threads' wall time below which a timing was taken on a busy machine (the
-# process is never scheduled all of it: the interpreter's own pauses, allocation).
-_BUSY_BELOW = 0.8
-
-
 class _CpuShare:
-    """The share of its threads' wall time this process got while inside: below _BUSY_BELOW other
-    processes took the cores, and what was timed runs slower than on this machine alone."""
+    """The share of its threads' wall time this process got while inside: well below 1, other
+    processes took the cores and what was timed runs slower than on this machine alone (plan/cli.py's
+    busy_caution says so)."""
 
     def __init__(self, threads: int):
         self.threads, self.share = threads, 1.0
@@ -177,16 +173,6 @@ class _CpuShare:
     def __exit__(self, *exc) -> None:
         wall = max((time.perf_counter() - self.wall) * self.threads, 1e-9)
         self.share = (time.process_time() - self.cpu) / wall
-
-
-def busy_caution(share: float) -> str | None:
-    """What a plan says of compute timed while its process got `share` of its threads' time."""
-    if share >= _BUSY_BELOW:
-        return None
-    return (
-        f"compute was timed while other processes took the cores (this one got {share:.0%} of its threads' "
-        "time): its step times are too slow; plan again on an idle machine"
-    )
 
 
 def raised_peak(hw: HardwareConfig, dtype: str, threads: int, cache_dir: str, beaten_by: float) -> HardwareConfig:

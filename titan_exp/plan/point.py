@@ -28,7 +28,7 @@ def compose_config(point: list[str]) -> JobConfig:
     # Hydra's own keys place a run's outputs: nothing to place here.
     point = [override for override in point if not override.startswith("hydra.")]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return to_job_config(compose(config_name="config", overrides=point))
+        return to_job_config(compose(config_name="config", overrides=point), point)
 
 
 def cpu_ranks(job: ResolvedJob) -> tuple[int, float]:
@@ -57,8 +57,7 @@ def plan_one(job: ResolvedJob) -> Prediction:
         threads, _ = cpu_ranks(job)
         hw = measure.raised_peak(inputs.hw, dtype, threads, cfg.data.cache_dir, beaten_by)
         prediction = predict(job, hw, inputs.compute, inputs.oversubscription, fake_pass)
-    caution = measure.busy_caution(inputs.cpu_share)
-    return dataclasses.replace(prediction, cautions=(caution,)) if caution else prediction
+    return dataclasses.replace(prediction, cpu_share=inputs.cpu_share)
 
 
 class StepInputs(NamedTuple):

@@ -43,8 +43,8 @@ class Prediction:
     fake_pass: RankMemory | None = None
     # Where it does not fit: the nearest changes that fit by the same model (job/memory.py).
     fixes: tuple[str, ...] = ()
-    # What its figures rest on that a reader must know (compute timed on a busy machine).
-    cautions: tuple[str, ...] = ()
+    # The share of its threads' time the compute's timing got on this machine (1.0: none timed here).
+    cpu_share: float = 1.0
 
     @property
     def peak_gib(self) -> float:

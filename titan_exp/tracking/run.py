@@ -26,6 +26,8 @@ ROLE_TAG = "titan_exp.role"
 # The param of a training run listing the config keys its layout does not read (comma-separated):
 # a comparison shows no value of theirs for it.
 UNREAD_KEYS_PARAM = "derived/unread_keys"
+# The param of a sweep's parent run holding the sweep's overrides, as given (its comma lists).
+SWEEP_OVERRIDES_PARAM = "sweep.overrides"
 # The param of a training run on a GPU naming the hardware profile that stands for its device
 # (`hardware` itself names what a plan predicts for, `cpu` unless told).
 DEVICE_PROFILE_PARAM = "derived/device_profile"
@@ -200,6 +202,14 @@ def why_not_go_on_in(uri: str, run_id: str, owner: str | None, expects: dict[str
         if (logged := found.data.params.get(key)) != str(value)[:_MAX_PARAM_LENGTH]:
             return f"run {run_id} logged {key}={logged}, this job has {value}"
     return None
+
+
+def changed_params(uri: str, run_id: str, params: dict[str, object]) -> dict[str, str]:
+    """Those of `params` that run `run_id` did not log as they are (MLflow keeps a run's first value
+    of a param: a job that goes on in the run records its own another way)."""
+    logged = with_retries(lambda: client(uri).get_run(run_id)).data.params
+    mine = {key: str(value)[:_MAX_PARAM_LENGTH] for key, value in params.items()}
+    return {key: value for key, value in mine.items() if logged.get(key) != value}
 
 
 def now_ms() -> int:

@@ -31,6 +31,9 @@ def client(uri: str):
     if (db := Store.parse(uri).db) is not None:
         create_store(db)
     _quiet_about_busy_store()
+    # MLflow draws a progress bar on stderr for every artifact download, however small (`plan
+    # calibrate` reads one file a run: a bar each around its table); a user's own setting stands.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     return with_retries(lambda: MlflowClient(tracking_uri=uri))  # it reads the tables: a busy store is retried
 
 

@@ -122,3 +122,35 @@ def test_a_resume_checks_the_model_first_leaves_a_finished_run_as_it_is_and_foll
     )
     assert own.returncode == 0, own.stderr[-3000:]
     assert (tmp_path / "own" / "run" / "checkpoints" / "step-2" / "model.json").is_file()
+
+
+def test_a_resume_goes_on_with_its_checkpoints_batch_and_records_what_it_changed_under_it(tmp_path, store):
+    """Issue item 4: a job saved at 8 sequences a step (2 accumulated, as a sweep's held batch sets
+    it), resumed with overrides that leave the global batch unset, trains the checkpoint's batch and
+    says so, and says how 2 more steps change the LR schedule (the LRs its run logged). The unfinished
+    run it goes on in keeps its first job's params; the lines and the value that changed
+    (training.steps) are tags under the resume."""
+    uri, db = store
+    job = [*RUN, *SMALL_MODEL, *TWO_RANKS, "lr_scheduler.warmup_steps=2", uri]
+    first = run_cli([*job, *periodic(tmp_path / "ckpt", 4), "training.global_batch_size=8"], tmp_path / "first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    mlflow_client(db).set_terminated(mlflow_runs(db)[0].info.run_id, "KILLED")  # as a job stopped at step 4 leaves it
+    resumed = run_cli([*job, *periodic(tmp_path / "ckpt", 6)], tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (run,) = mlflow_runs(db)
+    lr = lrs(db, run.info.run_id)
+    said = [
+        f"resume: trains 512 tokens a step as {tmp_path}/ckpt/step-4 did: global batch 8 = local batch 2 × 2 "
+        "data-parallel ranks × accumulation 2 (by itself it would train 256; training.global_batch_size sets another)",
+        f"resume: training.steps 4 → 6: the LR schedule changes: step 5 runs {lr[5]:.2e} (step 4 ran {lr[4]:.2e} "
+        "under the checkpoint's 4-step schedule)",
+    ]
+    assert [line for line in resumed.stdout.splitlines() if line.startswith("titan_exp: resume:")] == [
+        f"titan_exp: {line}" for line in said
+    ]
+    # The resumed job's first step trains the tokens the first job's first step did.
+    tokens = {m.step: m.value for m in mlflow_client(db).get_metric_history(run.info.run_id, "tokens_seen")}
+    assert tokens[5] == tokens[1] == 2 * 64 * 2  # a rank's: local batch × seq_len × accumulation
+    assert run.data.params["training.steps"] == "4" and run.data.params["training.global_batch_size"] == "8"
+    resume_tags = {key: value for key, value in run.data.tags.items() if key.startswith("resume/")}
+    assert resume_tags == {"resume/step-4": "\n".join(said), "resume/step-4/training.steps": "6"}

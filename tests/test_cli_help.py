@@ -30,7 +30,7 @@ def test_the_help_page_is_the_projects_own(tmp_path):
     assert result.returncode == 0, result.stderr
     page = result.stdout
     assert "powered by Hydra" not in page
-    for subcommand in ("show", "plan", "compare", "ui", "sync"):
+    for subcommand in ("show", "plan", "compare", "ui", "sync", "export"):
         assert f"titan_exp {subcommand} " in page
     for group, options in group_options().items():  # every group with every option
         line = next(line for line in page.splitlines() if line.strip().startswith(group + " "))
@@ -50,7 +50,7 @@ def test_every_most_used_key_has_a_line_of_its_own():
         assert field_docs(sections[section]).get(name), f"{key}: write a comment above its field"
 
 
-@pytest.mark.parametrize("subcommand", ["show", "plan", "compare", "ui", "sync"])
+@pytest.mark.parametrize("subcommand", ["show", "plan", "compare", "ui", "sync", "export"])
 def test_each_subcommand_has_its_help(tmp_path, subcommand):
     result = titan_exp([subcommand, "--help"], tmp_path)
     assert result.returncode == 0, result.stderr
@@ -64,7 +64,7 @@ def test_tab_completion_offers_subcommands_groups_options_and_keys(tmp_path):
         return result.stdout.split()
 
     first = complete("titan_exp ")
-    assert {"show", "plan", "compare", "ui", "sync", "model=", "training."} <= set(first)
+    assert {"show", "plan", "compare", "ui", "sync", "export", "model=", "training."} <= set(first)
     assert complete("titan_exp pl") == ["plan", "plan."]
     assert set(complete("titan_exp model=")) == {f"model={option}" for option in group_options()["model"]}
     assert "training.steps=" in complete("titan_exp training.st")

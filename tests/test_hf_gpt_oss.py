@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import FP4_VALUES, _convert_moe_packed_tensors
 
 from titan_exp.checkpoint.hf import load_hf, save_hf
+from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
 from titan_exp.data.config import DataConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
@@ -117,7 +118,7 @@ def test_mxfp4_experts_load_as_transformers_dequantizes_them(saved):
 def test_our_export_opens_in_transformers_with_our_logits(saved, tmp_path):
     cfg = config_from_hf(str(saved["folder"]), "model.hf_path")
     model = our_model(saved["folder"])
-    save_hf([model], tmp_path / "export", cfg, is_writer=True)
+    save_hf([model], tmp_path / "export", cfg, True, torch.float32, ExportSources(None, None))
     names = set(json.loads((tmp_path / "export" / "model.safetensors.index.json").read_text())["weight_map"])
     assert {"model.layers.3.mlp.experts.gate_up_proj", "model.layers.3.self_attn.sinks"} <= names
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)

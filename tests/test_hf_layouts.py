@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from launchers.rendezvous import free_port
 from titan_exp.checkpoint.hf import load_hf, save_hf
+from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.config.compose import compose_job_config
 from titan_exp.models.common.transformer import canonical_name
 from titan_exp.models.registry import build_model, config_from_hf
@@ -126,7 +127,7 @@ def _ranks(rank: int, port: int, folders: dict[str, Path], out: Path, results: d
                 materialize(parts, cfg, torch.device("cpu"))
                 weights = _whole_weights(parts.parts)
                 export = out / folder / layout
-                save_hf(parts.parts, export, cfg.model, is_writer=rank == 0)
+                save_hf(parts.parts, export, cfg.model, rank == 0, torch.float32, ExportSources(None, None))
                 dist.barrier()
             except Exception as err:
                 err.add_note(f"in {folder} {layout}")  # the other rank ends with it

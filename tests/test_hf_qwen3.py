@@ -150,8 +150,10 @@ def test_fsdp_with_expert_parallelism_loads_its_own_experts_trains_and_exports_t
     step = tmp_path / "ckpt" / "step-2"
     weight_map = json.loads((step / "model.safetensors.index.json").read_text())["weight_map"]
     assert {f"model.layers.1.mlp.experts.{j}.down_proj.weight" for j in range(4)} <= set(weight_map)
-    config = json.loads((step / "config.json").read_text())
+    config, original = (json.loads((folder_ / "config.json").read_text()) for folder_ in (step, folder))
     assert config["model_type"] == "qwen3_moe" and config["dtype"] == "bfloat16"
+    # The original's config.json kept, but for the weights' dtype the run changed (under both names).
+    assert {key for key in {*config, *original} if config.get(key) != original.get(key)} <= {"dtype", "torch_dtype"}
     assert transformers.AutoTokenizer.from_pretrained(step).encode("words of the run") == [
         *transformers.AutoTokenizer.from_pretrained(tmp_path / "tok").encode("words of the run")
     ]

@@ -4,12 +4,16 @@ titan_exp into four layouts, trained two steps and written back with checkpoint.
 transformers opens what was written."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from safetensors.torch import load_file
 
 from titan_exp.checkpoint.manager import load_model
 from titan_exp.data.config import DataConfig
@@ -143,6 +147,35 @@ def test_transformers_opens_the_export_with_our_logits(layout, exports, untied):
     torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-4)
     # Trained: the export is not the checkpoint it started from.
     assert transformers_loss(step_folder) != pytest.approx(transformers_loss(untied), rel=1e-6)
+
+
+def test_the_export_keeps_the_original_config_and_generation_config(exports, untied):
+    """Nothing of the model changed but its weights (float32, as saved): config.json as it was."""
+    step_folder = exports["fsdp2"][1]
+    for name in ("config.json", "generation_config.json"):
+        assert json.loads((step_folder / name).read_text()) == json.loads((untied / name).read_text()), name
+
+
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_titan_exp_export_writes_the_runs_own_export_from_any_layouts_checkpoint(layout, exports, tmp_path):
+    """The DCP checkpoint of a sharded layout, exported afterwards, is what the run exported at its end."""
+    step_folder = exports[layout][1]
+    out = tmp_path / "exported"
+    done = subprocess.run(
+        [sys.executable, "-m", "titan_exp", "export", str(step_folder), "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == f"titan_exp export: {out} (float32) from {step_folder}"
+    written = {path.name for path in out.iterdir()}
+    assert written == {path.name for path in step_folder.iterdir() if not path.name.startswith((".", "__"))} - {
+        "model.json"
+    }
+    for name in ("config.json", "generation_config.json", "model.safetensors.index.json"):
+        assert json.loads((out / name).read_text()) == json.loads((step_folder / name).read_text()), name
+    for shard in out.glob("*.safetensors"):
+        ours, theirs = load_file(shard), load_file(step_folder / shard.name)
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), shard.name
 
 
 def test_every_layout_exports_the_same_trained_weights(exports):

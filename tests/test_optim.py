@@ -2,8 +2,7 @@
 
 import pytest
 
-from titan_exp.optim.config import LRSchedulerConfig
-from titan_exp.optim.lr_schedule import lr_factor
+from titan_exp.optim.config import LRSchedulerConfig, lr_factor
 
 
 def test_lr_schedule_warms_up_holds_and_decays():

@@ -1,6 +1,6 @@
 """`titan_exp [overrides] [-m]` (or `python -m titan_exp`): compose with Hydra, resolve, pre-flight,
 run the job. `titan_exp SUBCOMMAND ...`: the subcommands of `_SUBCOMMANDS` (show, plan, compare, ui,
-sync); `titan_exp --help`: the project's page (help_page.py).
+sync, export); `titan_exp --help`: the project's page (help_page.py).
 
 Nothing here (nor anything it imports) loads torch: the ranks do (tests/test_architecture.py)."""
 
@@ -18,10 +18,10 @@ from omegaconf import DictConfig
 
 from launchers import signals
 from titan_exp import CONF_DIR, help_page, ui
+from titan_exp.checkpoint import export_cli
 from titan_exp.compare import cli as compare_cli
 from titan_exp.config.check import cautions
 from titan_exp.config.compose import to_job_config
-from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import register_schema
 from titan_exp.job import show
 from titan_exp.job.launch import run_job
@@ -36,6 +36,7 @@ from titan_exp.job.outcome import (
 )
 from titan_exp.job.parity import run_parity
 from titan_exp.job.preflight import preflight
+from titan_exp.job.resume import resolve_to_run
 from titan_exp.job.sweep import active_sweep, end_active_sweep, join_sweep
 from titan_exp.metrics import startup
 from titan_exp.objective import PointReturn, point_return
@@ -53,6 +54,7 @@ _SUBCOMMANDS = {
     "compare": (compare_cli.main, "the strategy table and plots of a sweep or an experiment's runs"),
     "ui": (ui.main, "MLflow's UI on the project's store, opened on the runs"),
     "sync": (sync.main, "write into the store what jobs journaled but the store missed"),
+    "export": (export_cli.main, "a checkpoint already written (any layout's) as a Hugging Face folder"),
 }
 
 
@@ -82,7 +84,7 @@ def _task(composed: DictConfig) -> PointReturn:
             if not run_parity(cfg, list(hydra_cfg.overrides.task), job_dir):
                 raise RuntimeError(f"a layout's loss left the parity tolerance {cfg.parity.rtol:g}")
             return point_return(cfg.sweep.objective, None)
-        job = resolve(cfg, job_dir=job_dir)
+        job = resolve_to_run(cfg, job_dir)
         preflight(job)
         for caution in cautions(cfg, job.dims):
             if caution not in _said_already:  # a sweep's points share most of theirs: each is said once

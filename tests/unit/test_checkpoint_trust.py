@@ -17,10 +17,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.checkpoint.errors import UntrustedCheckpointError
+from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, step_dir
 from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model
+from titan_exp.checkpoint.model_record import TrainedAs
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 from titan_exp.models.config import ModelConfig
+from titan_exp.optim.config import LRSchedulerConfig
+from titan_exp.optim.optimizer import Optimizers
 
 # Saved and loaded in one process, as a seed checkpoint is: DCP's warning about it is ours to ignore
 # (titan_exp/dependency_warnings.py), any other is an error.
@@ -51,9 +55,11 @@ def checkpointer(folder: Path, seed: int) -> TrainCheckpointer:
     net(torch.randn(3, 4)).sum().backward()
     optimizer.step()
     scheduler.step()
+    trained_as = TrainedAs(tokens_per_step=12, steps=1, lr=1e-3, lr_scheduler=LRSchedulerConfig())
     return TrainCheckpointer(
-        CheckpointConfig(enable=True, folder=str(folder)), [net], [optimizer], [scheduler], ModelConfig()
-    )
+        CheckpointConfig(enable=True, folder=str(folder)), [net], Optimizers([optimizer], [scheduler]), ModelConfig(),
+        trained_as, ExportSources(None, None),
+    )  # fmt: skip
 
 
 def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:

@@ -5,7 +5,6 @@ tensors once written). Our experts are stacked (experts × ...), HF's one tensor
 orders differently within each head (q/k for its rotate-half rotary embedding) are read for the
 whole heads a box spans and put in our order; written, such a matrix is gathered whole first."""
 
-import json
 import shutil
 from pathlib import Path
 
@@ -16,10 +15,11 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from titan_exp.checkpoint.hf_export import ExportSources, write_beside_weights
 from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.hf import CONFIG_FILE, HFFormat
+from titan_exp.models.hf import HFFormat
 from titan_exp.models.registry import family_of
 
 # Where DCP's writer puts each rank's slices before merging them into whole tensors beside it.
@@ -186,13 +186,13 @@ def save_hf(
     folder: Path,
     cfg: ModelConfig,
     is_writer: bool,
-    dtype: torch.dtype = torch.float32,
-    tokenizer: str | None = None,
+    dtype: torch.dtype,
+    sources: ExportSources,
 ) -> None:
     """The weights of every rank's `parts` into `folder` as `model-0000N-of-0000M.safetensors` in
-    `dtype`, their index, the config.json that `transformers`' from_pretrained opens and the files
-    of the run's `tokenizer` (a tokenizer.json; the tokenizer_config.json and special_tokens_map.json
-    beside it), so the folder is a model others can use as it is (every rank takes part)."""
+    `dtype`, their index, and what goes beside them from `sources` (hf_export.py: the config.json
+    that `transformers`' from_pretrained opens, the generation config, the tokenizer's files), so
+    the folder is a model others can use as it is (every rank takes part)."""
     hf = family_of(cfg).hf
     named: dict[str, torch.Tensor] = {}
     experts_fused: dict[str, torch.Tensor] = {}  # of a format that has only fused experts
@@ -216,18 +216,5 @@ def save_hf(
     dcp.save(named, storage_writer=writer)
     if is_writer:
         shutil.rmtree(folder / _SLICES_DIR, ignore_errors=True)
-        config = hf.hf_config(cfg, str(dtype).removeprefix("torch."))
-        (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        if tokenizer is not None:
-            _copy_tokenizer(Path(tokenizer), folder)
-
-
-# Beside a tokenizer.json, what transformers' AutoTokenizer reads with it.
-_TOKENIZER_COMPANIONS = ("tokenizer_config.json", "special_tokens_map.json")
-
-
-def _copy_tokenizer(tokenizer: Path, folder: Path) -> None:
-    shutil.copyfile(tokenizer, folder / "tokenizer.json")
-    for name in _TOKENIZER_COMPANIONS:
-        if (companion := tokenizer.with_name(name)).is_file():
-            shutil.copyfile(companion, folder / name)
+        for note in write_beside_weights(folder, cfg, str(dtype).removeprefix("torch."), sources):
+            print(f"titan_exp: {folder}: {note}", flush=True)

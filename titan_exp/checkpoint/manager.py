@@ -23,14 +23,16 @@ from launchers.tasks import last_line
 from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.checkpoint.errors import UntrustedCheckpointError, unwrapped
 from titan_exp.checkpoint.hf import save_hf
+from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, complete_steps, saving_dir, step_dir
-from titan_exp.checkpoint.model_record import write_model_record
+from titan_exp.checkpoint.model_record import TrainedAs, write_model_record
 from titan_exp.checkpoint.space import SpaceCheckingPlanner
 from titan_exp.checkpoint.trusted import load_trusted, open_checkpoint
 from titan_exp.data.loader import BatchLoader
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 from titan_exp.models.config import ModelConfig
 from titan_exp.optim.lr_schedule import follow_this_schedule
+from titan_exp.optim.optimizer import Optimizers
 
 
 def save_whole(
@@ -40,19 +42,22 @@ def save_whole(
     model: ModelConfig,
     is_writer: bool,
     also: Callable[[Path], None] | None = None,
+    trained_as: TrainedAs | None = None,
+    sources: ExportSources | None = None,
 ) -> None:
     """Save `state` as step-N of `folder` (every rank takes part), written under another name and
     renamed by the writer once DCP has finished (its .metadata last): a save cut short is never
     taken for a checkpoint. A save the disk cannot hold is refused before anything is written
-    (space.py); one that fails leaves no step-N.saving behind. Beside the tensors, `model`'s record
-    (model_record.py); `also` writes more into the folder before it is complete (the weights in
-    Hugging Face's format)."""
+    (space.py); one that fails leaves no step-N.saving behind. Beside the tensors, the record of
+    `model`, of how its job trained, `trained_as`, and of what an export takes beside the weights,
+    `sources` (model_record.py); `also` writes more into the
+    folder before it is complete (the weights in Hugging Face's format)."""
     partial, done = saving_dir(folder, step), step_dir(folder, step)
     try:
         ignore_unavoidable_warnings()  # DCP's in a process alone (a seed checkpoint)
         dcp.save(state, checkpoint_id=str(partial), planner=SpaceCheckingPlanner(folder))
         if is_writer:
-            write_model_record(partial, model, data_position="dataloader" in state)
+            write_model_record(partial, model, "dataloader" in state, trained_as, sources)
         if also:
             also(partial)
     except (Exception, CheckpointException) as err:  # DCP's is a BaseException
@@ -99,17 +104,19 @@ class TrainCheckpointer:
         self,
         cfg: CheckpointConfig,
         parts: list[torch.nn.Module],
-        optimizers: list[torch.optim.Optimizer],
-        schedulers: list,
+        optimizers: Optimizers,
         model: ModelConfig,
+        trained_as: TrainedAs,
+        sources: ExportSources,
         data: BatchLoader | None = None,
-        tokenizer_path: str | None = None,
     ):
-        """`model`: the model's config, for the last save in Hugging Face's format (with the
-        tokenizer the run read, `tokenizer_path`); `data`: a streamed data source, whose position is
-        saved and resumed with the rest."""
-        self.cfg, self.parts, self.optimizers, self.schedulers = cfg, parts, optimizers, schedulers
-        self.model, self.data, self.tokenizer_path = model, data, tokenizer_path
+        """`model`: the model's config, for the last save in Hugging Face's format (with what
+        goes beside its weights from `sources`, which each save records); `trained_as`: how the job
+        trains, recorded with each save (a resume goes on with its batch); `data`: a streamed data
+        source, whose position is saved and resumed with the rest."""
+        self.cfg, self.parts, self.model, self.trained_as = cfg, parts, model, trained_as
+        self.optimizers, self.schedulers = optimizers.optimizers, optimizers.schedulers
+        self.data, self.sources = data, sources
         self.options = StateDictOptions(flatten_optimizer_state_dict=True)
 
     def _part_states(self) -> list[tuple[dict, dict]]:
@@ -190,11 +197,16 @@ class TrainCheckpointer:
         export = last and self.cfg.last_save_in_hf
         also = None
         if export:
-            dtype, tokenizer = getattr(torch, self.cfg.export_dtype), self.tokenizer_path
             also = functools.partial(
-                save_hf, self.parts, cfg=self.model, is_writer=is_writer, dtype=dtype, tokenizer=tokenizer
+                save_hf,
+                self.parts,
+                cfg=self.model,
+                is_writer=is_writer,
+                dtype=getattr(torch, self.cfg.export_dtype),
+                sources=self.sources,
             )
-        save_whole(self._merged(self._part_states(), step), self.cfg.folder, step, self.model, is_writer, also)
+        state = self._merged(self._part_states(), step)
+        save_whole(state, self.cfg.folder, step, self.model, is_writer, also, self.trained_as, self.sources)
         if is_writer and self.cfg.keep_latest_k > 0:
             for old in complete_steps(self.cfg.folder)[: -self.cfg.keep_latest_k]:
                 shutil.rmtree(step_dir(self.cfg.folder, old), ignore_errors=True)

@@ -1,15 +1,19 @@
 """Which model a checkpoint holds, in a file beside its tensors: step-N/model.json, the model section of
 the job that saved it. A job that resumes from a checkpoint or loads its weights is checked against
 it before any rank starts, naming the first key that differs (a rank would only fail later, with
-a size mismatch deep in DCP). JSON, not DCP's pickled .metadata: the launching process neither
-imports torch nor unpickles what a folder holds. Torch-free."""
+a size mismatch deep in DCP). A training checkpoint's record also says how its job trained
+(TrainedAs): the batch a resume goes on with, the schedule it changes (job/resume.py). JSON, not
+DCP's pickled .metadata: the launching process neither imports torch nor unpickles what a folder
+holds. Torch-free."""
 
 import dataclasses
 import json
 from pathlib import Path
 
+from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.models.config import ModelConfig
-from titan_exp.rules import ConfigError, dotted_keys
+from titan_exp.optim.config import LRSchedulerConfig
+from titan_exp.rules import ConfigError, check_positive, dotted_keys
 
 MODEL_FILE = "model.json"
 # Keys that change no tensor of the checkpoint: labels, the longest sequence (the rotary table is
@@ -20,10 +24,74 @@ NOT_WEIGHTS = ("name", "flavor", "hf_path", "max_seq_len", "norm_eps", "rope_", 
 _MAX_BYTES = 1 << 20
 
 
-def write_model_record(step_folder: Path, model: ModelConfig, data_position: bool) -> None:
-    """`data_position`: the checkpoint holds where a streamed data source stood (data=files)."""
+@dataclasses.dataclass(frozen=True)
+class TrainedAs:
+    """How the job that saved a training checkpoint trained: its tokens per optimizer step (global
+    batch × seq_len), its training.steps and its learning rate's schedule (optimizer.lr, lr_scheduler)."""
+
+    tokens_per_step: int
+    steps: int
+    lr: float
+    lr_scheduler: LRSchedulerConfig
+
+
+def write_model_record(
+    step_folder: Path,
+    model: ModelConfig,
+    data_position: bool,
+    trained_as: TrainedAs | None = None,
+    sources: ExportSources | None = None,
+) -> None:
+    """`data_position`: the checkpoint holds where a streamed data source stood (data=files);
+    `trained_as`: a training checkpoint's job (None: a seed checkpoint, weights alone); `sources`:
+    what an export of it takes beside its weights (`titan_exp export` reads them)."""
     record = {"model": dataclasses.asdict(model), "data_position": data_position}
+    if trained_as is not None:
+        record["training"] = dataclasses.asdict(trained_as)
+    if sources is not None:
+        record["export"] = dataclasses.asdict(sources)
     (step_folder / MODEL_FILE).write_text(json.dumps(record, indent=1))
+
+
+def saved_model(step_folder: Path, key: str) -> dict | None:
+    """The model section the checkpoint in `step_folder` holds, as its record says (None: it has no
+    record); `key` named the folder (a refusal of its record names it)."""
+    return _record(step_folder, key).get("model")
+
+
+def export_sources(step_folder: Path, key: str) -> ExportSources:
+    """What the run that saved `step_folder` would put beside its weights in an export (none where
+    its record does not say: saved before records said it, or a seed checkpoint)."""
+    saved = _record(step_folder, key).get("export", {})
+    fields = [f.name for f in dataclasses.fields(ExportSources)]
+    if (
+        not isinstance(saved, dict)
+        or set(saved) - set(fields)
+        or not all(saved.get(name) is None or isinstance(saved[name], str) for name in fields)
+    ):
+        raise _unreadable(step_folder, key, ValueError("its export entry names no folder or file"))
+    return ExportSources(**{name: saved.get(name) for name in fields})
+
+
+def trained_as(step_folder: Path) -> TrainedAs | None:
+    """How the job that saved `step_folder` trained (None: its record does not say: a seed
+    checkpoint, or one saved before records said it). A record from someone else that says it in
+    other keys or values is refused."""
+    saved = _record(step_folder, "checkpoint.folder").get("training")
+    if saved is None:
+        return None
+    counts = ("tokens_per_step", "steps")
+    try:
+        if not isinstance(saved, dict) or set(saved) != {*counts, "lr", "lr_scheduler"}:
+            raise ValueError("its training entry has other keys")
+        if not all(type(saved[key]) is int and saved[key] > 0 for key in counts):  # not a bool, nor a float
+            raise ValueError("its training entry counts no steps or tokens")
+        schedule = LRSchedulerConfig(**saved["lr_scheduler"])  # TypeError: other keys, or no mapping
+        schedule.check("lr_scheduler")
+        check_positive("optimizer.lr", saved["lr"])
+    except (TypeError, ValueError) as err:  # ConfigError is a ValueError
+        raise _unreadable(step_folder, "checkpoint.folder", err) from None
+    return TrainedAs(saved["tokens_per_step"], saved["steps"], saved["lr"], schedule)
 
 
 def check_data_position(step_folder: Path, needed: bool) -> None:
@@ -54,9 +122,11 @@ def _record(step_folder: Path, key: str) -> dict:
             raise ValueError("no model section")
         return saved
     except (OSError, ValueError, RecursionError) as err:
-        raise ConfigError(
-            key, str(step_folder), f"its {MODEL_FILE} cannot be read ({err}); point {key} elsewhere"
-        ) from None
+        raise _unreadable(step_folder, key, err) from None
+
+
+def _unreadable(step_folder: Path, key: str, err: Exception) -> ConfigError:
+    return ConfigError(key, str(step_folder), f"its {MODEL_FILE} cannot be read ({err}); point {key} elsewhere")
 
 
 def check_same_model(step_folder: Path, model: ModelConfig, key: str) -> None:

@@ -19,10 +19,20 @@ from titan_exp.tracking.config import Store
 
 
 @dataclass(frozen=True)
+class Resume:
+    """Where a job resumes from a checkpoint: its step, and what the job changes from the job that
+    saved it, one line each (job/resume.py), which rank 0 prints and records with its run."""
+
+    step: int
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ResolvedJob:
     config: JobConfig  # frozen: nothing downstream changes what was resolved
     dims: ParallelDims
     placement: Placement
+    resume: Resume | None = None  # None: the job starts afresh
 
     @property
     def store(self) -> Store | None:

@@ -81,6 +81,16 @@ def prepare_tokens(cfg: DataConfig) -> Path:
     return tokens_path
 
 
+def tokenizer_file(cfg: DataConfig) -> str | None:
+    """The tokenizer.json whose ids a run of `cfg` trains on: data.tokenizer_path, or data=text's
+    trained BPE (cached beside its ids); None for synthetic tokens."""
+    if cfg.tokenizer_path is not None:
+        return cfg.tokenizer_path
+    if cfg.source == "text":
+        return str(prepare_tokens(cfg).with_name("tokenizer.json"))
+    return None
+
+
 def document_end(cfg: DataConfig) -> int:
     """The id that ends each document in prepare_tokens' ids: the given tokenizer's EOS, or the
     trained one's (its cache beside the ids)."""

@@ -22,7 +22,7 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.rules import ConfigError
 
-_UNSET = -1  # training.global_batch_size's default: the local batch × data-parallel degree
+UNSET = -1  # training.global_batch_size's default: the local batch × data-parallel degree
 # What a sweep that varies them compares: then each point keeps its own.
 BATCH_KEYS = ("training.local_batch_size", "training.global_batch_size")
 
@@ -65,7 +65,7 @@ def hold_global_batch(
             held.append(cfg)
             continue
         t, dp, own = job.config.training, job.dims.dp, _own_global_batch(job)
-        tokens = own * t.seq_len if t.global_batch_size != _UNSET else tokens_per_step
+        tokens = own * t.seq_len if t.global_batch_size != UNSET else tokens_per_step
         try:
             local, global_batch = _batch_for(job, tokens, every_dp)
         except ConfigError as err:
@@ -85,7 +85,7 @@ def hold_global_batch(
 def _dims_of(cfg: JobConfig, resolver: Callable[[JobConfig], ResolvedJob]) -> ResolvedJob | None:
     """`cfg` resolved but for its global batch (whose check needs the local batch derived here)."""
     unbatched = copy.deepcopy(cfg)
-    unbatched.training.global_batch_size = _UNSET
+    unbatched.training.global_batch_size = UNSET
     try:
         job = resolver(unbatched)
     except ConfigError:
@@ -96,7 +96,7 @@ def _dims_of(cfg: JobConfig, resolver: Callable[[JobConfig], ResolvedJob]) -> Re
 def _own_global_batch(job: ResolvedJob) -> int:
     """The global batch the point sets, or its local batch × data-parallel degree."""
     t = job.config.training
-    return t.global_batch_size if t.global_batch_size != _UNSET else t.local_batch_size * job.dims.dp
+    return t.global_batch_size if t.global_batch_size != UNSET else t.local_batch_size * job.dims.dp
 
 
 def _batch_for(job: ResolvedJob, tokens_per_step: int, every_dp: int) -> tuple[int, int]:
@@ -117,11 +117,17 @@ def _batch_for(job: ResolvedJob, tokens_per_step: int, every_dp: int) -> tuple[i
             f"{global_batch} sequences a step do not split over this point's {dp} data-parallel ranks; "
             f"every point can train {nearest} (set it), {escape}",
         )
-    share = global_batch // dp
+    return local_batch_for(job, global_batch), global_batch
+
+
+def local_batch_for(job: ResolvedJob, global_batch: int) -> int:
+    """The local batch with which `job` trains `global_batch` sequences a step (a multiple of its
+    data-parallel degree): the largest that divides its share and is no larger than the one it sets,
+    the rest accumulated; a pipelined job takes its whole share per microstep."""
+    share = global_batch // job.dims.dp
     if job.dims.pp > 1:  # gradient accumulation and pipelining do not combine (config/check.py)
-        return share, global_batch
-    local = max(n for n in range(1, min(share, t.local_batch_size) + 1) if share % n == 0)
-    return local, global_batch
+        return share
+    return max(n for n in range(1, min(share, job.config.training.local_batch_size) + 1) if share % n == 0)
 
 
 def describe(held: HeldBatch, seq_len: int) -> str:

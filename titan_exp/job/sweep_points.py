@@ -27,10 +27,10 @@ from typing import TextIO
 from launchers.devices import visible_gpu_ids
 from titan_exp.checkpoint.config import OWN_FOLDER, own_folder
 from titan_exp.config.job import ResolvedJob
-from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
 from titan_exp.job import events
 from titan_exp.job.preflight import preflight
+from titan_exp.job.resume import resolve_to_run
 from titan_exp.progress import Progress
 from titan_exp.rules import ConfigError
 
@@ -81,7 +81,7 @@ def prepare_point(number: int, overrides: list[str], job_dir: Path, cfg: JobConf
     """A point, its job resolved and checked here, before any point starts, to know what room it needs."""
     point = SweepPoint(number, list(overrides), job_dir, threads_follow_cores=cfg.launcher.cpu_threads_per_rank == -1)
     try:
-        point.job = resolve(cfg, job_dir=job_dir)
+        point.job = resolve_to_run(cfg, job_dir)
         preflight(point.job)
     except ConfigError as err:
         point.refused = err

@@ -1,4 +1,5 @@
-"""The `optimizer` and `lr_scheduler` sections (torchtitan's key names)."""
+"""The `optimizer` and `lr_scheduler` sections (torchtitan's key names), and the schedule's shape
+(lr_factor), torch-free: the launching process reads it too (a resume's line, job/resume.py)."""
 
 import math
 from dataclasses import dataclass
@@ -40,3 +41,21 @@ class LRSchedulerConfig(Section):
         check_at_least(f"{key}.warmup_steps", self.warmup_steps, 0)
         for name in ("decay_ratio", "min_lr_factor"):
             check_in_range(f"{key}.{name}", getattr(self, name), 0.0, 1.0)
+
+
+def lr_factor(step: int, steps: int, cfg: LRSchedulerConfig) -> float:
+    """Multiplier of the peak LR at optimizer step `step` (0-based) of `steps`: linear warmup, then a
+    stable phase, then decay (warmup-stable-decay)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / (cfg.warmup_steps + 1)
+    decay_steps = round((steps - cfg.warmup_steps) * cfg.decay_ratio)
+    decay_start = steps - decay_steps
+    if step < decay_start or decay_steps == 0:
+        return 1.0
+    progress = min(1.0, (step - decay_start + 1) / decay_steps)
+    shapes = {
+        "linear": 1.0 - progress,
+        "sqrt": 1.0 - math.sqrt(progress),
+        "cosine": 0.5 * (1.0 + math.cos(math.pi * progress)),
+    }
+    return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * shapes[cfg.decay_type]

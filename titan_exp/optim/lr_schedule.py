@@ -1,28 +1,9 @@
-"""The learning-rate schedule: linear warmup, then a stable phase, then decay (warmup-stable-decay)."""
-
-import math
+"""The learning-rate schedule of the optimizers: its shape is optim/config.py's lr_factor."""
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from titan_exp.optim.config import LRSchedulerConfig
-
-
-def lr_factor(step: int, steps: int, cfg: LRSchedulerConfig) -> float:
-    """Multiplier of the peak LR at optimizer step `step` (0-based) of `steps`."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / (cfg.warmup_steps + 1)
-    decay_steps = round((steps - cfg.warmup_steps) * cfg.decay_ratio)
-    decay_start = steps - decay_steps
-    if step < decay_start or decay_steps == 0:
-        return 1.0
-    progress = min(1.0, (step - decay_start + 1) / decay_steps)
-    shapes = {
-        "linear": 1.0 - progress,
-        "sqrt": 1.0 - math.sqrt(progress),
-        "cosine": 0.5 * (1.0 + math.cos(math.pi * progress)),
-    }
-    return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * shapes[cfg.decay_type]
+from titan_exp.optim.config import LRSchedulerConfig, lr_factor
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, steps: int, cfg: LRSchedulerConfig) -> LambdaLR:

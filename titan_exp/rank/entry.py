@@ -23,8 +23,8 @@ from titan_exp.config.job import ResolvedJob
 from titan_exp.job.context import RunContext
 from titan_exp.job.result import JobStopped, RankResult
 from titan_exp.metrics import startup
-from titan_exp.rank.tracked_run import LeaveRunOpen, tracked_run
-from titan_exp.tracking.run import owner_beside, why_not_go_on_in
+from titan_exp.rank.tracked_run import GoingOn, LeaveRunOpen, tracked_run
+from titan_exp.tracking.run import changed_params, owner_beside, why_not_go_on_in
 
 
 def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
@@ -43,6 +43,8 @@ def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
         resumed = _run_to_resume(job, ctx, engine) if tracking else None
         with tracked_run(job, ctx, resumed, defer) if tracking else contextlib.nullcontext() as tracker:
             startup.mark("writer_start")
+            for line in job.resume.lines if job.resume and env.rank == 0 else ():
+                print(f"titan_exp: {line}", flush=True)
             if job.placement.device == "cuda" and not {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"} & set(
                 os.environ
             ):
@@ -100,19 +102,19 @@ def _after_stop(
         return Requeued(str(requeue))
 
 
-def _run_to_resume(job: ResolvedJob, ctx: RunContext, engine: Launcher) -> str | None:
+def _run_to_resume(job: ResolvedJob, ctx: RunContext, engine: Launcher) -> GoingOn | None:
     """The MLflow run a job goes on writing: the first run's of a job its engine started again (a
     requeue; not under torchrun or srun, whose restarts the engine does not know of), a job that
     resumes from a checkpoint the run that saved it where that run may go on (why_not_go_on_in;
-    otherwise a new run). Rank 0's, with tracking."""
+    otherwise a new run), with the params it logged otherwise. Rank 0's, with tracking."""
     if ctx.started_by == engine.name and engine.restarted() and ctx.run_id_file.exists():
-        return ctx.run_id_file.read_text().strip()
+        return GoingOn(ctx.run_id_file.read_text().strip())
     folder = job.config.checkpoint.folder
     if job.config.checkpoint.enable and latest_step(folder) is not None and run_id_beside(folder).exists():
         run_id = run_id_beside(folder).read_text().strip()
         owner = owner_beside(run_id_beside(folder))
         if (why_not := why_not_go_on_in(job.store.uri, run_id, owner, _resume_expects(job))) is None:
-            return run_id
+            return GoingOn(run_id, changed_params(job.store.uri, run_id, job.params()))
         print(f"titan_exp: resuming from {folder} in a new MLflow run: {why_not}", flush=True)
     return None
 

@@ -6,6 +6,7 @@ import contextlib
 import signal
 import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -13,11 +14,23 @@ from omegaconf import OmegaConf
 from launchers import signals
 from launchers.processes import launcher_gone
 from titan_exp.checkpoint.layout import run_id_beside
-from titan_exp.config.job import ResolvedJob
+from titan_exp.config.job import ResolvedJob, Resume
 from titan_exp.job.context import RunContext
 from titan_exp.tracking.run import outcome
 from titan_exp.tracking.run_log import run_log
 from titan_exp.tracking.writer import BackgroundTracker, interrupts_ignored
+
+# Where a resumed job's record goes in its run: resume/step-N (its lines), resume/step-N/<key> (its values).
+RESUME_TAG = "resume"
+
+
+@dataclass(frozen=True)
+class GoingOn:
+    """A run that a job goes on writing (a requeued job's, or the unfinished run of the checkpoint it
+    resumes from): its id, and the job's params that the run logged otherwise."""
+
+    run_id: str
+    changed: dict[str, str] = field(default_factory=dict)
 
 
 class LeaveRunOpen(Exception):
@@ -27,14 +40,14 @@ class LeaveRunOpen(Exception):
 
 @contextlib.contextmanager
 def tracked_run(
-    job: ResolvedJob, ctx: RunContext, resume_run_id: str | None = None, defer_writer: bool = False
+    job: ResolvedJob, ctx: RunContext, going_on: GoingOn | None = None, defer_writer: bool = False
 ) -> Iterator[BackgroundTracker]:
-    """The writer of this job's run while inside (`resume_run_id`: of that unfinished run;
-    `defer_writer`: its process starts at tracker.start(), see BackgroundTracker). Leaving
-    normally ends the run FINISHED; an exception ends it FAILED (KILLED for an interrupt or a
-    SIGTERM) with the reason, after the traceback and the log so far are recorded, LeaveRunOpen
-    leaves it running. The writer is closed on every way out: one left open would hold up the
-    interpreter's exit."""
+    """The writer of this job's run while inside (`going_on`: of that unfinished run; `defer_writer`:
+    its process starts at tracker.start(), see BackgroundTracker); a resumed job's record under its
+    resume (_queue_resume). Leaving normally ends the run FINISHED; an exception ends it FAILED
+    (KILLED for an interrupt or a SIGTERM) with the reason, after the traceback and the log so far
+    are recorded, LeaveRunOpen leaves it running. The writer is closed on every way out: one left
+    open would hold up the interpreter's exit."""
     with run_log(ctx.run_log_file) as log_copy, _sigterm_raises():
         tags = job.run_tags(ctx.started_by)
         tracker = BackgroundTracker(
@@ -42,14 +55,16 @@ def tracked_run(
             job.run_name(),
             tags,
             (ctx.run_id_file, *([run_id_beside(job.config.checkpoint.folder)] if job.config.checkpoint.enable else [])),
-            resume_run_id,
+            going_on.run_id if going_on else None,
             journal_file=ctx.journal_file,
             defer_start=defer_writer,
         )
         status, reason = "FINISHED", None
         try:
-            if resume_run_id is None:  # a resumed run has its config already
+            if going_on is None:  # a run it goes on writing has its config already
                 _queue_config(tracker, job, ctx)
+            if job.resume is not None:
+                _queue_resume(tracker, job.resume, going_on.changed if going_on else {})
             yield tracker
         except LeaveRunOpen:
             status = None
@@ -91,3 +106,14 @@ def _queue_config(tracker: BackgroundTracker, job: ResolvedJob, ctx: RunContext)
     tracker.log_text(OmegaConf.to_yaml(OmegaConf.structured(job.config)), "config/resolved.yaml")
     for hydra_file in sorted(Path(ctx.job_dir, ".hydra").glob("*.yaml")):
         tracker.log_text(hydra_file.read_text(), f"config/hydra/{hydra_file.name}")
+
+
+def _queue_resume(tracker: BackgroundTracker, resume: Resume, changed: dict[str, str]) -> None:
+    """Tags under resume/step-N: what the job said of its resume from step N (job/resume.py), and
+    each param of its own that the run it goes on writing logged otherwise (MLflow keeps a run's first
+    params): the record says what each resume trained."""
+    under = f"{RESUME_TAG}/step-{resume.step}"
+    if resume.lines:
+        tracker.set_tag(under, "\n".join(resume.lines))
+    for key, value in changed.items():
+        tracker.set_tag(f"{under}/{key}", value)

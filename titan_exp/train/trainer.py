@@ -19,11 +19,13 @@ import torch.distributed as dist
 
 from launchers.env import RankEnv, wait_for_rendezvous
 from launchers.signals import StopRequested, stop_requested
+from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.layout import step_dir
 from titan_exp.checkpoint.manager import TrainCheckpointer, save_model
+from titan_exp.checkpoint.model_record import TrainedAs
 from titan_exp.config.job import ResolvedJob
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
-from titan_exp.data.text import prepare_tokens
+from titan_exp.data.text import prepare_tokens, tokenizer_file
 from titan_exp.metrics import startup
 from titan_exp.metrics.peak_flops import cpu_peak_flops, gpu_peak_flops, raise_cpu_peak
 from titan_exp.models.common.moe.balance import ExpertBalance
@@ -55,9 +57,11 @@ class Trainer:
         self.job_dir = job_dir
         optimizers = Optimizers.build(model.parts, cfg.optimizer, cfg.lr_scheduler, cfg.training.steps)
         train_batches = self._batch_loader("train")
+        t = cfg.training
+        trained_as = TrainedAs(t.global_batch_size * t.seq_len, t.steps, cfg.optimizer.lr, cfg.lr_scheduler)
         self.checkpointer = TrainCheckpointer(
-            cfg.checkpoint, model.parts, optimizers.optimizers, optimizers.schedulers, cfg.model,
-            train_batches if train_batches.streamed else None, cfg.data.tokenizer_path,
+            cfg.checkpoint, model.parts, optimizers, cfg.model, trained_as, _export_sources(job),
+            train_batches if train_batches.streamed else None,
         )  # fmt: skip
         self.resumed_step = self.checkpointer.resume()
         if self.resumed_step:
@@ -254,3 +258,11 @@ def _process_group(env: RankEnv, device: torch.device, timeout_s: int) -> Iterat
             # (the same message; pytorch/pytorch#179291).
             gc.collect()
             dist.destroy_process_group()
+
+
+def _export_sources(job: ResolvedJob) -> ExportSources:
+    """What an export of the job's model takes beside its weights: the Hugging Face folder it came
+    from (model=hf's, else the one its weights were loaded from) and the tokenizer it trains on."""
+    c = job.config.checkpoint
+    folder = job.config.model.hf_path or (c.initial_load_path if c.initial_load_in_hf else None)
+    return ExportSources(folder, tokenizer_file(job.config.data))

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SMALL_MODEL, loss_curve, mlflow_client, mlflow_runs, run_cli
+from titan_exp.optim.config import LRSchedulerConfig, lr_factor
+
+from conftest import SMALL_MODEL, loss_curve, mlflow_client, mlflow_runs, run_cli, subcommand
 
 RUN = [
     "data=synthetic",
@@ -135,22 +137,34 @@ def test_a_resume_goes_on_with_its_checkpoints_batch_and_records_what_it_changed
     first = run_cli([*job, *periodic(tmp_path / "ckpt", 4), "training.global_batch_size=8"], tmp_path / "first")
     assert first.returncode == 0, first.stderr[-3000:]
     mlflow_client(db).set_terminated(mlflow_runs(db)[0].info.run_id, "KILLED")  # as a job stopped at step 4 leaves it
-    resumed = run_cli([*job, *periodic(tmp_path / "ckpt", 6)], tmp_path / "resumed")
+    again = [*job, *periodic(tmp_path / "ckpt", 6), "optimizer.lr=0.001"]
+    shown = subcommand(["show", "--summary", *again])
+    assert shown.returncode == 0, shown.stderr
+    resumed = run_cli(again, tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     (run,) = mlflow_runs(db)
     lr = lrs(db, run.info.run_id)
+    # It trains at the LR it says: this job's peak (not the checkpoint's 3e-3) on its 6-step schedule.
+    assert lr[5] == pytest.approx(1e-3 * lr_factor(4, 6, LRSchedulerConfig(warmup_steps=2)), rel=1e-6)
     said = [
         f"resume: trains 512 tokens a step as {tmp_path}/ckpt/step-4 did: global batch 8 = local batch 2 × 2 "
         "data-parallel ranks × accumulation 2 (by itself it would train 256; training.global_batch_size sets another)",
-        f"resume: training.steps 4 → 6: the LR schedule changes: step 5 runs {lr[5]:.2e} (step 4 ran {lr[4]:.2e} "
-        "under the checkpoint's 4-step schedule)",
+        f"resume: training.steps 4 → 6, optimizer.lr 0.003 → 0.001: the LR schedule changes: step 5 runs "
+        f"{lr[5]:.2e} (step 4 ran {lr[4]:.2e} under the checkpoint's 4-step schedule)",
     ]
     assert [line for line in resumed.stdout.splitlines() if line.startswith("titan_exp: resume:")] == [
         f"titan_exp: {line}" for line in said
     ]
+    # `show` said the same before the run, and showed the batch it trains.
+    assert [line for line in shown.stdout.splitlines() if line.startswith("resume:")] == said
+    assert "global batch    8 sequences = 2 × dp 2 × 2 microbatch(es)" in shown.stdout
     # The resumed job's first step trains the tokens the first job's first step did.
     tokens = {m.step: m.value for m in mlflow_client(db).get_metric_history(run.info.run_id, "tokens_seen")}
     assert tokens[5] == tokens[1] == 2 * 64 * 2  # a rank's: local batch × seq_len × accumulation
     assert run.data.params["training.steps"] == "4" and run.data.params["training.global_batch_size"] == "8"
     resume_tags = {key: value for key, value in run.data.tags.items() if key.startswith("resume/")}
-    assert resume_tags == {"resume/step-4": "\n".join(said), "resume/step-4/training.steps": "6"}
+    assert resume_tags == {
+        "resume/step-4": "\n".join(said),
+        "resume/step-4/training.steps": "6",
+        "resume/step-4/optimizer.lr": "0.001",
+    }

@@ -16,11 +16,11 @@ import torch
 import transformers
 
 from titan_exp.checkpoint.hf import load_hf, save_hf
-from titan_exp.checkpoint.hf_export import ExportSources
+from titan_exp.checkpoint.hf_export import ExportSources, write_beside_weights
 from titan_exp.config.compose import compose_job_config
 from titan_exp.config.resolve import resolve
 from titan_exp.data.text import train_tokenizer
-from titan_exp.models.registry import build_model, config_from_hf
+from titan_exp.models.registry import build_model, config_from_hf, family_of
 
 from conftest import REPO
 from hf_checkpoints import QWEN3_MOE, QWEN3_SHAPE
@@ -85,8 +85,47 @@ def test_an_export_keeps_the_original_config_but_for_what_the_run_changed(origin
     # The weights' dtype (under both names transformers reads) and the auxiliary loss now set.
     assert changed <= {"dtype", "torch_dtype", "output_router_logits", "router_aux_loss_coef"}
     assert (ours["dtype"], ours["output_router_logits"], ours["router_aux_loss_coef"]) == ("bfloat16", True, 0.01)
-    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    generation = (json.loads((folder / "generation_config.json").read_text()) for folder in (original, out))
+    assert next(generation) == next(generation)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (out / name).read_bytes() == (original / name).read_bytes(), name
+
+
+def test_a_table_the_run_changed_is_written_whole_and_what_it_dropped_goes(tmp_path):
+    """A transformers 4 config.json (rope_scaling beside rope_theta, no rope_parameters) of a model
+    whose rotary scaling the run turned off: no half table, no scaling factor left behind."""
+    model = resolve(compose_job_config(["model=llama3_1b", "launcher.nproc_per_node=1"]), place=False).config.model
+    written = family_of(model).hf.hf_config(model, "bfloat16")
+    del written["rope_parameters"]
+    (tmp_path / "t4").mkdir()
+    (tmp_path / "t4" / "config.json").write_text(json.dumps(written))
+    cfg = config_from_hf(str(tmp_path / "t4"), "model.hf_path", {"rope_scaling_factor": None})
+    (tmp_path / "out").mkdir()
+    assert write_beside_weights(tmp_path / "out", cfg, "bfloat16", ExportSources(str(tmp_path / "t4"), None)) == []
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["rope_scaling"] is None
+    assert config["rope_parameters"] == {"rope_theta": model.rope_theta, "rope_type": "default"}
+    assert {key for key in {*config, *written} if config.get(key) != written.get(key)} == {
+        "rope_scaling",
+        "rope_parameters",
+    }
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "out").rope_parameters["rope_type"] == "default"
+
+
+def test_a_model_trained_on_another_tokenizer_takes_its_ids(original, tmp_path):
+    """The folder's tokenizer replaced by the run's, whose end of document is another token: the
+    config and generation config name the run's tokenizer's ids, said in a note."""
+    other = tokenizer_folder(tmp_path / "other", VOCAB)
+    (other / "tokenizer_config.json").write_text(json.dumps({**TOKENIZER_CONFIG, "eos_token": "<|pad|>"}))
+    cfg = config_from_hf(str(original), "model.hf_path")
+    out = tmp_path / "out"
+    out.mkdir()
+    notes = write_beside_weights(out, cfg, "float32", ExportSources(str(original), str(other / "tokenizer.json")))
+    assert notes == [f"trained on {other / 'tokenizer.json'}, not the tokenizer of {original}: its token ids"]
+    pad = transformers.AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<|pad|>")
+    for name in ("config.json", "generation_config.json"):
+        written = json.loads((out / name).read_text())
+        assert written["eos_token_id"] == written["pad_token_id"] == pad, name
 
 
 def test_an_export_with_nothing_changed_keeps_the_original_config_whole(original, tmp_path):
@@ -135,7 +174,7 @@ def test_a_trained_tokenizer_is_exported_with_what_opens_it(tmp_path):
 def export_cli(*args: str) -> subprocess.CompletedProcess:
     """`titan_exp export ARGS`, in a process that says whether it loaded torch."""
     code = (
-        "import sys; from titan_exp.checkpoint import export_cli; status = export_cli.main(sys.argv[1:]); "
+        "import sys; from titan_exp.job import export; status = export.main(sys.argv[1:]); "
         "print('torch loaded' if 'torch' in sys.modules else 'no torch', file=sys.stderr); sys.exit(status)"
     )
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -18,12 +18,11 @@ from omegaconf import DictConfig
 
 from launchers import signals
 from titan_exp import CONF_DIR, help_page, ui
-from titan_exp.checkpoint import export_cli
 from titan_exp.compare import cli as compare_cli
 from titan_exp.config.check import cautions
 from titan_exp.config.compose import to_job_config
 from titan_exp.config.schema import register_schema
-from titan_exp.job import show
+from titan_exp.job import export, show
 from titan_exp.job.launch import run_job
 from titan_exp.job.outcome import (
     EXIT_BAD_CONFIG,
@@ -54,7 +53,7 @@ _SUBCOMMANDS = {
     "compare": (compare_cli.main, "the strategy table and plots of a sweep or an experiment's runs"),
     "ui": (ui.main, "MLflow's UI on the project's store, opened on the runs"),
     "sync": (sync.main, "write into the store what jobs journaled but the store missed"),
-    "export": (export_cli.main, "a checkpoint already written (any layout's) as a Hugging Face folder"),
+    "export": (export.main, "a checkpoint already written (any layout's) as a Hugging Face folder"),
 }
 
 

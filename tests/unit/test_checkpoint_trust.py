@@ -20,7 +20,7 @@ from titan_exp.checkpoint.errors import UntrustedCheckpointError
 from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, step_dir
 from titan_exp.checkpoint.manager import TrainCheckpointer, load_model, save_model
-from titan_exp.checkpoint.model_record import TrainedAs
+from titan_exp.checkpoint.model_record import TrainedAs, TrainingRecord
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 from titan_exp.models.config import ModelConfig
 from titan_exp.optim.config import LRSchedulerConfig
@@ -58,7 +58,7 @@ def checkpointer(folder: Path, seed: int) -> TrainCheckpointer:
     trained_as = TrainedAs(tokens_per_step=12, steps=1, lr=1e-3, lr_scheduler=LRSchedulerConfig())
     return TrainCheckpointer(
         CheckpointConfig(enable=True, folder=str(folder)), [net], Optimizers([optimizer], [scheduler]), ModelConfig(),
-        trained_as, ExportSources(None, None),
+        TrainingRecord(trained_as, ExportSources(None, None)),
     )  # fmt: skip
 
 

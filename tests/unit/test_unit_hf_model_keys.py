@@ -194,12 +194,20 @@ def test_the_command_lines_model_keys_apply_over_the_folder(folders):
     assert resolved_model(folder, "model.dim=256").dim == 256  # the folder's own value is no change
 
 
-def test_a_key_of_another_family_is_refused_naming_the_folders(folders):
+@pytest.mark.parametrize("override", ["model.sliding_window=64", "model.mla.kv_lora_rank=24"])
+def test_a_key_of_another_family_is_refused_naming_the_folders(folders, override):
     with pytest.raises(ConfigError) as refused:
-        resolved_model(folders["qwen3_moe_debug"], "model.sliding_window=64")
-    assert str(refused.value) == (
-        f"model.sliding_window=64: is not a key of qwen3 models, which {folders['qwen3_moe_debug']} holds"
-    )
+        resolved_model(folders["qwen3_moe_debug"], override)
+    assert str(refused.value) == f"{override}: is not a key of qwen3 models, which {folders['qwen3_moe_debug']} holds"
+
+
+def test_keys_set_together_are_checked_together(folders):
+    """Grouped routing's two keys, each of which alone would break the rule between them."""
+    folder = folders["deepseek_v3_debug"]
+    model = resolved_model(folder, "model.moe.n_groups=1", "model.moe.topk_groups=1")
+    assert (model.moe.n_groups, model.moe.topk_groups) == (1, 1)
+    with pytest.raises(ConfigError, match=r"^model.moe.topk_groups=2: must lie in \[1, model.moe.n_groups=1\]"):
+        resolved_model(folder, "model.moe.n_groups=1")  # the folder's topk_groups, 2, kept
 
 
 def test_an_experiments_keys_apply_over_the_folder_too(folders, tmp_path, monkeypatch):
@@ -207,11 +215,13 @@ def test_an_experiments_keys_apply_over_the_folder_too(folders, tmp_path, monkey
     (tmp_path / "experiment").mkdir()
     (tmp_path / "experiment" / "mine.yaml").write_text(
         "# @package _global_\ndefaults:\n  - override /model: hf\n"
-        "model:\n  attn_mask_type: block_causal\n  max_seq_len: 4096\n"
+        "model:\n  attn_mask_type: block_causal\n  max_seq_len: 2048\n"
     )
     monkeypatch.setenv("TITAN_EXP_CONFIG_DIR", str(tmp_path))
+    # The folder says 4,096 positions; the experiment's 2,048 is the schema's default, set all the same.
+    assert resolved_model(folders["qwen3_debug"]).max_seq_len == 4096
     model = resolved_model(folders["qwen3_debug"], "experiment=mine")
-    assert (model.attn_mask_type, model.max_seq_len, model.dim) == ("block_causal", 4096, 256)
+    assert (model.attn_mask_type, model.max_seq_len, model.dim) == ("block_causal", 2048, 256)
 
 
 def test_a_plan_of_a_folder_reads_no_data_and_a_job_is_told_to_read_the_models_own_tokens(folders, tmp_path):

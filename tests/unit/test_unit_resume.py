@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.layout import step_dir
-from titan_exp.checkpoint.model_record import MODEL_FILE, TrainedAs, write_model_record
+from titan_exp.checkpoint.model_record import MODEL_FILE, TrainedAs, TrainingRecord, write_model_record
 from titan_exp.config.compose import compose_job_config
 from titan_exp.config.job import Resume
 from titan_exp.job.resume import resolve_to_run
@@ -35,7 +36,8 @@ def saved(folder: Path, trained_as: TrainedAs, step: int = 4) -> Path:
     where = step_dir(str(folder), step)
     where.mkdir(parents=True)
     (where / ".metadata").write_bytes(b"")
-    write_model_record(where, compose_job_config(JOB).model, data_position=False, trained_as=trained_as)
+    record = TrainingRecord(trained_as, ExportSources(None, None))
+    write_model_record(where, compose_job_config(JOB).model, data_position=False, training=record)
     return where
 
 

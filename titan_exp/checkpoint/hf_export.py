@@ -2,28 +2,28 @@
 the config.json transformers opens the model with, its generation config and the tokenizer's files.
 A model that came from a Hugging Face folder keeps that folder's config.json but for the fields the
 run changed (the weights' dtype, a key set beside model=hf), and its generation_config.json as it
-was: `generate()` stops where the original stops. A model built from a flavor gets a complete
-config, its special tokens' ids from the run's tokenizer. Torch-free: `titan_exp export` refuses a
-folder it cannot write before it loads torch."""
+was: `generate()` stops where the original stops. A model built from a flavor, or trained on
+another tokenizer than its folder's, gets its special tokens' ids from the run's tokenizer.
+Torch-free: `titan_exp export` refuses what it cannot write before it loads torch."""
 
 import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan_exp.data.tokenizer import load_tokenizer
+from titan_exp.data.tokenizer import MAX_TOKENIZER_BYTES, load_tokenizer
 from titan_exp.models.config import ModelConfig
-from titan_exp.models.hf import CONFIG_FILE
+from titan_exp.models.hf import CONFIG_FILE, DTYPE_KEYS
 from titan_exp.models.registry import config_from_hf, family_of
-from titan_exp.rules import ConfigError
-from titan_exp.untrusted import read_json
+from titan_exp.untrusted import read_json, regular_file
 
 GENERATION_CONFIG_FILE = "generation_config.json"
-# A tokenizer's files as transformers writes them beside a model (the vocabulary in one of its
-# forms, the special tokens, the chat template); what is there is copied.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# What transformers writes beside a tokenizer.json (the special tokens, the chat template) or
+# instead of it (a vocabulary in another form); what is there is copied.
+TOKENIZER_COMPANIONS = (
+    TOKENIZER_CONFIG_FILE,
     "special_tokens_map.json",
     "added_tokens.json",
     "chat_template.jinja",
@@ -32,8 +32,8 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
 )
-# transformers writes the weights' dtype under both names (torch_dtype before version 5).
-_DTYPE_KEYS = ("dtype", "torch_dtype")
+# The special tokens whose ids config.json and generation_config.json hold.
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 @dataclass(frozen=True)
@@ -49,23 +49,26 @@ class ExportSources:
 
 def write_beside_weights(folder: Path, cfg: ModelConfig, dtype: str, sources: ExportSources) -> list[str]:
     """config.json, generation_config.json and the tokenizer's files into `folder`, where the
-    weights of `cfg`'s model lie in `dtype`; returns what could not be taken from the sources, one
-    line each (a source folder gone or changed since the run read it: the export is complete without it)."""
+    weights of `cfg`'s model lie in `dtype`; returns what was not taken as it was, one line each (a
+    source gone or changed since the run read it, another tokenizer: the export is complete without it)."""
     notes: list[str] = []
     original = _original_config(sources.model_folder, notes)
     ours = family_of(cfg).hf.hf_config(cfg, dtype)
+    own_tokenizer = sources.tokenizer is None or _is_the_folders(sources)
+    ids = {} if original is not None and own_tokenizer else _token_ids(sources.tokenizer, notes)
+    if original is not None and ids:
+        notes.append(f"trained on {sources.tokenizer}, not the tokenizer of {sources.model_folder}: its token ids")
     if original is None:
-        config, generation = ours | _token_ids(sources.tokenizer, notes), None
+        config, generation = ours | ids, None
     else:
-        as_read = family_of(cfg).hf.hf_config(original[1], _dtype_of(original[0]))
-        config = _merged(original[0], _changes(ours, as_read))
-        generation = Path(sources.model_folder) / GENERATION_CONFIG_FILE
+        config_json, model = original
+        config = _kept(config_json, ours, family_of(cfg).hf.hf_config(model, _dtype_of(config_json))) | ids
+        generation = _generation_config(Path(sources.model_folder), notes)
     _write_json(folder / CONFIG_FILE, config)
-    if generation is not None and generation.is_file():
-        shutil.copyfile(generation, folder / GENERATION_CONFIG_FILE)
-    elif original is None and (ids := {k: v for k, v in config.items() if k.endswith("_token_id") and v is not None}):
-        _write_json(folder / GENERATION_CONFIG_FILE, ids)
-    _copy_tokenizer(sources, folder)
+    generation = (generation or {}) | {key: value for key, value in ids.items() if value is not None}
+    if generation:
+        _write_json(folder / GENERATION_CONFIG_FILE, generation)
+    _copy_tokenizer(sources, folder, notes)
     return notes
 
 
@@ -76,33 +79,61 @@ def _original_config(model_folder: str | None, notes: list[str]) -> tuple[dict, 
         return None
     try:
         return read_json(Path(model_folder) / CONFIG_FILE), config_from_hf(model_folder, "model.hf_path")
-    except (ConfigError, ValueError) as err:  # ConfigError is a ValueError; so are read_json's refusals
+    except ValueError as err:  # read_json's refusals, and ConfigError
         notes.append(f"the config.json of {model_folder} is not kept ({err}); written from the model")
         return None
 
 
 def _dtype_of(config: dict) -> str | None:
-    return next((config[key] for key in _DTYPE_KEYS if isinstance(config.get(key), str)), None)
+    return next((config[key] for key in DTYPE_KEYS if isinstance(config.get(key), str)), None)
 
 
-def _changes(now: dict, before: dict) -> dict:
-    """The entries of `now` that differ from `before`'s (within nested tables, the differing ones)."""
-    changed = {}
-    for key, value in now.items():
-        if isinstance(value, dict) and isinstance(before.get(key), dict):
-            if inner := _changes(value, before[key]):
-                changed[key] = inner
-        elif key not in before or before[key] != value:
-            changed[key] = value
-    return changed
+def _kept(original: dict, ours: dict, as_read: dict) -> dict:
+    """`original` (a config.json's table) but for what the run changed: where our writing of the
+    run's model (`ours`) differs from our writing of the original as we read it (`as_read`), ours,
+    a key ours no longer writes dropped. What we do not read (a key of neither) stays as it was."""
+    kept = dict(original)
+    for key in {*ours, *as_read}:
+        if ours.get(key) == as_read.get(key):
+            continue  # the run left it as read: the original's own spelling stays
+        if key not in ours:
+            kept.pop(key, None)
+        elif all(isinstance(table.get(key), dict) for table in (original, ours, as_read)):
+            kept[key] = _kept(original[key], ours[key], as_read[key])
+        else:
+            kept[key] = ours[key]
+    return kept
 
 
-def _merged(base: dict, changes: dict) -> dict:
-    merged = dict(base)
-    for key, value in changes.items():
-        nested = isinstance(value, dict) and isinstance(base.get(key), dict)
-        merged[key] = _merged(base[key], value) if nested else value
-    return merged
+def _generation_config(model_folder: Path, notes: list[str]) -> dict | None:
+    """The model folder's generation_config.json (None: it has none, or one that cannot be read)."""
+    path = model_folder / GENERATION_CONFIG_FILE
+    if not path.exists():
+        return None
+    try:
+        config = read_json(path)
+    except ValueError as err:
+        notes.append(f"{path} is not kept ({err})")
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _is_the_folders(sources: ExportSources) -> bool:
+    """Whether the run's tokenizer is its model folder's own: the same tokenizer.json and
+    tokenizer_config.json (which names its special tokens), byte for byte."""
+    if sources.model_folder is None:
+        return False
+    tokenizer, folder = Path(sources.tokenizer), Path(sources.model_folder)
+    theirs = _bytes(folder / TOKENIZER_FILE)
+    named = _bytes(tokenizer.with_name(TOKENIZER_CONFIG_FILE)) == _bytes(folder / TOKENIZER_CONFIG_FILE)
+    return theirs is not None and theirs == _bytes(tokenizer) and named
+
+
+def _bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None
 
 
 def _token_ids(tokenizer: str | None, notes: list[str]) -> dict[str, int | None]:
@@ -115,34 +146,49 @@ def _token_ids(tokenizer: str | None, notes: list[str]) -> dict[str, int | None]
         notes.append(f"no token ids from {tokenizer} ({err})")
         return {}
     pad = _named_token(tokenizer, "pad_token")
-    ids = {"bos_token_id": found.bos, "eos_token_id": found.eos}
+    ids = dict(zip(_TOKEN_IDS, (found.bos, found.eos)))
     return ids | ({"pad_token_id": found.tokenizer.token_to_id(pad)} if pad else {})
 
 
 def _named_token(tokenizer: str, key: str) -> str | None:
     """The text of token `key` in the tokenizer_config.json beside `tokenizer` (None: not named)."""
-    config = Path(tokenizer).with_name("tokenizer_config.json")
+    config = Path(tokenizer).with_name(TOKENIZER_CONFIG_FILE)
     values = read_json(config) if config.is_file() else {}
     token = values.get(key) if isinstance(values, dict) else None
     text = token.get("content") if isinstance(token, dict) else token
     return text if isinstance(text, str) else None
 
 
-def _copy_tokenizer(sources: ExportSources, folder: Path) -> None:
+def _copy_tokenizer(sources: ExportSources, folder: Path, notes: list[str]) -> None:
     """The run's tokenizer (its tokenizer.json and the files beside it), else the model folder's."""
     if sources.tokenizer is not None:
-        tokenizer = Path(sources.tokenizer)
-        shutil.copyfile(tokenizer, folder / "tokenizer.json")
-        beside = tokenizer.parent
+        _copy(Path(sources.tokenizer), folder / TOKENIZER_FILE, notes)
+        beside = Path(sources.tokenizer).parent
     elif sources.model_folder is not None:
+        _copy(Path(sources.model_folder) / TOKENIZER_FILE, folder / TOKENIZER_FILE, notes)
         beside = Path(sources.model_folder)
     else:
         return
-    for name in TOKENIZER_FILES[1:] if sources.tokenizer else TOKENIZER_FILES:
-        if (companion := beside / name).is_file():
-            shutil.copyfile(companion, folder / name)
-    if sources.tokenizer is not None and not (folder / "tokenizer_config.json").exists():
+    for name in TOKENIZER_COMPANIONS:
+        _copy(beside / name, folder / name, notes)
+    if sources.tokenizer is not None and not (folder / TOKENIZER_CONFIG_FILE).exists():
         _write_tokenizer_config(sources.tokenizer, folder)
+
+
+def _copy(source: Path, target: Path, notes: list[str]) -> None:
+    """`source`, where it is a file of a tokenizer's size (a JSON one holding JSON): a folder's
+    file of that name that is anything else (a link to a secret, a FIFO) is named, not copied."""
+    if not source.exists() and not source.is_symlink():
+        return
+    try:
+        if (size := regular_file(source)) > MAX_TOKENIZER_BYTES:
+            raise ValueError(f"{size:,} bytes, more than a tokenizer's file may be")
+        if source.suffix == ".json":
+            read_json(source, MAX_TOKENIZER_BYTES)
+    except ValueError as err:
+        notes.append(f"{source} is not copied ({err})")
+        return
+    shutil.copyfile(source, target)
 
 
 def _write_tokenizer_config(tokenizer: str, folder: Path) -> None:
@@ -152,7 +198,7 @@ def _write_tokenizer_config(tokenizer: str, folder: Path) -> None:
     names = {"bos_token": found.bos, "eos_token": found.eos}
     config = {"tokenizer_class": "PreTrainedTokenizerFast"}
     config |= {key: found.tokenizer.id_to_token(i) for key, i in names.items() if i is not None}
-    _write_json(folder / "tokenizer_config.json", config)
+    _write_json(folder / TOKENIZER_CONFIG_FILE, config)
 
 
 def _write_json(path: Path, value: dict) -> None:

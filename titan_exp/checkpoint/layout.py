@@ -7,6 +7,10 @@ import shutil
 from pathlib import Path
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+# What a step's folder is named while it is written (a folder so named is no complete checkpoint).
+SAVING_SUFFIX = ".saving"
+# DCP's index of a checkpoint's tensors, written last: a folder without it is no complete checkpoint.
+DCP_METADATA = ".metadata"
 
 
 def step_dir(folder: str, step: int) -> Path:
@@ -15,7 +19,7 @@ def step_dir(folder: str, step: int) -> Path:
 
 def saving_dir(folder: str, step: int) -> Path:
     """Where step N is written until it is complete."""
-    return Path(folder) / f"step-{step}.saving"
+    return Path(folder) / f"step-{step}{SAVING_SUFFIX}"
 
 
 def complete_steps(folder: str) -> list[int]:
@@ -23,7 +27,7 @@ def complete_steps(folder: str) -> list[int]:
     steps = [
         int(m.group(1))
         for p in Path(folder).glob("step-*")
-        if (m := _STEP_DIR.match(p.name)) and (p / ".metadata").exists()
+        if (m := _STEP_DIR.match(p.name)) and (p / DCP_METADATA).exists()
     ]
     return sorted(steps)
 

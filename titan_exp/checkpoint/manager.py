@@ -23,9 +23,8 @@ from launchers.tasks import last_line
 from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.checkpoint.errors import UntrustedCheckpointError, unwrapped
 from titan_exp.checkpoint.hf import save_hf
-from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.layout import NotEnoughSpaceError, complete_steps, saving_dir, step_dir
-from titan_exp.checkpoint.model_record import TrainedAs, write_model_record
+from titan_exp.checkpoint.model_record import TrainingRecord, write_model_record
 from titan_exp.checkpoint.space import SpaceCheckingPlanner
 from titan_exp.checkpoint.trusted import load_trusted, open_checkpoint
 from titan_exp.data.loader import BatchLoader
@@ -42,22 +41,21 @@ def save_whole(
     model: ModelConfig,
     is_writer: bool,
     also: Callable[[Path], None] | None = None,
-    trained_as: TrainedAs | None = None,
-    sources: ExportSources | None = None,
+    training: TrainingRecord | None = None,
 ) -> None:
     """Save `state` as step-N of `folder` (every rank takes part), written under another name and
     renamed by the writer once DCP has finished (its .metadata last): a save cut short is never
     taken for a checkpoint. A save the disk cannot hold is refused before anything is written
     (space.py); one that fails leaves no step-N.saving behind. Beside the tensors, the record of
-    `model`, of how its job trained, `trained_as`, and of what an export takes beside the weights,
-    `sources` (model_record.py); `also` writes more into the
+    `model` and, of a training checkpoint, `training` (how its job trained, what an export takes:
+    model_record.py); `also` writes more into the
     folder before it is complete (the weights in Hugging Face's format)."""
     partial, done = saving_dir(folder, step), step_dir(folder, step)
     try:
         ignore_unavoidable_warnings()  # DCP's in a process alone (a seed checkpoint)
         dcp.save(state, checkpoint_id=str(partial), planner=SpaceCheckingPlanner(folder))
         if is_writer:
-            write_model_record(partial, model, "dataloader" in state, trained_as, sources)
+            write_model_record(partial, model, "dataloader" in state, training)
         if also:
             also(partial)
     except (Exception, CheckpointException) as err:  # DCP's is a BaseException
@@ -106,17 +104,18 @@ class TrainCheckpointer:
         parts: list[torch.nn.Module],
         optimizers: Optimizers,
         model: ModelConfig,
-        trained_as: TrainedAs,
-        sources: ExportSources,
+        training: TrainingRecord,
         data: BatchLoader | None = None,
     ):
-        """`model`: the model's config, for the last save in Hugging Face's format (with what
-        goes beside its weights from `sources`, which each save records); `trained_as`: how the job
-        trains, recorded with each save (a resume goes on with its batch); `data`: a streamed data
+        """`model`: the model's config, for the last save in Hugging Face's format; `training`: how
+        the job trains and what that export takes beside its weights, recorded with each save (a
+        resume goes on with its batch, `titan_exp export` with its sources); `data`: a streamed data
         source, whose position is saved and resumed with the rest."""
-        self.cfg, self.parts, self.model, self.trained_as = cfg, parts, model, trained_as
+        self.cfg, self.parts, self.model, self.training = cfg, parts, model, training
         self.optimizers, self.schedulers = optimizers.optimizers, optimizers.schedulers
-        self.data, self.sources = data, sources
+        # This job's optimizer.lr, which a resume keeps (the saved scheduler state holds the saved job's).
+        self.base_lrs = [list(scheduler.base_lrs) for scheduler in self.schedulers]
+        self.data = data
         self.options = StateDictOptions(flatten_optimizer_state_dict=True)
 
     def _part_states(self) -> list[tuple[dict, dict]]:
@@ -177,9 +176,9 @@ class TrainCheckpointer:
                 optim_state_dict={k: state["optimizer"][k] for k in optim_state},
                 options=self.options,
             )
-        for scheduler in self.schedulers:
+        for scheduler, ours in zip(self.schedulers, self.base_lrs):
             scheduler.load_state_dict(state["lr_scheduler"])
-            follow_this_schedule(scheduler)
+            follow_this_schedule(scheduler, ours)
         if self.data is not None:
             self.data.resume(state["dataloader"])
         return int(state["step"])
@@ -203,10 +202,10 @@ class TrainCheckpointer:
                 cfg=self.model,
                 is_writer=is_writer,
                 dtype=getattr(torch, self.cfg.export_dtype),
-                sources=self.sources,
+                sources=self.training.sources,
             )
         state = self._merged(self._part_states(), step)
-        save_whole(state, self.cfg.folder, step, self.model, is_writer, also, self.trained_as, self.sources)
+        save_whole(state, self.cfg.folder, step, self.model, is_writer, also, self.training)
         if is_writer and self.cfg.keep_latest_k > 0:
             for old in complete_steps(self.cfg.folder)[: -self.cfg.keep_latest_k]:
                 shutil.rmtree(step_dir(self.cfg.folder, old), ignore_errors=True)

@@ -35,21 +35,24 @@ class TrainedAs:
     lr_scheduler: LRSchedulerConfig
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingRecord:
+    """What a training checkpoint records beside its model: how its job trained, and what an export
+    of it takes beside its weights (`titan_exp export` reads them)."""
+
+    trained_as: TrainedAs
+    sources: ExportSources
+
+
 def write_model_record(
-    step_folder: Path,
-    model: ModelConfig,
-    data_position: bool,
-    trained_as: TrainedAs | None = None,
-    sources: ExportSources | None = None,
+    step_folder: Path, model: ModelConfig, data_position: bool, training: TrainingRecord | None = None
 ) -> None:
     """`data_position`: the checkpoint holds where a streamed data source stood (data=files);
-    `trained_as`: a training checkpoint's job (None: a seed checkpoint, weights alone); `sources`:
-    what an export of it takes beside its weights (`titan_exp export` reads them)."""
+    `training`: a training checkpoint's (None: a seed checkpoint, weights alone)."""
     record = {"model": dataclasses.asdict(model), "data_position": data_position}
-    if trained_as is not None:
-        record["training"] = dataclasses.asdict(trained_as)
-    if sources is not None:
-        record["export"] = dataclasses.asdict(sources)
+    if training is not None:
+        record["training"] = dataclasses.asdict(training.trained_as)
+        record["export"] = dataclasses.asdict(training.sources)
     (step_folder / MODEL_FILE).write_text(json.dumps(record, indent=1))
 
 
@@ -60,9 +63,12 @@ def saved_model(step_folder: Path, key: str) -> dict | None:
 
 
 def export_sources(step_folder: Path, key: str) -> ExportSources:
-    """What the run that saved `step_folder` would put beside its weights in an export (none where
-    its record does not say: saved before records said it, or a seed checkpoint)."""
-    saved = _record(step_folder, key).get("export", {})
+    """What the run that saved `step_folder` would put beside its weights in an export; where its
+    record does not say (saved before records said it, or a seed checkpoint), the Hugging Face
+    folder its model section names (model=hf's), no tokenizer."""
+    record = _record(step_folder, key)
+    model_folder = record.get("model", {}).get("hf_path")
+    saved = record.get("export", {"model_folder": model_folder if isinstance(model_folder, str) else None})
     fields = [f.name for f in dataclasses.fields(ExportSources)]
     if (
         not isinstance(saved, dict)

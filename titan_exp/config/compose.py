@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from titan_exp import CONF_DIR
 from titan_exp.config.schema import JobConfig, option_schemas, register_schema
-from titan_exp.config.tree import group_options, option_schema
+from titan_exp.config.tree import group_options, option_picked, option_schema, option_values
 from titan_exp.models.registry import HFFolderConfig
 from titan_exp.rules import ConfigError, dotted_keys
 
@@ -33,11 +33,13 @@ _NOT_OVER_THE_FOLDER = ("name", "flavor", "hf_path")
 
 def model_keys_set(model: DictConfig, overrides: Sequence[str]) -> tuple[str, ...]:
     """The keys (dotted, under `model.`) of a model=hf section set beside the option: those the
-    command line names, and those an experiment (or another file) sets to other than the schema's
-    default. Each applies over the folder's config.json (models/registry.config_from_hf)."""
+    command line names, those the files it chooses set (the experiment's `model:` keys, the model
+    option's own), and any other the composition holds at other than the schema's default (a file
+    these miss). Each applies over the folder's config.json (models/registry.config_from_hf)."""
     values = dotted_keys(OmegaConf.to_container(model))
     defaults = dotted_keys(OmegaConf.to_container(OmegaConf.structured(HFFolderConfig)))
     named = [key.removeprefix("model.") for key in _override_keys(overrides) if key.startswith("model.")]
+    named += _model_keys_in_files(overrides)
     keys_set = {key for key in values if any(key == n or key.startswith(f"{n}.") for n in named)}
     keys_set |= {key for key, value in values.items() if value != defaults.get(key)}
     return tuple(sorted(keys_set - set(_NOT_OVER_THE_FOLDER)))
@@ -46,6 +48,17 @@ def model_keys_set(model: DictConfig, overrides: Sequence[str]) -> tuple[str, ..
 def _override_keys(overrides: Sequence[str]) -> list[str]:
     """The keys a command line's overrides set (Hydra's `+key=`, `++key=` and `~key` forms alike)."""
     return [override.lstrip("+~").partition("=")[0] for override in overrides]
+
+
+def _model_keys_in_files(overrides: Sequence[str]) -> list[str]:
+    """The model keys the option files the command line chooses set: its experiment's (`model:`)
+    and its model option's, or the one the experiment picks."""
+    chosen = dict(override.lstrip("+").partition("=")[::2] for override in overrides)
+    experiment, model = chosen.get("experiment"), chosen.get("model")
+    in_experiment = option_values("experiment", experiment).get("model") if experiment else None
+    keys = list(dotted_keys(in_experiment)) if isinstance(in_experiment, dict) else []
+    model = model or (option_picked("experiment", experiment, "model") if experiment else None)
+    return keys + (list(dotted_keys(option_values("model", model))) if model else [])
 
 
 def compose_job_config(overrides: Sequence[str]) -> JobConfig:

@@ -143,6 +143,17 @@ class ResolvedJob:
         """The resolved config as MLflow params: {'training.steps': 50, ...}."""
         return dotted_keys(OmegaConf.to_container(OmegaConf.structured(self.config)))
 
+    def layout_params(self) -> dict[str, object]:
+        """The params beside the config (`derived/`) that its layout decides: what a resume into
+        another layout changes (rank 0 logs them with what it measures, train/leader.py)."""
+        t = self.config.training
+        return {
+            "derived/mesh": self.dims.describe(),
+            "derived/world_size": self.dims.world_size,
+            "derived/global_batch_tokens": t.global_batch_size * t.seq_len,
+            "derived/gradient_accumulation_steps": self.accumulation,
+        }
+
 
 def changed_config(cfg: JobConfig, **sections: dict[str, object]) -> JobConfig:
     """A new config with keys of its sections changed (frozen if `cfg` is)."""

@@ -51,3 +51,19 @@ def option_schema(group: str, option: str) -> str | None:
         if isinstance(entry, str) and entry.startswith(marker):
             return entry.removeprefix(marker).partition("@")[0]
     return None
+
+
+def option_values(group: str, option: str) -> dict:
+    """What an option file sets, its defaults list left out ({} for an option not on disk)."""
+    path = _option_file(group, option)
+    values = (OmegaConf.to_container(OmegaConf.load(path)) or {}) if path.is_file() else {}
+    return {key: value for key, value in values.items() if key != "defaults"}
+
+
+def option_picked(group: str, option: str, picked_group: str) -> str | None:
+    """The option of `picked_group` that an option's defaults list picks (`- override /model: hf`
+    in an experiment), None where it picks none."""
+    path = _option_file(group, option)
+    entries = OmegaConf.to_container(OmegaConf.load(path)).get("defaults", []) if path.is_file() else []
+    names = (f"/{picked_group}", f"override /{picked_group}", picked_group, f"override {picked_group}")
+    return next((entry[n] for entry in entries if isinstance(entry, dict) for n in names if n in entry), None)

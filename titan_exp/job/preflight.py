@@ -13,7 +13,14 @@ import urllib.request
 from pathlib import Path
 
 from titan_exp.checkpoint.config import OWN_FOLDER
-from titan_exp.checkpoint.layout import NotEnoughSpaceError, check_free_space, folder_bytes, latest_step, step_dir
+from titan_exp.checkpoint.layout import (
+    DCP_METADATA,
+    NotEnoughSpaceError,
+    check_free_space,
+    folder_bytes,
+    latest_step,
+    step_dir,
+)
 from titan_exp.checkpoint.model_record import check_data_position, check_same_model
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
@@ -161,7 +168,7 @@ def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:
     if c.initial_load_in_hf:
         _hf_checkpoint(cfg, c.initial_load_path, "checkpoint.initial_load_path")
     elif c.initial_load_path is not None:
-        if not (Path(c.initial_load_path) / ".metadata").is_file():
+        if not (Path(c.initial_load_path) / DCP_METADATA).is_file():
             raise ConfigError(
                 "checkpoint.initial_load_path",
                 c.initial_load_path,

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 from pathlib import Path
 
+from titan_exp.checkpoint.config import OWN_FOLDER
 from titan_exp.checkpoint.layout import latest_step, step_dir
 from titan_exp.checkpoint.model_record import TrainedAs, trained_as
 from titan_exp.config.aliases import apply_aliases
@@ -21,25 +22,26 @@ from titan_exp.optim.config import LRSchedulerConfig, lr_factor
 from titan_exp.rules import ConfigError
 
 
-def resolve_to_run(cfg: JobConfig, job_dir: Path) -> ResolvedJob:
-    """`cfg` resolved to run in `job_dir` (config/resolve.py); where it resumes from a checkpoint,
-    with the batch it goes on with and its Resume."""
-    job = resolve(cfg, job_dir=job_dir)
+def resolve_to_run(cfg: JobConfig, job_dir: Path | None, room: bool = True) -> ResolvedJob:
+    """`cfg` resolved to run in `job_dir` (config/resolve.py; `room=False`: whether this machine
+    has room for it left unasked, as `show` does); where it resumes from a checkpoint, with the
+    batch it goes on with and its Resume."""
+    job = resolve(cfg, job_dir=job_dir, room=room)
     c = job.config.checkpoint
-    step = latest_step(c.folder) if c.enable else None
+    step = latest_step(c.folder) if c.enable and c.folder != OWN_FOLDER else None  # OWN_FOLDER: no job folder
     if step is None:
         return job
     where = step_dir(c.folder, step)
     saved = trained_as(where)
     lines: list[str] = []
     if saved is not None:  # a checkpoint saved before records said how its job trained: as it is
-        job, lines = _same_batch(cfg, job, saved, where, job_dir)
+        job, lines = _same_batch(cfg, job, saved, where, job_dir, room)
         lines += _schedule_change(job, saved, step)
     return dataclasses.replace(job, resume=Resume(step, tuple(lines)))
 
 
 def _same_batch(
-    cfg: JobConfig, job: ResolvedJob, saved: TrainedAs, where: Path, job_dir: Path
+    cfg: JobConfig, job: ResolvedJob, saved: TrainedAs, where: Path, job_dir: Path | None, room: bool
 ) -> tuple[ResolvedJob, list[str]]:
     """`job` training the checkpoint's tokens per step unless training.global_batch_size is set, and
     the line that says so where it differs from what the job trains by itself."""
@@ -56,7 +58,7 @@ def _same_batch(
         ]
     global_batch = _global_batch(job, saved, where)
     given.training.local_batch_size, given.training.global_batch_size = local_batch_for(job, global_batch), global_batch
-    job = resolve(given, job_dir=job_dir)  # every rule checked again on the batch it goes on with
+    job = resolve(given, job_dir=job_dir, room=room)  # every rule checked again on the batch it goes on with
     local, dp = job.config.training.local_batch_size, job.dims.dp
     return job, [
         f"resume: trains {saved.tokens_per_step:,} tokens a step as {where} did: global batch {global_batch} = "

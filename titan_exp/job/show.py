@@ -11,9 +11,9 @@ from titan_exp.checkpoint.config import OWN_FOLDER, own_folder
 from titan_exp.config.check import cautions
 from titan_exp.config.compose import compose_job_config
 from titan_exp.config.job import ResolvedJob
-from titan_exp.config.resolve import resolve
 from titan_exp.estimate.workload import inactive_parameters, model_parameters
 from titan_exp.job.outcome import EXIT_BAD_CONFIG, composition_error
+from titan_exp.job.resume import resolve_to_run
 from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import MESH_DIMS
 from titan_exp.rules import ConfigError
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = compose_job_config(args.overrides)
-        job = resolve(cfg, room=False)  # shown whether or not this machine could run it
+        job = resolve_to_run(cfg, None, room=False)  # shown whether or not this machine could run it
     except ConfigError as err:
         print(f"titan_exp: config error: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -71,6 +71,8 @@ def main(argv: list[str]) -> int:
         print(f"titan_exp: config error: {composition_error(err)}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     print(summary(job))
+    for line in job.resume.lines if job.resume else ():
+        print(line)
     for caution in cautions(cfg, job.dims):
         print(f"caution: {caution}")
     try:

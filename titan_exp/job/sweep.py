@@ -10,6 +10,7 @@ run, which ends FINISHED, FAILED (a point failed) or KILLED (interrupted).
 """
 
 import dataclasses
+import shlex
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -99,7 +100,7 @@ class SweepParentRun(Callback):
         overrides = list(config.hydra.overrides.task)
         tracking: TrackingConfig = OmegaConf.to_object(config.tracking)
         folder = Path(config.hydra.sweep.dir)
-        _active = Sweep(tracking, _parent_name(overrides), folder, {SWEEP_OVERRIDES_PARAM: " ".join(overrides)})
+        _active = Sweep(tracking, _parent_name(overrides), folder, {SWEEP_OVERRIDES_PARAM: shlex.join(overrides)})
         # titan_exp's own launcher opens the parent run once every point's config passed its checks;
         # under another launcher the points run as they come (and find the parent in the folder).
         if config.hydra.launcher._target_ != TITAN_EXP_LAUNCHER:

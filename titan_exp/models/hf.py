@@ -14,6 +14,8 @@ from titan_exp.rules import ConfigError
 from titan_exp.untrusted import BLOCK_SCALED_DTYPE, FLOATING_DTYPES, read_json, safetensors_header
 
 CONFIG_FILE = "config.json"
+# Where a config.json says its weights' dtype: transformers 5 writes dtype, earlier ones torch_dtype.
+DTYPE_KEYS = ("dtype", "torch_dtype")
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
@@ -86,8 +88,7 @@ class HFFormat:
             "rope_parameters": rope,
             "rope_theta": cfg.rope_theta,
             "rope_scaling": None if cfg.rope_scaling_factor is None else rope,
-            "torch_dtype": dtype,
-            "dtype": dtype,
+            **{key: dtype for key in DTYPE_KEYS},
         }
 
     def cautions(self, hf: dict) -> list[str]:

@@ -5,7 +5,6 @@ import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import TYPE_CHECKING, ClassVar
 
 from titan_exp.models import deepseek_v3, gpt_oss, llama3, qwen3
@@ -54,13 +53,10 @@ def build_model(cfg: ModelConfig) -> "Transformer":
     return family_of(cfg).build(cfg)
 
 
-def config_from_hf(folder: str, key: str, keys_set: Mapping[str, object] = {}) -> ModelConfig:
+def config_from_hf(folder: str, key: str, keys_set: Mapping[str, object] | None = None) -> ModelConfig:
     """The model section of a Hugging Face model folder: its family from config.json's model_type,
     every field it gives from the rest, then `keys_set` (dotted keys under `model.` and their
-    values) over them. A set key the family lacks is refused, and so is one that would change a
-    weight's shape (the weights are the folder's: the refusal names the folder's value) or make a
-    model the folder's format cannot hold (its architecture is the folder's). `key` named the folder
-    (a refusal of the folder names it)."""
+    values) over them (_over_the_folder). `key` named the folder (a refusal of the folder names it)."""
     hf = read_hf_config(folder, key)
     refuse = refusing(key, folder)
     family = _reader(hf, refuse)
@@ -69,25 +65,49 @@ def config_from_hf(folder: str, key: str, keys_set: Mapping[str, object] = {}) -
         cfg.check("model")
     except ConfigError as err:
         raise ConfigError(key, folder, f"its {CONFIG_FILE} makes {err}") from None
-    shapes, held = family.hf.weight_shapes(cfg), family.hf.refusal(cfg) is None
+    return _over_the_folder(cfg, family, folder, keys_set) if keys_set else cfg
+
+
+def _over_the_folder(theirs: ModelConfig, family: ModelFamily, folder: str, keys_set: Mapping) -> ModelConfig:
+    """The folder's section `theirs` with `keys_set` over it, checked together. A key the family
+    lacks is refused, and so is one that would change a weight's shape (the weights are the
+    folder's) or make a model the folder's format cannot hold (its architecture is the folder's),
+    naming the folder's value."""
+    ours, given = copy.deepcopy(theirs), {}
     for name, value in keys_set.items():
-        section, _, leaf = name.rpartition(".")
-        owner = attrgetter(section)(cfg) if section else cfg
-        if leaf not in {f.name for f in dataclasses.fields(owner)} or dataclasses.is_dataclass(getattr(owner, leaf)):
-            raise ConfigError(f"model.{name}", value, f"is not a key of {family.name} models, which {folder} holds")
-        theirs = getattr(owner, leaf)
-        if value == theirs:
-            continue
-        changed = copy.deepcopy(cfg)
-        setattr(attrgetter(section)(changed) if section else changed, leaf, value)
-        changed.check("model")  # its own rules first: a shape is only compared once it is one
-        given = f"drop it: {folder}'s {CONFIG_FILE} gives {theirs}, and"
+        owner, leaf = _field_of(ours, name, family, folder, value)
+        if getattr(owner, leaf) != value:
+            given[name] = getattr(owner, leaf)
+            setattr(owner, leaf, value)
+    ours.check("model")  # every key's rules, on the keys as they are set together
+    shapes, held = family.hf.weight_shapes(theirs), family.hf.refusal(theirs) is None
+    for name in [*given, None]:  # each key alone names the one to drop; then all of them together
+        changed = ours
+        if name is not None:
+            changed = copy.deepcopy(theirs)
+            setattr(*_field_of(changed, name, family, folder, keys_set[name]), keys_set[name])
+        named = f"model.{name}" if name else "model." + ", model.".join(given)
+        value = keys_set[name] if name else ", ".join(str(keys_set[n]) for n in given)
+        folders = given[name] if name else ", ".join(str(given[n]) for n in given)
+        said = f"drop it: {folder}'s {CONFIG_FILE} gives {folders}, and"
         if family.hf.weight_shapes(changed) != shapes:
-            raise ConfigError(f"model.{name}", value, f"{given} the weights' shapes are the folder's")
+            raise ConfigError(named, value, f"{said} the weights' shapes are the folder's")
         if held and (why := family.hf.refusal(changed)):
-            raise ConfigError(f"model.{name}", value, f"{given} its format holds no other ({why})")
-        cfg = changed
-    return cfg
+            raise ConfigError(named, value, f"{said} its format holds no other ({why})")
+    return ours
+
+
+def _field_of(cfg: ModelConfig, name: str, family: ModelFamily, folder: str, value: object) -> tuple[object, str]:
+    """(the section that holds the dotted key `name` of `cfg`, the key's last part); a key the
+    family's section lacks (another family's) is refused."""
+    *sections, leaf = name.split(".")
+    owner = cfg
+    for section in sections:
+        owner = getattr(owner, section, None)
+    fields = {f.name for f in dataclasses.fields(owner)} if dataclasses.is_dataclass(owner) else set()
+    if leaf not in fields or dataclasses.is_dataclass(getattr(owner, leaf)):
+        raise ConfigError(f"model.{name}", value, f"is not a key of {family.name} models, which {folder} holds")
+    return owner, leaf
 
 
 def hf_cautions(folder: str) -> list[str]:

@@ -114,7 +114,7 @@ def _run_to_resume(job: ResolvedJob, ctx: RunContext, engine: Launcher) -> Going
         run_id = run_id_beside(folder).read_text().strip()
         owner = owner_beside(run_id_beside(folder))
         if (why_not := why_not_go_on_in(job.store.uri, run_id, owner, _resume_expects(job))) is None:
-            return GoingOn(run_id, changed_params(job.store.uri, run_id, job.params()))
+            return GoingOn(run_id, changed_params(job.store.uri, run_id, job.params() | job.layout_params()))
         print(f"titan_exp: resuming from {folder} in a new MLflow run: {why_not}", flush=True)
     return None
 

@@ -26,7 +26,8 @@ ROLE_TAG = "titan_exp.role"
 # The param of a training run listing the config keys its layout does not read (comma-separated):
 # a comparison shows no value of theirs for it.
 UNREAD_KEYS_PARAM = "derived/unread_keys"
-# The param of a sweep's parent run holding the sweep's overrides, as given (its comma lists).
+# The param of a sweep's parent run holding the sweep's overrides, as given (its comma lists), quoted
+# for a shell (a glob in data.paths).
 SWEEP_OVERRIDES_PARAM = "sweep.overrides"
 # The param of a training run on a GPU naming the hardware profile that stands for its device
 # (`hardware` itself names what a plan predicts for, `cpu` unless told).

@@ -121,11 +121,8 @@ class Leader(Follower):
         logged = {
             "derived/num_params": facts.num_params,
             "derived/flops_per_token": per_token,
-            "derived/mesh": dims.describe(),
-            "derived/world_size": dims.world_size,
+            **job.layout_params(),
             "derived/peak_flops_per_device": self.peak_flops,
-            "derived/global_batch_tokens": t.global_batch_size * t.seq_len,
-            "derived/gradient_accumulation_steps": job.accumulation,
             "derived/device": facts.device.type,
             **_placement_facts(facts.device),
         }

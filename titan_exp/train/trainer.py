@@ -22,7 +22,7 @@ from launchers.signals import StopRequested, stop_requested
 from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.layout import step_dir
 from titan_exp.checkpoint.manager import TrainCheckpointer, save_model
-from titan_exp.checkpoint.model_record import TrainedAs
+from titan_exp.checkpoint.model_record import TrainedAs, TrainingRecord
 from titan_exp.config.job import ResolvedJob
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
 from titan_exp.data.text import prepare_tokens, tokenizer_file
@@ -60,7 +60,7 @@ class Trainer:
         t = cfg.training
         trained_as = TrainedAs(t.global_batch_size * t.seq_len, t.steps, cfg.optimizer.lr, cfg.lr_scheduler)
         self.checkpointer = TrainCheckpointer(
-            cfg.checkpoint, model.parts, optimizers, cfg.model, trained_as, _export_sources(job),
+            cfg.checkpoint, model.parts, optimizers, cfg.model, TrainingRecord(trained_as, _export_sources(job)),
             train_batches if train_batches.streamed else None,
         )  # fmt: skip
         self.resumed_step = self.checkpointer.resume()
@@ -264,5 +264,7 @@ def _export_sources(job: ResolvedJob) -> ExportSources:
     """What an export of the job's model takes beside its weights: the Hugging Face folder it came
     from (model=hf's, else the one its weights were loaded from) and the tokenizer it trains on."""
     c = job.config.checkpoint
+    if not c.enable:  # nothing is saved: no need to find the tokenizer
+        return ExportSources(None, None)
     folder = job.config.model.hf_path or (c.initial_load_path if c.initial_load_in_hf else None)
     return ExportSources(folder, tokenizer_file(job.config.data))

@@ -7,6 +7,7 @@ model not written in that format, a folder that exists); the folder appears whol
 torchtitan ships the same as a conversion script."""
 
 import argparse
+import glob
 import os
 import shutil
 import sys
@@ -14,17 +15,19 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from launchers.processes import process_alive
 from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.checkpoint.hf_export import ExportSources
-from titan_exp.checkpoint.layout import step_dir
+from titan_exp.checkpoint.layout import DCP_METADATA, SAVING_SUFFIX, step_dir
 from titan_exp.checkpoint.model_record import MODEL_FILE, export_sources, saved_model
+from titan_exp.data.tokenizer import load_tokenizer
 from titan_exp.job.outcome import EXIT_BAD_CONFIG
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.registry import FAMILIES
 from titan_exp.rules import ConfigError, choices
 
-# DCP's index of a checkpoint's tensors, written last: a folder without it is no (complete) checkpoint.
-_DCP_METADATA = ".metadata"
+# An export is written into a hidden folder beside --out named this and its process id, then renamed.
+_EXPORTING = ".exporting-"
 
 
 def main(argv: list[str]) -> int:
@@ -49,27 +52,42 @@ def main(argv: list[str]) -> int:
 def _checked(args: argparse.Namespace) -> tuple[ModelConfig, ExportSources]:
     """The model the step folder holds and what goes beside its weights; refused in one line."""
     step = args.step
-    if not (step / _DCP_METADATA).is_file():
+    if not (step / DCP_METADATA).is_file() or step.name.endswith(SAVING_SUFFIX):
         where = step_dir("<checkpoint.folder>", "N")
-        raise ConfigError("STEP_FOLDER", str(step), f"is not a checkpoint (no {_DCP_METADATA}); point it at {where}")
+        raise ConfigError("STEP_FOLDER", str(step), f"is not a checkpoint (no {DCP_METADATA}); point it at {where}")
     saved = saved_model(step, "STEP_FOLDER")
     if saved is None:
         raise ConfigError("STEP_FOLDER", str(step), f"has no {MODEL_FILE}, which says which model it holds")
     cfg = _model_of(saved, step)
     if args.out.exists() or args.out.is_symlink():
         raise ConfigError("--out", str(args.out), "exists; name a new folder (nothing is written over)")
+    if not args.out.absolute().parent.is_dir() or not os.access(args.out.absolute().parent, os.W_OK):
+        raise ConfigError("--out", str(args.out), "lies in no folder this user may write in; name another")
     sources = export_sources(step, "STEP_FOLDER")
     if args.tokenizer is not None:
-        if not Path(args.tokenizer).is_file():
-            raise ConfigError("--tokenizer", args.tokenizer, "is no file; point it at a tokenizer.json")
         sources = ExportSources(sources.model_folder, str(Path(args.tokenizer).resolve()))
+        _check_tokenizer(args.tokenizer, cfg)
     elif sources.tokenizer is not None and not Path(sources.tokenizer).is_file():
-        print(f"titan_exp export: the run's tokenizer {sources.tokenizer} is gone: none is written (--tokenizer)")
+        _say(f"the run's tokenizer {sources.tokenizer} is gone: none is written (--tokenizer gives one)")
         sources = ExportSources(sources.model_folder, None)
     if sources.model_folder is not None and not Path(sources.model_folder).is_dir():
-        print(f"titan_exp export: {sources.model_folder}, where the model came from, is gone: its config is not kept")
+        _say(f"{sources.model_folder}, where the model came from, is gone: its config.json is not kept")
         sources = ExportSources(None, sources.tokenizer)
     return cfg, sources
+
+
+def _check_tokenizer(path: str, cfg: ModelConfig) -> None:
+    """A tokenizer.json the model's embeddings hold every id of."""
+    try:
+        vocab = load_tokenizer(path).vocab_size
+    except ValueError as err:
+        raise ConfigError("--tokenizer", path, str(err)) from None
+    if vocab > cfg.vocab_size:
+        raise ConfigError("--tokenizer", path, f"has ids up to {vocab - 1}; the model's vocab_size is {cfg.vocab_size}")
+
+
+def _say(line: str) -> None:
+    print(f"titan_exp export: {line}", file=sys.stderr, flush=True)
 
 
 def _model_of(saved: dict, step: Path) -> ModelConfig:
@@ -104,7 +122,11 @@ def _export(step: Path, out: Path, cfg: ModelConfig, dtype: str, sources: Export
         model = build_model(cfg).to(getattr(torch, dtype))
     model.to_empty(device="cpu")
     load_model(model, str(step))
-    partial = out.with_name(f".{out.name}.exporting-{os.getpid()}")
+    partial = out.with_name(f".{out.name}{_EXPORTING}{os.getpid()}")
+    for stale in out.parent.glob(f".{glob.escape(out.name)}{_EXPORTING}*"):  # of an export killed outright
+        pid = stale.name.rpartition("-")[2]
+        if not (pid.isdigit() and process_alive(int(pid))):
+            shutil.rmtree(stale, ignore_errors=True)
     try:
         save_hf([model], partial, cfg, True, getattr(torch, dtype), sources)
         os.rename(partial, out)

@@ -126,6 +126,7 @@ def test_a_resume_checks_the_model_first_leaves_a_finished_run_as_it_is_and_foll
     assert (tmp_path / "own" / "run" / "checkpoints" / "step-2" / "model.json").is_file()
 
 
+@pytest.mark.slow  # two 2-rank jobs and a show: about 25 s (job/resume.py's rules: tests/unit/test_unit_resume.py)
 def test_a_resume_goes_on_with_its_checkpoints_batch_and_records_what_it_changed_under_it(tmp_path, store):
     """Issue item 4: a job saved at 8 sequences a step (2 accumulated, as a sweep's held batch sets
     it), resumed with overrides that leave the global batch unset, trains the checkpoint's batch and

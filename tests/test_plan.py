@@ -342,6 +342,7 @@ def test_a_grid_timed_on_a_busy_machine_says_so_once(tmp_path, plan, monkeypatch
     assert "at 2 of 3 points this one got as little as 30% of its threads' time" in caution
 
 
+@pytest.mark.slow  # a real `mlflow server` and a calibration through it: about 20 s
 def test_calibrate_against_a_server_draws_no_download_progress_bars(tmp_path, monkeypatch):
     """A server's artifacts come over HTTP, where MLflow draws a progress bar for each file read (one
     a run, three lines each); `plan calibrate` reads each run's overrides and says nothing of it."""

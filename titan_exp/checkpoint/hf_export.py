@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan_exp.data.tokenizer import MAX_TOKENIZER_BYTES, load_tokenizer
+from titan_exp.data.tokenizer import MAX_TOKENIZER_BYTES, load_tokenizer, named_tokens
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.hf import CONFIG_FILE, DTYPE_KEYS
 from titan_exp.models.registry import config_from_hf, family_of
@@ -141,22 +141,12 @@ def _token_ids(tokenizer: str | None, notes: list[str]) -> dict[str, int | None]
     if tokenizer is None:
         return {}
     try:
-        found = load_tokenizer(tokenizer)
+        found, (pad,) = load_tokenizer(tokenizer), named_tokens(Path(tokenizer), "pad_token")
     except ValueError as err:
         notes.append(f"no token ids from {tokenizer} ({err})")
         return {}
-    pad = _named_token(tokenizer, "pad_token")
     ids = dict(zip(_TOKEN_IDS, (found.bos, found.eos)))
     return ids | ({"pad_token_id": found.tokenizer.token_to_id(pad)} if pad else {})
-
-
-def _named_token(tokenizer: str, key: str) -> str | None:
-    """The text of token `key` in the tokenizer_config.json beside `tokenizer` (None: not named)."""
-    config = Path(tokenizer).with_name(TOKENIZER_CONFIG_FILE)
-    values = read_json(config) if config.is_file() else {}
-    token = values.get(key) if isinstance(values, dict) else None
-    text = token.get("content") if isinstance(token, dict) else token
-    return text if isinstance(text, str) else None
 
 
 def _copy_tokenizer(sources: ExportSources, folder: Path, notes: list[str]) -> None:

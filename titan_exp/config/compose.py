@@ -38,22 +38,23 @@ def model_keys_set(model: DictConfig, overrides: Sequence[str]) -> tuple[str, ..
     these miss). Each applies over the folder's config.json (models/registry.config_from_hf)."""
     values = dotted_keys(OmegaConf.to_container(model))
     defaults = dotted_keys(OmegaConf.to_container(OmegaConf.structured(HFFolderConfig)))
-    named = [key.removeprefix("model.") for key in _override_keys(overrides) if key.startswith("model.")]
+    named = [key.removeprefix("model.") for key, _ in _override_pairs(overrides) if key.startswith("model.")]
     named += _model_keys_in_files(overrides)
     keys_set = {key for key in values if any(key == n or key.startswith(f"{n}.") for n in named)}
     keys_set |= {key for key, value in values.items() if value != defaults.get(key)}
     return tuple(sorted(keys_set - set(_NOT_OVER_THE_FOLDER)))
 
 
-def _override_keys(overrides: Sequence[str]) -> list[str]:
-    """The keys a command line's overrides set (Hydra's `+key=`, `++key=` and `~key` forms alike)."""
-    return [override.lstrip("+~").partition("=")[0] for override in overrides]
+def _override_pairs(overrides: Sequence[str]) -> list[tuple[str, str]]:
+    """(key, value) of each of a command line's overrides (Hydra's `+key=`, `++key=` and `~key`
+    forms alike)."""
+    return [(key, value) for key, _, value in (override.lstrip("+~").partition("=") for override in overrides)]
 
 
 def _model_keys_in_files(overrides: Sequence[str]) -> list[str]:
     """The model keys the option files the command line chooses set: its experiment's (`model:`)
     and its model option's, or the one the experiment picks."""
-    chosen = dict(override.lstrip("+").partition("=")[::2] for override in overrides)
+    chosen = dict(_override_pairs(overrides))
     experiment, model = chosen.get("experiment"), chosen.get("model")
     in_experiment = option_values("experiment", experiment).get("model") if experiment else None
     keys = list(dotted_keys(in_experiment)) if isinstance(in_experiment, dict) else []
@@ -75,8 +76,7 @@ def compose_job_config(overrides: Sequence[str]) -> JobConfig:
 def check_label_overrides(overrides: Sequence[str]) -> None:
     """A label set by hand would name the run after something it is not (model.flavor=8b on the
     debug model): the option that sets it is the choice."""
-    for override in overrides:
-        key, _, value = override.lstrip("+~").partition("=")
+    for key, value in _override_pairs(overrides):
         section, _, name = key.partition(".")
         fields = {f.name: f for f in dataclasses.fields(JobConfig)}
         if section not in fields or not dataclasses.is_dataclass(fields[section].default_factory):

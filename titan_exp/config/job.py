@@ -55,6 +55,12 @@ class ResolvedJob:
         return [key for key, _ in unread_keys(self.config, self.dims)]
 
     @property
+    def tokens_per_step(self) -> int:
+        """The tokens of one optimizer step, over every data-parallel rank (global batch × seq_len)."""
+        t = self.config.training
+        return t.global_batch_size * t.seq_len
+
+    @property
     def accumulation(self) -> int:
         """Microbatches whose gradients accumulate into one step."""
         t = self.config.training
@@ -146,11 +152,10 @@ class ResolvedJob:
     def layout_params(self) -> dict[str, object]:
         """The params beside the config (`derived/`) that its layout decides: what a resume into
         another layout changes (rank 0 logs them with what it measures, train/leader.py)."""
-        t = self.config.training
         return {
             "derived/mesh": self.dims.describe(),
             "derived/world_size": self.dims.world_size,
-            "derived/global_batch_tokens": t.global_batch_size * t.seq_len,
+            "derived/global_batch_tokens": self.tokens_per_step,
             "derived/gradient_accumulation_steps": self.accumulation,
         }
 

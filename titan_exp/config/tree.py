@@ -45,9 +45,8 @@ def default_options() -> dict[str, str]:
 def option_schema(group: str, option: str) -> str | None:
     """The schema an option builds on (`- /<group>_schema/<name>@_here_` in its defaults list:
     config/schema.py's option_schemas), None where it builds on its group's section alone."""
-    entries = OmegaConf.to_container(OmegaConf.load(_option_file(group, option))).get("defaults", [])
     marker = f"/{group}_schema/"
-    for entry in entries:
+    for entry in _option(group, option).get("defaults", []):
         if isinstance(entry, str) and entry.startswith(marker):
             return entry.removeprefix(marker).partition("@")[0]
     return None
@@ -55,15 +54,18 @@ def option_schema(group: str, option: str) -> str | None:
 
 def option_values(group: str, option: str) -> dict:
     """What an option file sets, its defaults list left out ({} for an option not on disk)."""
-    path = _option_file(group, option)
-    values = (OmegaConf.to_container(OmegaConf.load(path)) or {}) if path.is_file() else {}
-    return {key: value for key, value in values.items() if key != "defaults"}
+    return {key: value for key, value in _option(group, option).items() if key != "defaults"}
 
 
 def option_picked(group: str, option: str, picked_group: str) -> str | None:
     """The option of `picked_group` that an option's defaults list picks (`- override /model: hf`
     in an experiment), None where it picks none."""
-    path = _option_file(group, option)
-    entries = OmegaConf.to_container(OmegaConf.load(path)).get("defaults", []) if path.is_file() else []
+    entries = _option(group, option).get("defaults", [])
     names = (f"/{picked_group}", f"override /{picked_group}", picked_group, f"override {picked_group}")
     return next((entry[n] for entry in entries if isinstance(entry, dict) for n in names if n in entry), None)
+
+
+def _option(group: str, option: str) -> dict:
+    """An option file's contents, its defaults list included ({} for an option not on disk, or empty)."""
+    path = _option_file(group, option)
+    return (OmegaConf.to_container(OmegaConf.load(path)) or {}) if path.is_file() else {}

@@ -98,7 +98,7 @@ def document_end(cfg: DataConfig) -> int:
         return load_tokenizer(cfg.tokenizer_path).eos
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(prepare_tokens(cfg).with_name("tokenizer.json"))).token_to_id(EOS)
+    return Tokenizer.from_file(tokenizer_file(cfg)).token_to_id(EOS)
 
 
 def _atomic_write(path: Path, write) -> None:

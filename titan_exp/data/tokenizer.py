@@ -68,7 +68,7 @@ def load_tokenizer(path: str) -> DocumentTokenizer:
     except Exception as err:  # tokenizers raises a bare Exception for a file it cannot parse
         why = " ".join(str(err).split())
         raise ValueError(f"not a tokenizer.json that the tokenizers library reads ({why}); point it at one") from None
-    bos_name, eos_name = _named_specials(Path(path))
+    bos_name, eos_name = named_tokens(Path(path), "bos_token", "eos_token")
     bos = _find(tokenizer, [bos_name] if bos_name else _BOS_NAMES)
     eos = _find(tokenizer, [eos_name] if eos_name else _EOS_NAMES)
     if eos is None and eos_name:
@@ -81,11 +81,13 @@ def load_tokenizer(path: str) -> DocumentTokenizer:
     return DocumentTokenizer(tokenizer, bos, eos)
 
 
-def _named_specials(path: Path) -> tuple[str | None, str | None]:
-    """bos_token and eos_token of the tokenizer_config.json beside `path` (transformers writes one)."""
+def named_tokens(path: Path, *keys: str) -> tuple[str | None, ...]:
+    """The text of each special token of `keys` (bos_token, eos_token, pad_token) in the
+    tokenizer_config.json beside the tokenizer.json `path` (transformers writes one); None for one
+    it does not name."""
     config = path.with_name("tokenizer_config.json")
     if not config.exists():
-        return None, None
+        return (None,) * len(keys)
     values = read_json(config)
     if not isinstance(values, dict):
         raise ValueError(f"{config} holds a {type(values).__name__}, not a table of settings")
@@ -97,7 +99,7 @@ def _named_specials(path: Path) -> tuple[str | None, str | None]:
             raise ValueError(f"{config} has {key}={str(token)[:40]}, not a token's text")
         return text
 
-    return name("bos_token"), name("eos_token")
+    return tuple(name(key) for key in keys)
 
 
 def _find(tokenizer, names) -> int | None:

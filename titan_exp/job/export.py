@@ -20,8 +20,8 @@ from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.layout import DCP_METADATA, SAVING_SUFFIX, step_dir
 from titan_exp.checkpoint.model_record import MODEL_FILE, export_sources, saved_model
-from titan_exp.data.tokenizer import load_tokenizer
 from titan_exp.job.outcome import EXIT_BAD_CONFIG
+from titan_exp.job.preflight import check_tokenizer
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.registry import FAMILIES
 from titan_exp.rules import ConfigError, choices
@@ -65,8 +65,8 @@ def _checked(args: argparse.Namespace) -> tuple[ModelConfig, ExportSources]:
         raise ConfigError("--out", str(args.out), "lies in no folder this user may write in; name another")
     sources = export_sources(step, "STEP_FOLDER")
     if args.tokenizer is not None:
+        check_tokenizer("--tokenizer", args.tokenizer, cfg.vocab_size, "give the tokenizer the model was trained on")
         sources = ExportSources(sources.model_folder, str(Path(args.tokenizer).resolve()))
-        _check_tokenizer(args.tokenizer, cfg)
     elif sources.tokenizer is not None and not Path(sources.tokenizer).is_file():
         _say(f"the run's tokenizer {sources.tokenizer} is gone: none is written (--tokenizer gives one)")
         sources = ExportSources(sources.model_folder, None)
@@ -74,16 +74,6 @@ def _checked(args: argparse.Namespace) -> tuple[ModelConfig, ExportSources]:
         _say(f"{sources.model_folder}, where the model came from, is gone: its config.json is not kept")
         sources = ExportSources(None, sources.tokenizer)
     return cfg, sources
-
-
-def _check_tokenizer(path: str, cfg: ModelConfig) -> None:
-    """A tokenizer.json the model's embeddings hold every id of."""
-    try:
-        vocab = load_tokenizer(path).vocab_size
-    except ValueError as err:
-        raise ConfigError("--tokenizer", path, str(err)) from None
-    if vocab > cfg.vocab_size:
-        raise ConfigError("--tokenizer", path, f"has ids up to {vocab - 1}; the model's vocab_size is {cfg.vocab_size}")
 
 
 def _say(line: str) -> None:

@@ -82,20 +82,21 @@ def _text_file(key: str, path: Path) -> None:
 def _tokenizer_file(cfg: JobConfig) -> None:
     """A tokenizer.json the tokenizers library reads, with an end-of-document token, whose ids the
     model's embedding holds."""
-    path, vocab = cfg.data.tokenizer_path, cfg.model.vocab_size
+    fix = "pick a model whose vocabulary holds them (or raise model.vocab_size)"
+    check_tokenizer("data.tokenizer_path", cfg.data.tokenizer_path, cfg.model.vocab_size, fix)
+
+
+def check_tokenizer(key: str, path: str, vocab: int, fix: str) -> None:
+    """The tokenizer.json `path` (named by `key`) is one the tokenizers library reads, with an
+    end-of-document token, and a model of `vocab` ids holds its ids (else `fix`)."""
     if not Path(path).exists():
-        raise ConfigError("data.tokenizer_path", path, "no such file; point it at a tokenizer.json")
+        raise ConfigError(key, path, "no such file; point it at a tokenizer.json")
     try:
         tokenizer = load_tokenizer(path)
     except ValueError as err:
-        raise ConfigError("data.tokenizer_path", path, str(err)) from None
+        raise ConfigError(key, path, str(err)) from None
     if tokenizer.vocab_size > vocab:
-        raise ConfigError(
-            "data.tokenizer_path",
-            path,
-            f"its {tokenizer.vocab_size} token ids exceed model.vocab_size={vocab}; "
-            "pick a model whose vocabulary holds them (or raise model.vocab_size)",
-        )
+        raise ConfigError(key, path, f"its {tokenizer.vocab_size} token ids exceed model.vocab_size={vocab}; {fix}")
 
 
 def _document_files(key: str, globs: list[str], text_field: str) -> None:

@@ -45,8 +45,7 @@ def _same_batch(
 ) -> tuple[ResolvedJob, list[str]]:
     """`job` training the checkpoint's tokens per step unless training.global_batch_size is set, and
     the line that says so where it differs from what the job trains by itself."""
-    t = job.config.training
-    tokens = t.global_batch_size * t.seq_len
+    t, tokens = job.config.training, job.tokens_per_step
     if tokens == saved.tokens_per_step:
         return job, []
     given = copy.deepcopy(cfg)

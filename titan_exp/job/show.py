@@ -34,7 +34,7 @@ def summary(job: ResolvedJob) -> str:
         ),  # fmt: skip
         ("ranks", f"{place.nodes} node(s) × {place.nproc_per_node} on {place.device} ({where}{threads})"),
         ("global batch", f"{t.global_batch_size} sequences = {microbatch}; seq_len {t.seq_len}"),
-        ("tokens/step", f"{t.global_batch_size * t.seq_len:,}"),
+        ("tokens/step", f"{job.tokens_per_step:,}"),
         (
             "dtypes",
             f"params {t.mixed_precision_param}, gradient reduce {t.mixed_precision_reduce}; "

@@ -81,20 +81,26 @@ def _over_the_folder(theirs: ModelConfig, family: ModelFamily, folder: str, keys
             setattr(owner, leaf, value)
     ours.check("model")  # every key's rules, on the keys as they are set together
     shapes, held = family.hf.weight_shapes(theirs), family.hf.refusal(theirs) is None
-    for name in [*given, None]:  # each key alone names the one to drop; then all of them together
-        changed = ours
-        if name is not None:
-            changed = copy.deepcopy(theirs)
-            setattr(*_field_of(changed, name, family, folder, keys_set[name]), keys_set[name])
-        named = f"model.{name}" if name else "model." + ", model.".join(given)
-        value = keys_set[name] if name else ", ".join(str(keys_set[n]) for n in given)
-        folders = given[name] if name else ", ".join(str(given[n]) for n in given)
-        said = f"drop it: {folder}'s {CONFIG_FILE} gives {folders}, and"
+
+    def not_the_folders(changed: ModelConfig) -> str | None:
         if family.hf.weight_shapes(changed) != shapes:
-            raise ConfigError(named, value, f"{said} the weights' shapes are the folder's")
-        if held and (why := family.hf.refusal(changed)):
-            raise ConfigError(named, value, f"{said} its format holds no other ({why})")
-    return ours
+            return "the weights' shapes are the folder's"
+        why = family.hf.refusal(changed) if held else None
+        return f"its format holds no other ({why})" if why else None
+
+    if (why := not_the_folders(ours)) is None:
+        return ours
+    for name, value in given.items():  # the one key to drop, where one alone does it
+        alone = copy.deepcopy(theirs)
+        setattr(*_field_of(alone, name, family, folder, keys_set[name]), keys_set[name])
+        if (why_alone := not_the_folders(alone)) is not None:
+            raise ConfigError(
+                f"model.{name}", keys_set[name], f"drop it: {folder}'s {CONFIG_FILE} gives {value}, and {why_alone}"
+            )
+    names = ", ".join(f"model.{name}" for name in given)  # only together are they not the folder's
+    values = ", ".join(str(keys_set[name]) for name in given)
+    folders = ", ".join(str(value) for value in given.values())
+    raise ConfigError(names, values, f"drop them: {folder}'s {CONFIG_FILE} gives {folders}, and {why}")
 
 
 def _field_of(cfg: ModelConfig, name: str, family: ModelFamily, folder: str, value: object) -> tuple[object, str]:

@@ -125,7 +125,7 @@ def _row(rank: int, prediction: Prediction, job: ResolvedJob, point: list[str]) 
         p.layout,
         str(p.world_size),
         str(t.global_batch_size),
-        f"{t.global_batch_size * t.seq_len:,}",
+        f"{job.tokens_per_step:,}",
         str(job.accumulation),
         f"{p.peak_gib:.2f}",
         f"{p.memory_budget_gib:.1f}",

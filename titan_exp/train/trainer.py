@@ -57,8 +57,7 @@ class Trainer:
         self.job_dir = job_dir
         optimizers = Optimizers.build(model.parts, cfg.optimizer, cfg.lr_scheduler, cfg.training.steps)
         train_batches = self._batch_loader("train")
-        t = cfg.training
-        trained_as = TrainedAs(t.global_batch_size * t.seq_len, t.steps, cfg.optimizer.lr, cfg.lr_scheduler)
+        trained_as = TrainedAs(job.tokens_per_step, cfg.training.steps, cfg.optimizer.lr, cfg.lr_scheduler)
         self.checkpointer = TrainCheckpointer(
             cfg.checkpoint, model.parts, optimizers, cfg.model, TrainingRecord(trained_as, _export_sources(job)),
             train_batches if train_batches.streamed else None,

@@ -3,6 +3,7 @@ watches: a rank whose launching process dies stops rather than train on for nobo
 
 import _thread
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,13 +27,28 @@ def launcher_gone() -> signals.LauncherDied | None:
     return None
 
 
+def stop_if_launcher_gone() -> None:
+    """Raise LauncherDied if this rank's launching process is gone. The training loop asks between
+    steps because the watcher's one interrupt can be lost: a handler run inside a `__del__` (or any
+    callback whose errors Python only prints) raises into nothing, and one that finds an exception
+    being handled does not raise (stop_when_gone)."""
+    if gone := launcher_gone():
+        raise gone
+
+
 def stop_when_gone(launcher_pid: int) -> None:
     """Interrupt this rank (LauncherDied in its main thread) if the launching process dies: killed
     outright, it cannot stop the ranks itself, and submitit's controller would let them train on."""
     _watched[:] = [launcher_pid]
 
     def interrupt(signum: int, frame: object) -> None:
-        raise signals.LauncherDied(launcher_pid) if not process_alive(launcher_pid) else KeyboardInterrupt()
+        if process_alive(launcher_pid):
+            raise KeyboardInterrupt()
+        # A rank already ending with an exception in hand (stop_if_launcher_gone, a peer's failure in a
+        # collective) is left to end: raised inside its handler, this one would cut short what the
+        # handler records (a CI run's rank 0 ended FINISHED that way).
+        if sys.exc_info()[1] is None:
+            raise signals.LauncherDied(launcher_pid)
 
     def watch() -> None:
         while process_alive(launcher_pid):

@@ -257,3 +257,61 @@ def test_ranks_stop_when_the_launching_process_is_killed_outright(tmp_path, stor
     assert "LauncherDied: the launching process" in run.data.tags["failure_reason"]
     steps = [m.step for m in mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg")]
     assert steps[:5] == [1, 2, 3, 4, 5]
+
+
+# A rank whose launcher is killed while its main thread is inside a __del__ (the watcher's interrupt
+# raises there, and Python only prints it), or while it handles a peer's failure.
+_RANK_WHOSE_LAUNCHER_DIES = """
+import subprocess, sys, time
+from launchers.processes import LAUNCHER_WATCH_SECONDS, stop_if_launcher_gone, stop_when_gone
+
+launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+stop_when_gone(launcher.pid)
+
+def launcher_dies_meanwhile():
+    launcher.kill()
+    launcher.wait()
+    end = time.monotonic() + 3 * LAUNCHER_WATCH_SECONDS
+    while time.monotonic() < end:  # the watcher's interrupt lands here
+        pass
+
+class Step:
+    def __init__(self, last_of_the_launcher):
+        self.last_of_the_launcher = last_of_the_launcher
+
+    def __del__(self):
+        if self.last_of_the_launcher:
+            launcher_dies_meanwhile()
+
+if sys.argv[1] == "a peer fails first":
+    try:
+        raise RuntimeError("a collective failed: the peer is gone")
+    except RuntimeError:
+        launcher_dies_meanwhile()
+        print("the failure was recorded", flush=True)
+        raise
+for step in range(1, 11):
+    Step(last_of_the_launcher=step == 3)
+    if sys.argv[1] == "checks between steps":
+        stop_if_launcher_gone()
+    print(f"step {step}", flush=True)
+print("trained to the end", flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["checks between steps", "does not check", "a peer fails first"])
+def test_a_rank_whose_launcher_dies_stops_and_records_why(case):
+    proc = subprocess.run(
+        [sys.executable, "-c", _RANK_WHOSE_LAUNCHER_DIES, case], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    last_error = proc.stderr.rstrip().splitlines()[-1]
+    if case == "a peer fails first":  # the handler is not cut short by a second exception
+        assert proc.stdout == "the failure was recorded\n" and "LauncherDied" not in proc.stderr, proc.stderr
+        assert last_error == "RuntimeError: a collective failed: the peer is gone"
+        return
+    assert "Exception ignored" in proc.stderr and "LauncherDied" in proc.stderr, proc.stderr  # lost
+    if case == "checks between steps":  # as the trainer does
+        assert proc.returncode == 1 and proc.stdout.split() == ["step", "1", "step", "2"]
+        assert last_error.startswith("launchers.signals.LauncherDied: the launching process")
+    else:  # what the check is there for
+        assert proc.returncode == 0 and "trained to the end" in proc.stdout

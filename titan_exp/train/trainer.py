@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from launchers.env import RankEnv, wait_for_rendezvous
+from launchers.processes import stop_if_launcher_gone
 from launchers.signals import StopRequested, stop_requested
 from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.layout import step_dir
@@ -133,6 +134,7 @@ class Trainer:
         )  # fmt: skip
         startup.mark("optimizer_data")
         for step in range(self.resumed_step + 1, steps + 1):
+            stop_if_launcher_gone()
             with self.profiler.step(step):
                 outcome = self.train_step(step)
             leader.count(step, outcome, self.profiler.take_audit_metrics())

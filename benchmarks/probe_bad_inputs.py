@@ -2,19 +2,23 @@
 is each refused cleanly (exit 2, one line on stderr, no traceback, no store written, no run folder
 left), within MEMORY_BOUND and TIME_BOUND_S? Prints a line per input (with its peak memory and
 time) and the tally. The inputs are the probe's of issue 24 and more of their kind, then issue 47's
-crafted files (tests/crafted.py: devices, FIFOs, headers that lie, config.json values of the wrong
-type); add yours.
+and 68's crafted files (tests/crafted.py: devices, FIFOs, headers that lie, config.json values of
+the wrong type, float8 and MXFP4 scales, tokenizers, checkpoint folders with links), then stores
+and device profiles; add yours.
 
     python benchmarks/probe_bad_inputs.py            # about 5 minutes on 2 cores
 """
 
+import contextlib
 import os
 import resource
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,6 +75,11 @@ BAD_INPUTS = [
             "tracking.uri=foo://x",
             "tracking.uri=http://alice:s3cret@127.0.0.1:9",
             "tracking.uri=sqlite:////proc/titan/m.db",
+            "tracking.uri=sqlite:////dev/null",
+            "tracking.uri=sqlite:///:memory:",
+            f"tracking.run_name={'x' * 9000}",
+            "tracking.run_name='red\x1b[31m'",
+            "hydra.run.dir='a\nb'",
             "launcher.heartbeat_timeout_s=1",
             "comm.train_timeout_seconds=0",
             "launcher.nproc_per_node=64",
@@ -87,6 +96,21 @@ BAD_INPUTS = [
     ["-m", "training.steps=3,3"],
     ["-m", "training.steps=range(1,100)"],
     ["-m", "training.steps=3,0"],
+    ["-m", "checkpoint.enable=true", "checkpoint.folder=shared", "optimizer.lr=1e-3,2e-3"],
+    ["-m", "tracking.uri=sqlite:///a.db,sqlite:///b.db"],
+    ["plan", "calibrate", "--hardware", "h100", "--name", "../../x"],
+    *(
+        ["launcher=ray", "launcher.device=cpu", "launcher.nproc_per_node=2", "launcher.address=http://127.0.0.1:1", bad]
+        for bad in (
+            "+launcher.runtime_env.env_vars=3",
+            "+launcher.runtime_env.pip=3",
+            "+launcher.runtime_env.py_modules=[/nope]",
+            "+launcher.runtime_env.bogus=1",
+            "launcher.runtime_env=3",
+            "launcher.address=foo://x",
+            "launcher.address=ray://127.0.0.1:1",
+        )
+    ),
     ["ui", "--port=-1"],
     ["ui", "--port=99999"],
     ["ui", "--uri", "sqlite:///NOTES"],
@@ -104,8 +128,56 @@ def _one_line_of_200_mb(folder: Path) -> list[str]:
     return files_data(folder, data)
 
 
-# Here only: each writes 200 MB (tests/unit/test_unit_crafted_inputs.py checks the bound with less).
-PROBE_ONLY = [Case("data file: one line of 200 MB", _one_line_of_200_mb)]
+def _store_of_another_application(folder: Path) -> list[str]:
+    """Issue 68's: MLflow wrote its tables into it."""
+    with contextlib.closing(sqlite3.connect(folder / "notes.sqlite")) as db:
+        db.execute("CREATE TABLE notes (text)")
+        db.commit()
+    return [f"tracking.uri=sqlite:///{folder}/notes.sqlite"]
+
+
+def _store_a_fifo(folder: Path) -> list[str]:
+    """Issue 68's: the launching process blocked in its open, deaf to SIGTERM, for 12 minutes."""
+    os.mkfifo(folder / "fifo.db")
+    return [f"tracking.uri=sqlite:///{folder}/fifo.db"]
+
+
+def _profile(text: str | bytes, name: str = "mine") -> Callable[[Path], list[str]]:
+    """A device profile in the config folder (TITAN_EXP_CONFIG_DIR is FOLDER/config for each case)."""
+
+    def make(folder: Path) -> list[str]:
+        (folder / "config" / "hardware").mkdir(parents=True)
+        path = folder / "config" / "hardware" / f"{name}.yaml"
+        path.write_bytes(text.encode() if isinstance(text, str) else text)
+        return [f"hardware={name}", "training.steps=1"]
+
+    return make
+
+
+def _laughs(levels: int = 9) -> str:
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+# Here only: each writes 200 MB, or needs a file whose making the test suite checks otherwise
+# (tests/unit/test_unit_crafted_inputs.py checks the bounds with less; the stores and profiles:
+# tests/test_journal.py, tests/unit/test_unit_user_profiles.py).
+PROBE_ONLY = [
+    Case("data file: one line of 200 MB", _one_line_of_200_mb),
+    Case("tracking.uri: another application's SQLite database", _store_of_another_application),
+    Case("tracking.uri: a FIFO", _store_a_fifo),
+    Case("profile: @package _global_", _profile("# @package _global_\nhydra: {run: {dir: /tmp/evil}}\n")),
+    Case("profile: billion laughs", _profile(_laughs())),
+    Case("profile: a Python tag", _profile("name: !!python/object/apply:os.system ['true']\n")),
+    Case("profile: not UTF-8", _profile(b"name: caf\xe9\n")),
+    Case("profile: peak_tflops_bfloat16: lots", _profile("peak_tflops_bfloat16: lots\n")),
+    Case("profile: peak_tflops_bfloat16: 1e308", _profile("peak_tflops_bfloat16: 1e308\n")),
+    Case("profile: memory_gib: 1e-300", _profile("memory_gib: 1e-300\n")),
+    Case("profile: nics_per_node: 10**12", _profile("nics_per_node: 1000000000000\n")),
+    Case("profile: devices_per_node: 0", _profile("devices_per_node: 0\n")),
+    Case("profile: named like a shipped one", _profile("name: h100\n", name="h100")),
+]
 
 
 def _bounded() -> None:
@@ -117,7 +189,8 @@ def run_bounded(command: list[str], folder: Path) -> tuple[int | None, str, str,
     """(exit status, None if killed past TIME_BOUND_S; stdout; stderr; peak memory in bytes of the
     command and what it waited for; seconds)."""
     out, err = folder.parent / f"{folder.name}.out", folder.parent / f"{folder.name}.err"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Each case's own config folder (a profile's, or none): never the user's.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TITAN_EXP_CONFIG_DIR": str(folder / "config")}
     started = time.monotonic()
     with open(out, "w") as stdout, open(err, "w") as stderr:
         process = subprocess.Popen(command, cwd=folder, env=env, stdout=stdout, stderr=stderr, preexec_fn=_bounded)
@@ -139,7 +212,8 @@ def refused_cleanly(args: list[str], folder: Path) -> tuple[bool, str]:
     """(refused cleanly, what it said or why not)."""
     args = [a.replace("EMPTY", str(folder / "empty.txt")).replace("NOTES", str(folder / "notes.db")) for a in args]
     command = [sys.executable, "-m", "titan_exp", *args]
-    if args[0] not in ("ui", "compare") and not any(a.startswith("tracking.uri=") for a in args):
+    reads_a_store = args[0] in ("ui", "compare") or args[:2] == ["plan", "calibrate"]  # by --uri
+    if not reads_a_store and not any(a.startswith("tracking.uri=") for a in args):
         command.append(f"tracking.uri=sqlite:///{folder}/mlflow.db")
     status, stdout, stderr, peak, seconds = run_bounded(command, folder)
     said = stderr.strip().splitlines()

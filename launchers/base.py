@@ -4,6 +4,7 @@ them (`place`) and follows the placed job to its end; from inside a rank it says
 stop means for the job (`after_stop`). The launching side (titan_exp/job/launch.py) names an engine
 by the `launcher` option and never asks which one it is."""
 
+import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,14 +26,15 @@ class ConfigError(ValueError):
 
 def check_one_line(key: str, value: object) -> None:
     """Text that lands in a line of a script or a file name (a Slurm option, a run name): no line
-    breaks or other control characters, which would start a line of their own. Lists and mappings
-    are checked item by item."""
+    breaks or other control characters, which would start a line of their own or, printed, command
+    the terminal (ESC and the 8-bit CSI start its escape sequences). Lists and mappings are checked
+    item by item."""
     if isinstance(value, dict):
         texts = [*value.keys(), *value.values()]
     else:
         texts = value if isinstance(value, list) else [value]
     for text in texts:
-        if isinstance(text, str) and any(ord(c) < 32 or ord(c) == 127 for c in text):
+        if isinstance(text, str) and any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029" for c in text):
             raise ConfigError(key, repr(text), "must not hold a line break or other control character")
 
 

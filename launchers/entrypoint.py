@@ -2,6 +2,7 @@
 ranks their code without importing it (and what that code imports, such as torch)."""
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,10 @@ from typing import Any
 class Entrypoint:
     # "package.module:function"
     target: str
+    # Rebuilds what the function returns from plain data, checking it (raises TypeError or
+    # ValueError), where an engine carries it back as JSON (launcher=ray: from a cluster, data
+    # never unpickled). None: the plain data as it is.
+    result: Callable[[Any], Any] | None = None
 
     def __call__(self, arg: Any) -> Any:
         module, name = self.target.split(":")

@@ -7,13 +7,12 @@ on its output every rank's lines and, last, how the job ended. This process foll
 a failure. Nothing here imports ray until a job asks for it, and nothing imports torch."""
 
 import contextlib
-import logging
 import os
 import secrets
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from launchers.ray_messages import (
     STOP_WAIT_SECONDS,
     SUBMISSION_VARIABLE,
     DriverPayload,
+    Expected,
     RayJobEnded,
     follow_messages,
     visibility_token_name,
@@ -63,12 +63,14 @@ class RayOptions:
     # placement group is all or nothing) before the job fails.
     placement_timeout_s: float = 600.0
     # Ray's runtime environment for the job's processes beyond what the launcher sets (env_vars,
-    # pip, container, ...): https://docs.ray.io/en/latest/ray-core/handling-dependencies.html
-    runtime_env: dict[str, Any] = field(default_factory=dict)
+    # pip, container, ...), a table: https://docs.ray.io/en/latest/ray-core/handling-dependencies.html
+    # (typed Any, default null: `launcher.runtime_env={env_vars:{A:b}}` then sets it whole, where
+    # an empty table would refuse keys it does not have).
+    runtime_env: Any = None
 
     def check_options(self) -> None:
         check_one_line("launcher.address", self.address)
-        if self.address != "auto" and "://" not in self.address:
+        if self.address != "auto" and self.address.partition("://")[0] not in ("http", "https", "ray"):
             raise ConfigError(
                 "launcher.address", self.address, "must be auto, http://HEAD:8265 (the job API) or ray://HEAD:10001"
             )
@@ -78,12 +80,8 @@ class RayOptions:
             raise ConfigError("launcher.max_retries", self.max_retries, "must be >= 0")
         if not self.placement_timeout_s > 0:
             raise ConfigError("launcher.placement_timeout_s", self.placement_timeout_s, "must be > 0")
-        if "working_dir" in self.runtime_env:
-            raise ConfigError(
-                "launcher.runtime_env.working_dir",
-                self.runtime_env["working_dir"],
-                "is the launcher's own (it carries the job); use py_modules or an image with your code",
-            )
+        if self.runtime_env is not None:
+            _check_runtime_env(self.runtime_env)
 
 
 class RayLauncher(Launcher):
@@ -120,7 +118,7 @@ class RayLauncher(Launcher):
         """Why the job cannot be submitted: no cluster answers at launcher.address."""
         try:
             _client(self.section.address)
-        except Exception as err:  # ConnectionError, or Ray's RuntimeError/ValueError for auto
+        except Exception as err:  # ConnectionError, a timeout, or Ray's RuntimeError/ValueError for auto
             said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             return (
                 f"no Ray cluster answers at launcher.address={self.section.address} ({said}); start one "
@@ -157,10 +155,13 @@ class RayLauncher(Launcher):
         )
         (submit_dir / PAYLOAD_FILE).write_bytes(cloudpickle.dumps(payload))
         # Ray gives a stopped job's driver RAY_JOB_STOP_WAIT_TIME_S before SIGKILL: time to stop the ranks.
-        env_vars = {"RAY_JOB_STOP_WAIT_TIME_S": str(DRIVER_STOP_WAIT_SECONDS)} | options.runtime_env.get("env_vars", {})
-        runtime_env = {**options.runtime_env, "working_dir": str(submit_dir), "env_vars": env_vars}
+        theirs = options.runtime_env or {}
+        env_vars = {"RAY_JOB_STOP_WAIT_TIME_S": str(DRIVER_STOP_WAIT_SECONDS)} | (theirs.get("env_vars") or {})
+        runtime_env = {**theirs, "working_dir": str(submit_dir), "env_vars": env_vars}
         client = _client(options.address)
-        job = RayJob(client, submission_id, folder, echo, spec.shared_folders, token)
+        # Rank 0's result comes back as plain data: rebuilt as the target says, else as it is.
+        expected = Expected(placement.world_size, getattr(target, "result", None) or (lambda data: data))
+        job = RayJob(client, submission_id, folder, echo, expected, spec.shared_folders, token)
         try:
             for shared in spec.shared_folders:
                 shared.path.mkdir(parents=True, exist_ok=True)
@@ -187,16 +188,25 @@ class RayLauncher(Launcher):
 class RayJob(PlacedJob):
     """A submitted Ray job, followed through its driver's output."""
 
-    def __init__(self, client, submission_id: str, folder: Path, echo, shared: tuple[SharedFolder, ...], token: str):
+    def __init__(
+        self,
+        client,
+        submission_id: str,
+        folder: Path,
+        echo: Callable[[str], None],
+        expected: Expected,
+        shared: tuple[SharedFolder, ...],
+        token: str,
+    ):
         self.client, self.submission_id, self.folder, self.echo = client, submission_id, folder, echo
-        self.shared, self.token = shared, token
+        self.expected, self.shared, self.token = expected, shared, token
         self.where = f"Ray job {submission_id}"
 
     def follow(self) -> Any:
         """Rank 0's result, or what ended the job; a job this process stops following for any other
         reason (an error here, Ctrl-C) is stopped."""
         try:
-            return follow_messages(self.client, self.submission_id, self.folder, self.echo, self._stop)
+            return follow_messages(self.client, self.submission_id, self.folder, self.expected, self.echo, self._stop)
         except BaseException as err:
             if not self._ended():  # a Ctrl-C has stopped it and waited already
                 self.cancel(wait=not isinstance(err, KeyboardInterrupt))
@@ -226,28 +236,52 @@ class RayJob(PlacedJob):
             return True
 
 
-_CLIENTS: dict[str, Any] = {}
-
-
 def _client(address: str):
-    """The job API client of the cluster at `address` (one per address and process: connecting
-    asks the cluster for its version)."""
-    if address not in _CLIENTS:
-        from ray.job_submission import JobSubmissionClient
+    """The job API client of the cluster at `address`, every request bounded (launchers/ray_client.py)."""
+    from launchers.ray_client import client
 
-        # Its INFO lines (packages uploaded, the log stream closed) are not the job's.
-        for name in ("ray.dashboard.modules.job.sdk", "ray.dashboard.modules.dashboard_sdk", "ray._private"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+    return client(address)
 
-        # Ray's client takes RAY_API_SERVER_ADDRESS or RAY_ADDRESS over the address it is given:
-        # only `auto` reads them here.
-        names = () if address == "auto" else ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
-        saved = {name: os.environ.pop(name) for name in names if name in os.environ}
-        try:
-            _CLIENTS[address] = JobSubmissionClient(None if address == "auto" else address)
-        finally:
-            os.environ.update(saved)
-    return _CLIENTS[address]
+
+def _check_runtime_env(env: object) -> None:
+    """launcher.runtime_env as Ray would take it, checked before anything is submitted or written
+    (Ray checks it only on submission, or in the cluster): a table of the fields Ray knows
+    (`RuntimeEnv.known_fields`, where `nsight` is `_nsight`), each as Ray's own `RuntimeEnv`
+    takes it (types, local py_modules paths that exist, fields that go together)."""
+    if not isinstance(env, dict):
+        raise ConfigError(
+            "launcher.runtime_env", env, "must be a table of Ray's runtime_env fields, e.g. {env_vars:{NAME:value}}"
+        )
+    if "working_dir" in env:
+        raise ConfigError(
+            "launcher.runtime_env.working_dir",
+            env["working_dir"],
+            "is the launcher's own (it carries the job); use py_modules or an image with your code",
+        )
+    _ray_or_refuse()
+    from ray.runtime_env import RuntimeEnv
+
+    known = sorted(name for name in RuntimeEnv.known_fields if not name.startswith("_"))
+    for name, value in env.items():
+        key = f"launcher.runtime_env.{name}"
+        if name not in RuntimeEnv.known_fields and f"_{name}" not in RuntimeEnv.known_fields:
+            raise ConfigError(key, value, f"is not a field of Ray's runtime_env ({', '.join(known)})")
+        _as_ray_takes_it(key, value, {name: value})
+    _as_ray_takes_it("launcher.runtime_env", env, env)
+
+
+def _as_ray_takes_it(key: str, value: object, env: dict) -> None:
+    from ray.runtime_env import RuntimeEnv
+
+    try:
+        RuntimeEnv(**env)
+    except Exception as err:  # Ray's validators raise TypeError, ValueError, and not only
+        said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            key,
+            value,
+            f"Ray refuses it ({said}): see https://docs.ray.io/en/latest/ray-core/handling-dependencies.html",
+        ) from None
 
 
 def _ray_or_refuse() -> None:

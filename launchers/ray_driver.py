@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import cloudpickle
 import ray
@@ -35,7 +35,12 @@ from launchers.ray_messages import (
     RANK_STOP_GRACE_SECONDS,
     SUBMISSION_VARIABLE,
     DriverPayload,
-    encode,
+    Failure,
+    Note,
+    Refusal,
+    Result,
+    Unfinished,
+    rank_lines,
     say,
 )
 from launchers.ray_rank import RankProcess
@@ -92,31 +97,33 @@ def main(payload_file: str) -> int:
         except NodeLost as lost:
             if attempt < payload.retries:
                 say(
-                    note=f"rank {lost.rank} {lost.reason}; the job starts again to resume from its last checkpoint "
-                    f"(attempt {attempt + 2} of {payload.retries + 1}, launcher.max_retries)"
+                    Note(
+                        f"rank {lost.rank} {lost.reason}; the job starts again to resume from its last checkpoint "
+                        f"(attempt {attempt + 2} of {payload.retries + 1}, launcher.max_retries)"
+                    )
                 )
                 continue
-            say(failure={"rank": lost.rank, "reason": lost.reason})
+            say(Failure(lost.rank, lost.reason))
             return 1
         except RankFailed as failed:
-            say(failure={"rank": failed.rank, "reason": failed.reason})
+            say(Failure(failed.rank, failed.reason))
             return 1
         except ConfigError as refused:  # the cluster cannot run the job as configured
             if attempt == 0:  # nothing ran: a config error
-                say(refused={"key": refused.key, "value": refused.value, "fix": refused.fix})
+                say(Refusal(refused.key, str(refused.value), refused.fix))
             else:  # its run exists: it fails
-                say(ended=str(refused), timed_out=False)
+                say(Unfinished(str(refused), timed_out=False))
             return 1
         except Ended as ended:
-            say(ended=str(ended), timed_out=ended.timed_out)
+            say(Unfinished(str(ended), timed_out=ended.timed_out))
             return 1
-        say(result=encode(result))
+        say(Result(result))
         return 0
     raise AssertionError("unreachable: the last attempt returns")
 
 
-def _run(p: DriverPayload, attempt: int, deadline: float) -> bytes:
-    """One attempt at the job: place, start and watch its ranks; rank 0's pickled result."""
+def _run(p: DriverPayload, attempt: int, deadline: float) -> Any:
+    """One attempt at the job: place, start and watch its ranks; rank 0's result (plain data)."""
     bundle = {"CPU": float(p.threads_per_rank * p.nproc_per_node)}
     if p.device == "cuda":
         bundle["GPU"] = float(p.nproc_per_node)
@@ -165,7 +172,7 @@ def _start(ranks: list, p: DriverPayload, attempt: int) -> list[Place]:
     places: list[Place] = [Place("?", "", None)] * world
     try:
         places = [Place(*place) for place in ray.get([r.where.remote() for r in ranks], timeout=ACTOR_START_SECONDS)]
-        say(note=f"ranks placed by Ray: {_layout([place.address for place in places])}")
+        say(Note(f"ranks placed by Ray: {_layout([place.address for place in places])}"))
         unseen = ray.get([r.missing.remote(p.shared_folders, p.token) for r in ranks], timeout=ACTOR_START_SECONDS)
         for place, folders in zip(places, unseen, strict=True):
             for folder in folders:
@@ -229,15 +236,15 @@ def _layout(hosts: list[str]) -> str:
     return ", ".join(f"rank {a} on {h}" if a == b else f"ranks {a}-{b} on {h}" for a, b, h in spans)
 
 
-def _watch(ranks: list, places: list[Place], heartbeat_timeout_s: float, deadline: float) -> bytes:
+def _watch(ranks: list, places: list[Place], heartbeat_timeout_s: float, deadline: float) -> Any:
     """Ask every rank for its output and state each POLL_SECONDS until all finished; rank 0's
-    pickled result, or raise what ended the job, the root cause first: a lost node, then a rank
+    result, or raise what ended the job, the root cause first: a lost node, then a rank
     gone without a result, then the rank that raised. A rank that raised is held back while
     another's answer is late: a node that dies resets its peers' connections, and they raise
     before Ray (or the heartbeat limit) names the node."""
     answered = [time.monotonic()] * len(ranks)
     asked: dict[int, ray.ObjectRef] = {}
-    results: dict[int, bytes] = {}
+    results: dict[int, Any] = {}
     failed: list[RankFailed] = []  # exited without a result: gone first, then raised
     while len(results) < len(ranks):
         round_end = time.monotonic() + POLL_SECONDS
@@ -265,18 +272,20 @@ def _watch(ranks: list, places: list[Place], heartbeat_timeout_s: float, deadlin
             del asked[rank]
             answered[rank] = time.monotonic()
             for line in state["lines"]:
-                say(rank=rank, line=line)
+                for piece in rank_lines(rank, line):
+                    say(piece)
             if state["silent_s"] is not None and state["silent_s"] > heartbeat_timeout_s:
                 reason = silence(state["silent_s"], heartbeat_timeout_s, "its ranks stopped", places[rank].address)
                 raise NodeLost(rank, reason)
             if state["exit"] is None:
                 continue
-            if state["result"] is not None:
-                results[rank] = state["result"]
-            elif state["error"] is not None:
-                failed.append(RankFailed(rank, last_line(state["error"])))
-            else:
+            outcome = state["outcome"]
+            if outcome is None:
                 failed.insert(0, RankFailed(rank, f"exited with status {state['exit']} without a result"))
+            elif "error" in outcome:
+                failed.append(RankFailed(rank, last_line(outcome["error"])))
+            else:
+                results[rank] = outcome["result"]
         if failed and not asked:  # every rank still running answered: none was lost
             raise failed[0]
         time.sleep(max(round_end - time.monotonic(), 0.0))

@@ -1,17 +1,19 @@
 """What a Ray job's driver (launchers/ray_driver.py, on the cluster) and the process that submitted
 it (launchers/ray.py) say to each other: the payload the job carries there, and the lines the driver
-writes on its output, which Ray's job API streams back. A message is one line, MARKER then JSON;
-any other line is the driver's own (Ray's notes), kept in the job folder's driver.log."""
+writes on its output, which Ray's job API streams back. A message is one line, MARKER then a JSON
+object: its kind and its fields (below); any other line is the driver's own (Ray's notes), kept in
+the job folder's driver.log. What comes back is data: each message is checked against its kind's
+fields before it is used, rank numbers are integers of the job's world (the only part of a path a
+message gives), and nothing in it is unpickled or run."""
 
 import asyncio
-import base64
 import json
 import queue
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,11 @@ from launchers.base import ConfigError, SharedFolder
 from launchers.tasks import RankFailure
 
 MARKER = "@titan_exp "
+# The longest line taken from the job's output: a longer one is no driver's (a rank's long line
+# comes in pieces of RANK_LINE_PIECE_CHARS, at most 6 times as long once JSON escapes them), and it
+# is not held in memory to its end.
+MAX_LINE_CHARS = 1 << 20
+RANK_LINE_PIECE_CHARS = 1 << 16
 # The payload file in the Ray job's working directory.
 PAYLOAD_FILE = "job.pkl"
 # Set in each rank: the Ray job it belongs to, and how many times the job started again before.
@@ -33,6 +40,9 @@ DRIVER_STOP_WAIT_SECONDS = int(RANK_STOP_GRACE_SECONDS) + 15
 # How long the launching process waits for a job it stopped (Ctrl-C) to end: within the grace a
 # sweep gives its points (job/sweep_points.py).
 STOP_WAIT_SECONDS = DRIVER_STOP_WAIT_SECONDS + 10.0
+# A log stream silent this long: the job's status is asked (a stream that stays open after the
+# job ended, or an address that stopped answering, would otherwise be waited on forever).
+SILENT_STREAM_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -61,13 +71,113 @@ def visibility_token_name(token: str) -> str:
     return f".titan_exp_visible_{token}"
 
 
-def say(**message: Any) -> None:
+# The messages, by kind. Text fields are one line each.
+
+
+@dataclass(frozen=True)
+class RankLine:
+    """A line of a rank's output (a piece of it, for a long one)."""
+
+    rank: int
+    line: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """The driver's word for the console: where the ranks went, a job starting again."""
+
+    note: str
+
+
+@dataclass(frozen=True)
+class Result:
+    """Every rank returned: rank 0's result as plain JSON data (launchers/ray_rank.py), rebuilt by
+    whoever placed the job, which checks it."""
+
+    result: Any
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A rank failed: its last line, or how its node was lost."""
+
+    rank: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The cluster cannot run the job as configured (nothing ran): a config error."""
+
+    key: str
+    value: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Unfinished:
+    """The job cannot go on: no room on the cluster, or past its time limit (`timed_out`)."""
+
+    why: str
+    timed_out: bool
+
+
+Message = RankLine | Note | Result | Failure | Refusal | Unfinished
+KINDS: dict[str, type] = {
+    "line": RankLine,
+    "note": Note,
+    "result": Result,
+    "failure": Failure,
+    "refused": Refusal,
+    "ended": Unfinished,
+}
+
+
+def say(message: Message) -> None:
     """From the driver: one message on its output."""
-    print(MARKER + json.dumps(message), flush=True)
+    kind = next(kind for kind, cls in KINDS.items() if isinstance(message, cls))
+    print(MARKER + json.dumps({"kind": kind, **asdict(message)}), flush=True)
 
 
-def encode(data: bytes) -> str:
-    return base64.b64encode(data).decode()
+def rank_lines(rank: int, line: str) -> list[RankLine]:
+    """A rank's line as messages: in pieces of at most RANK_LINE_PIECE_CHARS."""
+    pieces = range(0, len(line), RANK_LINE_PIECE_CHARS)
+    return [RankLine(rank, line[i : i + RANK_LINE_PIECE_CHARS]) for i in pieces] or [RankLine(rank, "")]
+
+
+class Unreadable(ValueError):
+    """A line of the job's output that no titan_exp driver writes (why, in a few words)."""
+
+
+def read_message(text: str) -> Message:
+    """The message of a line after its MARKER, each field of its kind's type; raises Unreadable."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as err:  # RecursionError: nested past the parser's depth
+        raise Unreadable(f"not JSON ({type(err).__name__})") from None
+    kind = data.get("kind") if isinstance(data, dict) else None
+    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise Unreadable(f"no message kind of {', '.join(KINDS)}")
+    wanted = {field.name: field.type for field in fields(cls)}
+    given = {name: value for name, value in data.items() if name != "kind"}
+    if given.keys() != wanted.keys():
+        raise Unreadable(f"a {kind} message has the fields {', '.join(wanted)}, and no other")
+    for name, value in given.items():
+        # Exactly the type: a JSON true is no rank number.
+        if wanted[name] is not Any and type(value) is not wanted[name]:
+            raise Unreadable(f"{kind}.{name} is {type(value).__name__}, not {wanted[name].__name__}")
+        if isinstance(value, str) and value.splitlines() not in ([], [value]):
+            raise Unreadable(f"{kind}.{name} holds a line break")
+    return cls(**given)
+
+
+class MalformedMessage(RuntimeError):
+    """The job's output holds a line that no titan_exp driver writes (a crafted job API, or another
+    version of titan_exp on the cluster): the job is stopped, nothing of the line used."""
+
+    def __init__(self, submission_id: str, why: str):
+        super().__init__(f"Ray job {submission_id} wrote a line that is no titan_exp message: {why}")
 
 
 class RayJobEnded(RuntimeError):
@@ -80,52 +190,75 @@ class RayJobEnded(RuntimeError):
         super().__init__(f"Ray job {submission_id} {status}: {why} (log: {log_path})")
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What the launching process knows of a job's output beforehand: how many ranks it has (the
+    ranks it names are integers below), and how rank 0's result is rebuilt from plain data
+    (raising TypeError or ValueError where it does not fit)."""
+
+    world_size: int
+    rebuild: Callable[[Any], Any]
+
+
 def follow_messages(
-    client, submission_id: str, folder: Path, echo: Callable[[str], None], stop: Callable[[], None]
+    client, submission_id: str, folder: Path, expected: Expected, echo: Callable[[str], None], stop: Callable[[], None]
 ) -> Any:
     """Follow the job's output to its end: each rank's lines into folder/<rank>_log.out (rank 0's
-    also to `echo`), the driver's notes echoed; rank 0's result, or raise RankFailure, ConfigError
-    (the cluster cannot run the job as configured) or RayJobEnded. A Ctrl-C calls `stop` (the job
-    is stopped, its last lines still kept) and raises KeyboardInterrupt once the job ended, or at
-    once on a second Ctrl-C."""
+    also to `echo`), the driver's notes echoed; rank 0's result, rebuilt, or raise RankFailure,
+    ConfigError (the cluster cannot run the job as configured), RayJobEnded or MalformedMessage. A
+    Ctrl-C calls `stop` (the job is stopped, its last lines still kept) and raises
+    KeyboardInterrupt once the job ended, or at once on a second Ctrl-C."""
     logs = _RankLogs(folder)
-    ending: dict[str, Any] = {}
+    ending: Message | None = None
     stream = _Stream(client, submission_id, stop)
     try:
         for line in stream.lines():
             if not line.startswith(MARKER):
                 logs.driver(line)
                 continue
-            message = json.loads(line[len(MARKER) :])
-            if "rank" in message and "line" in message:
-                logs.rank(message["rank"], message["line"])
-                if message["rank"] == 0:
-                    echo(message["line"])
-            elif "note" in message:
-                echo(f"titan_exp: {message['note']}")
-                logs.driver(message["note"])
+            message = read_message(line[len(MARKER) :])
+            if isinstance(message, RankLine | Failure) and not 0 <= message.rank < expected.world_size:
+                raise Unreadable(f"rank {message.rank} is not one of the job's {expected.world_size}")
+            if isinstance(message, RankLine):
+                logs.rank(message.rank, message.line)
+                if message.rank == 0:
+                    echo(message.line)
+            elif isinstance(message, Note):
+                echo(f"titan_exp: {message.note}")
+                logs.driver(message.note)
             else:
                 ending = message
+    except Unreadable as err:
+        raise MalformedMessage(submission_id, str(err)) from None
     finally:
         logs.close()
     if stream.interrupted:
         raise KeyboardInterrupt
-    if "result" in ending:
-        import cloudpickle
+    return _ended_as(ending, client, submission_id, folder, expected.rebuild)
 
-        return cloudpickle.loads(base64.b64decode(ending["result"]))
-    if "failure" in ending:
-        failure = ending["failure"]
-        raise RankFailure(failure["rank"], failure["reason"], folder / f"{failure['rank']}_log.out")
-    if "refused" in ending:
-        raise ConfigError(**ending["refused"])
+
+def _ended_as(ending: Message | None, client, submission_id: str, folder: Path, rebuild: Callable[[Any], Any]) -> Any:
+    """The job's result, or what ended it, from its last message (if any) and its status."""
+    if isinstance(ending, Result):
+        try:
+            return rebuild(ending.result)
+        except (TypeError, ValueError) as err:
+            raise MalformedMessage(submission_id, f"rank 0's result: {err}") from None
+    if isinstance(ending, Failure):
+        raise RankFailure(ending.rank, ending.reason, folder / f"{ending.rank}_log.out")
+    if isinstance(ending, Refusal):
+        raise ConfigError(ending.key, ending.value, ending.fix)
     info = client.get_job_info(submission_id)
     status = str(info.status.value if hasattr(info.status, "value") else info.status)
-    why = ending.get("ended") or (info.message or "the driver left no word").strip().splitlines()[-1]
+    if isinstance(ending, Unfinished):
+        why = ending.why
+    else:
+        why = (info.message or "the driver left no word").strip().splitlines()[-1]
     if status == "STOPPED":
         why = "stopped from outside (`ray job stop`, the dashboard, or Ctrl-C here)"
     log = folder / "0_log.out" if (folder / "0_log.out").exists() else folder / "driver.log"
-    raise RayJobEnded(submission_id, status, why, log, timed_out=ending.get("timed_out", False))
+    timed_out = isinstance(ending, Unfinished) and ending.timed_out
+    raise RayJobEnded(submission_id, status, why, log, timed_out=timed_out)
 
 
 class _RankLogs:
@@ -134,7 +267,7 @@ class _RankLogs:
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self.files: dict[int | str, Any] = {}
+        self.files: dict[int | str, Any] = {}  # by rank (checked), and "driver"
 
     def rank(self, rank: int, line: str) -> None:
         self._write(rank, f"{rank}_log.out", line)
@@ -175,13 +308,13 @@ class _Stream:
                 if skip:
                     chunk, skip = chunk[skip:], max(skip - len(chunk), 0)
                 consumed += len(chunk)
-                *complete, partial = (partial + chunk).split("\n")
+                *complete, partial = _split(partial + chunk)
                 yield from complete
             if self._ended():
                 break
             time.sleep(1.0)
         rest = self.client.get_job_logs(self.submission_id)[consumed:]
-        *complete, partial = (partial + rest).split("\n")
+        *complete, partial = _split(partial + rest)
         yield from complete
         if partial:
             yield partial
@@ -208,14 +341,20 @@ class _Stream:
             yield chunk
 
     def _next(self, chunks: queue.Queue) -> str | None:
-        """The next chunk; short waits, so that a Ctrl-C is taken at once: the first stops the job
-        (and the stream goes on to its end, STOP_WAIT_SECONDS at most), a second stops waiting."""
+        """The next chunk (None: the stream ended, or went silent after the job's end); short waits,
+        so that a Ctrl-C is taken at once: the first stops the job (and the stream goes on to its
+        end, STOP_WAIT_SECONDS at most), a second stops waiting."""
+        silent_since = time.monotonic()
         while True:
             try:
                 return chunks.get(timeout=0.5)
             except queue.Empty:
                 if self._stop_deadline is not None and time.monotonic() > self._stop_deadline:
                     return None
+                if time.monotonic() - silent_since > SILENT_STREAM_SECONDS:
+                    if self._ended():  # lines() reads what the stream did not give
+                        return None
+                    silent_since = time.monotonic()
             except KeyboardInterrupt:
                 if self.interrupted:
                     raise
@@ -223,3 +362,12 @@ class _Stream:
                 self._stop_deadline = time.monotonic() + STOP_WAIT_SECONDS
                 with signals.ignored(signal.SIGINT, signal.SIGTERM):
                     self.stop()
+
+
+def _split(text: str) -> list[str]:
+    """The complete lines of `text`, then what follows the last line break; raises Unreadable for a
+    line longer than MAX_LINE_CHARS (the part that follows included: it is held until its end)."""
+    parts = text.split("\n")
+    if any(len(part) > MAX_LINE_CHARS for part in parts):
+        raise Unreadable(f"a line longer than {MAX_LINE_CHARS} characters")
+    return parts

@@ -8,6 +8,7 @@ live in a folder of the node's own temporary space, removed when it stops."""
 
 import contextlib
 import faulthandler
+import json
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from launchers.heartbeat import heartbeat_file, silent_for, start_beating
 from launchers.processes import stop_when_gone
 from launchers.tasks import run_recording_failures
 
-_PAYLOAD, _RESULT, _LOG = "job.pkl", "result.pkl", "log.out"
+_PAYLOAD, _RESULT, _LOG = "job.pkl", "result.json", "log.out"
 
 
 class RankProcess:
@@ -82,21 +84,18 @@ class RankProcess:
     def poll(self) -> dict[str, Any]:
         """The rank's new complete output lines (all that is left once it exited), seconds since
         its last heartbeat (None before the first, or once exited), its exit status (None while it
-        runs) and, once exited, its result or error."""
+        runs) and, once exited, its outcome ({"result": plain data} or {"error": traceback}; None
+        if it left none)."""
         code = self.process.poll()  # first: once it exited, the log holds all it wrote
         with (self.folder / _LOG).open("rb") as log:
             log.seek(self.offset)
             text = log.read()
         taken = text if code is not None else text[: text.rfind(b"\n") + 1]
         self.offset += len(taken)
-        state = {"lines": taken.decode(errors="replace").splitlines(), "exit": code, "result": None, "error": None}
+        state = {"lines": taken.decode(errors="replace").splitlines(), "exit": code, "outcome": None}
         state["silent_s"] = None if code is not None else silent_for(heartbeat_file(self.folder, "rank", 0))
         if code is not None and (self.folder / _RESULT).exists():
-            outcome, payload = cloudpickle.loads((self.folder / _RESULT).read_bytes())
-            if outcome == "ok":
-                state["result"] = cloudpickle.dumps(payload)  # unpickled only where it is used
-            else:
-                state["error"] = payload
+            state["outcome"] = json.loads((self.folder / _RESULT).read_text())
         return state
 
     def stop(self, grace_s: float) -> None:
@@ -134,21 +133,26 @@ def interface_of(address: str) -> str | None:
 
 
 def _rank_main(folder: Path, actor_pid: int) -> int:
-    """The rank process: run the job's callable, leave ('ok', value) or ('error', traceback) in
-    the result file (written whole or not at all)."""
+    """The rank process: run the job's callable, leave {"result": value} or {"error": traceback}
+    as JSON in the result file (written whole or not at all). The result goes back to the
+    launching machine as JSON (launchers/ray_messages.py): plain data, or a dataclass of plain data
+    (as its fields)."""
     stop_when_gone(actor_pid)  # also listens to SIGINT
     faulthandler.enable()
     start_beating(heartbeat_file(folder, "rank", 0))
     target, arg = cloudpickle.loads((folder / _PAYLOAD).read_bytes())
     try:
-        outcome = ("ok", run_recording_failures(target, arg))
+        result = run_recording_failures(target, arg)
+        outcome = {"result": asdict(result) if is_dataclass(result) and not isinstance(result, type) else result}
+        text = json.dumps(outcome)
     except Exception:
         traceback.print_exc()
-        outcome = ("error", traceback.format_exc())
+        outcome = {"error": traceback.format_exc()}
+        text = json.dumps(outcome)
     partial = folder / (_RESULT + ".partial")
-    partial.write_bytes(cloudpickle.dumps(outcome))
+    partial.write_text(text)
     partial.replace(folder / _RESULT)
-    return 0 if outcome[0] == "ok" else 1
+    return 0 if "result" in outcome else 1
 
 
 if __name__ == "__main__":

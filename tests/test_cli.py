@@ -98,9 +98,13 @@ def test_sweep_with_a_bad_point_is_refused_before_any_point_starts(tmp_path, new
 
 def test_sweep_goes_on_past_a_point_that_fails_at_run_time(tmp_path, store):
     uri, db = store
-    corrupt = tmp_path / "corrupt" / "step-0"  # passes the config check, fails when loaded
+    from titan_exp.checkpoint.model_record import write_model_record
+    from titan_exp.config.compose import compose_job_config
+
+    corrupt = tmp_path / "corrupt" / "step-0"  # passes the config check (its model's), fails when loaded
     corrupt.mkdir(parents=True)
     (corrupt / ".metadata").write_bytes(b"not a checkpoint")
+    write_model_record(corrupt, compose_job_config(["experiment=smoke", *SMALL_MODEL]).model, data_position=False)
     points = f"checkpoint.initial_load_path={corrupt},null"
     result = run_cli(
         ["experiment=smoke", "tracking=mlflow", uri, "launcher.device=cpu", "parallelism=single", *SMALL_MODEL, points],

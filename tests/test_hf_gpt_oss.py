@@ -22,7 +22,7 @@ from titan_exp.checkpoint.hf_export import ExportSources
 from titan_exp.checkpoint.safetensors_folder import SafetensorsFolder
 from titan_exp.data.config import DataConfig
 from titan_exp.data.loader import BatchLoader, BatchPlan, build_source
-from titan_exp.models.hf import check_hf_checkpoint
+from titan_exp.models.hf_tensors import check_hf_checkpoint
 from titan_exp.models.registry import FAMILIES, build_model, config_from_hf
 from titan_exp.rules import ConfigError
 

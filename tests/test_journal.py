@@ -3,9 +3,11 @@ journals every record before the store sees it; what the store did not take (the
 server down past the end of the run, rank 0 killed outright) is said, and replayed by the launching
 process or by `python -m titan_exp sync`."""
 
+import contextlib
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -26,7 +28,14 @@ RUN += ["launcher.device=cpu", "launcher.nproc_per_node=2", *SMALL_MODEL]
     "override,expected",
     [
         ("tracking.uri=foo://x", "tracking.uri=foo://x: unsupported store; use sqlite:///"),
-        ("tracking.uri=CORRUPT", "is not a readable SQLite database (file is not a database)"),
+        ("tracking.uri=CORRUPT", "corrupt.db is not a SQLite database (its first bytes say otherwise)"),
+        # Another application's database would get MLflow's tables; an in-memory one keeps nothing; a
+        # device or a FIFO is no file to keep a store in (a FIFO's opening would block for ever).
+        ("tracking.uri=OTHER_APP", "other.db is another application's SQLite database, not an MLflow store"),
+        ("tracking.uri=sqlite:///:memory:", "a database in memory keeps nothing once the job ends"),
+        ("tracking.uri='sqlite:///x.db?mode=memory'", "a database in memory keeps nothing once the job ends"),
+        ("tracking.uri=sqlite:////dev/null", "/dev/null is a character device, not a regular file"),
+        ("tracking.uri=FIFO", "fifo.db is a FIFO, not a regular file"),
         ("tracking.uri=http://127.0.0.1:PORT", "no MLflow server answers at http://127.0.0.1:PORT/health"),
         ("tracking.uri=", "tracking.uri='': must name a store"),
         ("tracking.experiment=", "tracking.experiment='': must name an MLflow experiment"),
@@ -36,7 +45,14 @@ RUN += ["launcher.device=cpu", "launcher.nproc_per_node=2", *SMALL_MODEL]
 def test_a_store_that_cannot_work_is_refused_before_any_rank_starts(tmp_path, override, expected):
     corrupt, port = tmp_path / "corrupt.db", str(free_port())
     corrupt.write_bytes(b"these bytes are not a database" * 100)
-    override = override.replace("CORRUPT", f"sqlite:///{corrupt}").replace("PORT", port)
+    with contextlib.closing(sqlite3.connect(tmp_path / "other.db")) as other:
+        other.execute("CREATE TABLE notes (text)")
+        other.commit()
+    other_bytes = (tmp_path / "other.db").read_bytes()
+    os.mkfifo(tmp_path / "fifo.db")
+    for name, path in (("CORRUPT", corrupt), ("OTHER_APP", tmp_path / "other.db"), ("FIFO", tmp_path / "fifo.db")):
+        override = override.replace(name, f"sqlite:///{path}")
+    override = override.replace("PORT", port)
     started = time.monotonic()
     result = run_cli([*RUN, "tracking=mlflow", override], tmp_path)
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
@@ -45,6 +61,7 @@ def test_a_store_that_cannot_work_is_refused_before_any_rank_starts(tmp_path, ov
     assert time.monotonic() - started < 30  # no retries for minutes
     assert not (tmp_path / "run" / "ranks").exists()
     assert not (tmp_path / "run" / "tracking_journal.jsonl").exists()
+    assert (tmp_path / "other.db").read_bytes() == other_bytes
 
 
 def _descendants(pid: int) -> list[tuple[int, str]]:
@@ -106,7 +123,8 @@ def _say_so_and_sync(proc, out: str, err: str, job_dir: Path, db: Path, steps: i
     assert run.info.status == "FINISHED"
     assert _logged_steps(db, run.info.run_id) == list(range(1, steps + 1))
     again = _sync(str(job_dir.parent))  # a folder above the job finds its journal too
-    assert again.returncode == 0 and " 0 metric value(s) added" in again.stdout, again.stdout + again.stderr
+    # It ended holding all of the journal: left as it is.
+    assert again.returncode == 0 and "ended FINISHED before, left as it is" in again.stdout, again.stdout + again.stderr
     assert _logged_steps(db, run.info.run_id) == list(range(1, steps + 1))
 
 
@@ -190,4 +208,4 @@ def test_a_job_killed_outright_with_all_its_ranks_is_ended_killed_by_sync(tmp_pa
     last_loss = max(m.timestamp for m in mlflow_client(db).get_metric_history(run.info.run_id, "loss/global_avg"))
     assert last_loss <= run.info.end_time < last_loss + 5000  # as of its last metric, not of the sync
     again = _sync(str(tmp_path / "run"))
-    assert again.returncode == 0 and "ended" not in again.stdout.replace("kept its end", ""), again.stdout
+    assert again.returncode == 0 and "ended KILLED before, left as it is" in again.stdout, again.stdout

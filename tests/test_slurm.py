@@ -185,9 +185,10 @@ def test_sweep_submits_a_job_per_point_and_goes_on_past_a_failing_one(slurm_env,
         [*JOB, *seed_job, f"checkpoint.folder={seed}", "tracking=none"], tmp_path / "create", env=slurm_env
     )
     assert created.returncode == 0, created.stderr[-3000:]
-    corrupt = tmp_path / "corrupt" / "step-0"  # passes the config check, fails when loaded
+    corrupt = tmp_path / "corrupt" / "step-0"  # passes the config check (the seed's model), fails when loaded
     corrupt.mkdir(parents=True)
     (corrupt / ".metadata").write_bytes(b"not a checkpoint")
+    (corrupt / "model.json").write_bytes((seed / "step-0" / "model.json").read_bytes())
     starts = f"checkpoint.initial_load_path=null,{seed}/step-0,{corrupt}"
     result = run_cli(
         [*JOB, *SLURM, "training.steps=4", uri, starts], tmp_path, flags=("-m",), env=slurm_env, timeout=600

@@ -30,6 +30,7 @@ def _sweeper(*overrides: str):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=True).hydra.sweeper
 
 
+@pytest.mark.slow  # ~40 s of points; the objective of a point and a study's refusals stay in the default suite
 def test_an_optuna_study_runs_under_one_parent_run_and_its_best_is_the_best_point(tmp_path, store):
     uri, db = store
     # Four trials, two at a time (two launches): two train, one fails at run time (its gradient

@@ -9,15 +9,17 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from launchers.base import Placement
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.config.sections import LAUNCHER_SECTIONS
-from titan_exp.job.sweep_points import StatusBoard, SweepPoint, _Room, label_points
+from titan_exp.job.sweep_points import StatusBoard, SweepPoint, _Room, _stop, label_points
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.tracking.store import with_retries
 
-from conftest import SMALL_MODEL, mlflow_runs, start_as_in_a_terminal, stopped_for_good
+from conftest import REPO, SMALL_MODEL, mlflow_runs, run_cli, start_as_in_a_terminal, stopped_for_good
 
 
 def point(
@@ -103,3 +105,60 @@ def _runs_so_far(db) -> list:
     """The training runs so far, read through the project's client (tracking/store.py's client: it
     would create a missing store whole, never racing the sweep), retried while the sweep writes."""
     return with_retries(lambda: mlflow_runs(db))
+
+
+def test_a_stopped_sweep_passes_its_signal_on_to_its_points():
+    """Issue 68, faults: a sweep stopped with SIGTERM recorded its points as stopped by
+    KeyboardInterrupt (it sent them SIGINT); each point now gets the signal that stopped the sweep,
+    and so records it (job/point.py: "stopped by SIGTERM")."""
+    got = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda s, f: sys.exit(s)); time.sleep(60)"
+    stopped = point(0, [])
+    stopped.process = subprocess.Popen([sys.executable, "-c", got])
+    time.sleep(1.0)  # its handler is in place
+    _stop([stopped], signal.SIGTERM)
+    assert stopped.process.returncode == signal.SIGTERM and stopped.detail == "stopped by SIGTERM"
+
+
+def test_a_sweep_over_the_store_is_refused_before_anything_starts(tmp_path, new_store):
+    """Issue 68, faults: sweeping tracking.uri left the points' runs naming a parent run in another
+    store. A sweep's points and its parent run share one store: refused, one line, nothing written."""
+    uri, db = new_store
+    other = tmp_path / "other.db"
+    result = run_cli(["experiment=smoke", *SMALL_MODEL, f"{uri},sqlite:///{other}"], tmp_path, flags=("-m",))
+    assert result.returncode == 2, result.stderr[-2000:]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("titan_exp: config error: tracking.uri=") and "share one store" in line
+    assert not db.exists() and not other.exists() and not (tmp_path / "multirun").exists()
+
+
+@pytest.mark.slow  # a real sweep killed mid-run (~40 s); sync's rules themselves: tests/unit/test_unit_sync_trust.py
+def test_a_sweep_killed_outright_is_closed_by_sync_of_its_folder(tmp_path, store):
+    """Issue 68, faults: the sweep's process SIGKILLed (alone: its points then get SIGTERM and end
+    their runs) left its parent run RUNNING, and `sync` of a point's folder exited 1 (its rank0.log
+    journaled relative to the sweep's working directory). Sync of a point's folder now finds
+    everything, and sync of the sweep's folder ends the parent run KILLED with the reason."""
+    from titan_exp.tracking import sync
+    from titan_exp.tracking.parent_run import GONE_REASON
+
+    uri, db = store
+    command = [
+        sys.executable, "-m", "titan_exp", "-m", "hydra.sweep.dir=multirun", "experiment=smoke", *SMALL_MODEL,
+        "tracking=mlflow", uri, "launcher.device=cpu", "parallelism=single", "training.steps=5000", "debug.seed=0,1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})  # fmt: skip
+    with stopped_for_good(proc, lambda proc: proc.kill()):
+        deadline = time.monotonic() + 120
+        while len(_runs_so_far(db)) < 2:  # both points are training
+            assert time.monotonic() < deadline and proc.poll() is None, "the points never started"
+            time.sleep(0.5)
+    sweep = tmp_path / "multirun"
+    deadline = time.monotonic() + 60
+    while {run.info.status for run in _runs_so_far(db)} != {"KILLED"}:  # the points end their runs
+        assert time.monotonic() < deadline, "the points never ended"
+        time.sleep(0.5)
+    assert sync.main([str(sweep / "0")]) == 0
+    assert sync.main([str(sweep)]) == 0
+    [parent] = mlflow_runs(db, sweeps=True)
+    assert parent.info.status == "KILLED" and parent.data.tags["failure_reason"] == GONE_REASON
+    assert {run.info.status for run in mlflow_runs(db)} == {"KILLED"}

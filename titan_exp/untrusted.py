@@ -10,6 +10,8 @@ import stat
 from pathlib import Path
 from typing import IO
 
+import yaml
+
 # config.json, tokenizer_config.json, a safetensors index: a few kB in every published model.
 MAX_CONFIG_BYTES = 16 << 20
 # safetensors' own limit on its header (safetensors/src/tensor.rs, MAX_HEADER_SIZE).
@@ -50,11 +52,46 @@ def _kind(mode: int) -> str:
 def read_json(path: Path, max_bytes: int = MAX_CONFIG_BYTES) -> object:
     """A small JSON file's value (a config): refused when larger than `max_bytes`, not JSON, or
     nested deeper than Python's parser goes."""
+    return parse_json(read_bytes(path, max_bytes), str(path))
+
+
+def read_bytes(path: Path, max_bytes: int) -> bytes:
+    """A small regular file's bytes, refused when larger than `max_bytes`."""
     size = regular_file(path)
     if size > max_bytes:
         raise ValueError(f"{path} is {size:,} bytes, more than the {max_bytes:,} such a file may be")
     with open(path, "rb") as file:
-        return parse_json(file.read(max_bytes), str(path))
+        return file.read(max_bytes)
+
+
+def read_text(path: Path, max_bytes: int) -> str:
+    """A small regular file's text, refused when larger than `max_bytes` or not UTF-8."""
+    try:
+        return read_bytes(path, max_bytes).decode()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}: {err.reason})") from None
+
+
+def plain_yaml(text: str, what: str, max_depth: int) -> object:
+    """YAML as plain data, read as Hydra reads a config file (OmegaConf's loader: `1e3` is a number,
+    a key given twice is refused): no anchors or aliases (a few lines of them expand to billions of
+    values), no tags beyond YAML's own (SafeLoader's: no Python objects), no nesting deeper than
+    `max_depth` collections."""
+    from omegaconf._utils import get_yaml_loader  # the loader Hydra's config files go through
+
+    loader, depth = get_yaml_loader(), 0
+    try:
+        for event in yaml.parse(text, Loader=loader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise ValueError(f"{what} uses YAML anchors or aliases (& and *); write each value out")
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            if depth > max_depth:
+                raise ValueError(f"{what} is nested more than {max_depth} deep; it holds plain settings")
+        return yaml.load(text, Loader=loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        why = (getattr(err, "problem", None) or str(err).splitlines()[0]) + (f", line {mark.line + 1}" if mark else "")
+        raise ValueError(f"{what} is not YAML that can be read as plain data ({why})") from None
 
 
 def parse_json(text: str | bytes, what: str) -> object:

@@ -6,6 +6,7 @@ import errno
 import os
 import pickle
 import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -162,3 +163,165 @@ def test_free_space_is_checked_on_the_nearest_folder_there_is(tmp_path: Path, mo
     with pytest.raises(NotEnoughSpaceError, match=r"needs 0.00 GiB \(5 bytes\) .* has 0.00 GiB \(4 bytes\) free"):
         check_free_space(str(tmp_path / "new" / "ckpt"), 5)
     assert asked == [tmp_path, tmp_path]
+
+
+# Issue 68: a checkpoint folder others can write in (a shared file system), and a full disk during
+# the Hugging Face export.
+
+
+def victim_folder(tmp_path: Path) -> Path:
+    """Someone's folder, with a file the job's user may write, which a link planted among the
+    checkpoints points at."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("kept")
+    return victim
+
+
+def assert_untouched(victim: Path) -> None:
+    assert sorted(p.name for p in victim.iterdir()) == ["precious"] and (victim / "precious").read_text() == "kept"
+
+
+def test_a_save_never_writes_through_a_link_planted_as_its_folder_or_in_it(tmp_path: Path) -> None:
+    """step-3.saving a link to another folder (the save wrote the whole checkpoint there), and a
+    folder step-4.saving of someone's whose model.json and shard are links to their files (the save
+    wrote over them): each is refused in one line naming it, and nothing is written there."""
+    victim, ck = victim_folder(tmp_path), tmp_path / "ck"
+    ck.mkdir()
+    (ck / "step-3.saving").symlink_to(victim)
+    planted = ck / "step-4.saving"
+    planted.mkdir()
+    for name in ("model.json", "__0_0.distcp"):
+        (planted / name).symlink_to(victim / "precious")
+    saver = checkpointer(ck, 0)
+    with pytest.raises(ValueError) as refused:
+        saver.save(3, is_writer=True)
+    said = f"{ck}/step-3.saving is a link to {victim} that no save of this project left; remove it"
+    assert str(refused.value) == said
+    with pytest.raises(ValueError, match=f"^{planted} is a folder that no save of this project left; remove it$"):
+        saver.save(4, is_writer=True)
+    assert_untouched(victim)
+    assert sorted(p.name for p in ck.iterdir()) == ["step-3.saving", "step-4.saving"]
+
+
+def test_a_step_folder_that_is_a_link_is_neither_replaced_nor_pruned(tmp_path: Path) -> None:
+    """step-3 a link to /etc made a save of step 3 call rmtree on it; a linked step-1 among those
+    keep_latest_k prunes is no checkpoint of the folder's, and stays as it is."""
+    victim, ck = victim_folder(tmp_path), tmp_path / "ck"
+    (victim / ".metadata").write_bytes(b"")
+    ck.mkdir()
+    (ck / "step-3").symlink_to(victim)
+    (ck / "step-1").symlink_to(victim)
+    saver = checkpointer(ck, 0)
+    with pytest.raises(ValueError, match=f"^{ck}/step-3 is no step folder a save wrote \\(a link or a file\\); remove"):
+        saver.save(3, is_writer=True)
+    saver.cfg.keep_latest_k = 1
+    saver.save(5, is_writer=True)
+    saver.save(6, is_writer=True)
+    assert sorted(p.name for p in ck.iterdir()) == ["step-1", "step-3", "step-6"]
+    (victim / ".metadata").unlink()
+    assert_untouched(victim)
+
+
+def test_a_leftover_of_a_save_is_removed_and_the_save_goes_on(tmp_path: Path) -> None:
+    from titan_exp.checkpoint.staging import MARK, make_fresh
+
+    make_fresh(tmp_path / "step-3.saving")  # as a save killed outright leaves it
+    (tmp_path / "step-3.saving" / "__0_0.distcp").write_bytes(b"cut short")
+    checkpointer(tmp_path, 0).save(3, is_writer=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-3"]
+    assert not (tmp_path / "step-3" / MARK).exists() and checkpointer(tmp_path, 1).resume() == 3
+
+
+def test_a_record_is_never_written_through_a_link(tmp_path: Path) -> None:
+    from titan_exp.checkpoint.model_record import write_model_record
+
+    victim = victim_folder(tmp_path)
+    (tmp_path / "model.json").symlink_to(victim / "precious")
+    with pytest.raises(FileExistsError):
+        write_model_record(tmp_path, ModelConfig(), False)
+    assert_untouched(victim)
+
+
+def test_a_metadata_that_is_a_fifo_or_names_a_file_elsewhere_is_refused_without_waiting(tmp_path: Path) -> None:
+    """A FIFO .metadata blocked a rank for ever; a .metadata whose shard lies outside its folder
+    would have DCP read it. Both refused before DCP opens anything."""
+    import signal
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    folder = save_model(model(0), str(tmp_path / "ckpt"), ModelConfig())
+    metadata = pickle.loads((folder / ".metadata").read_bytes())  # our own save: trusted here
+    (folder / ".metadata").rename(tmp_path / "saved_metadata")
+    os.mkfifo(folder / ".metadata")
+
+    def waited(*_) -> None:
+        raise TimeoutError("the reader waited on the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(30)
+    try:
+        with pytest.raises(ValueError, match=f"^{folder} is not a readable checkpoint: .*metadata is a FIFO, not a"):
+            load_model(model(1), str(folder))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    (folder / ".metadata").unlink()
+    for index, info in metadata.storage_data.items():
+        metadata.storage_data[index] = _StorageInfo("../elsewhere.distcp", info.offset, info.length)
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(UntrustedCheckpointError, match="names '../elsewhere.distcp' as a file of its folder; refusing"):
+        load_model(model(1), str(folder))
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A tmpfs of its own (root only): a disk that really fills; resize(n) sets its size in bytes."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", disk]).returncode:
+        pytest.skip("a full disk is a small tmpfs here, which only root may mount")
+
+    def resize(size: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", disk], check=True)
+
+    yield disk, resize
+    subprocess.run(["umount", disk], check=True)
+
+
+def test_a_full_disk_during_the_export_keeps_the_checkpoint_it_exports_and_the_one_before(small_disk) -> None:
+    """The export of the last step fails for want of space (its DCP checkpoint fitted): what the
+    export wrote goes, the step's checkpoint stays complete (a resume goes on from it), and so does
+    the one before. The probe's run ended with none."""
+    from titan_exp.checkpoint.layout import complete_steps, folder_bytes
+    from titan_exp.models.registry import build_model
+
+    disk, resize = small_disk
+    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, multiple_of=16)
+
+    def trained(seed: int) -> TrainCheckpointer:
+        torch.manual_seed(seed)
+        net = build_model(cfg)
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        net(torch.randint(0, cfg.vocab_size, (2, 16))).sum().backward()
+        optimizer.step()
+        trained_as = TrainedAs(tokens_per_step=32, steps=10, lr=1e-3, lr_scheduler=LRSchedulerConfig())
+        section = CheckpointConfig(enable=True, folder=str(disk), last_save_in_hf=True)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        record = TrainingRecord(trained_as, ExportSources(None, None))
+        return TrainCheckpointer(section, [net], Optimizers([optimizer], [scheduler]), cfg, record)
+
+    saver = trained(0)
+    saver.save(5, is_writer=True)
+    # The export writes its weights twice (each rank's slices, then whole tensors): room for them
+    # once, beside step 10's DCP files (the space check allows for ~1 MB more than DCP writes).
+    weights = sum(p.numel() * 4 for p in saver.parts[0].parameters())
+    resize(2 * folder_bytes(disk / "step-5") + weights * 5 // 4)
+    with pytest.raises(CheckpointException, match="No space left on device"):
+        saver.save(10, is_writer=True, last=True)
+    assert complete_steps(str(disk)) == [5, 10]
+    assert sorted(p.name for p in disk.iterdir()) == ["step-10", "step-5"]
+    assert not list((disk / "step-10").glob("*.safetensors"))
+    resumed = trained(1)
+    assert resumed.resume() == 10
+    assert_same_weights(saver.parts[0], resumed.parts[0])

@@ -118,4 +118,4 @@ def test_a_store_that_does_not_answer_is_named_without_its_password():
 def test_ui_and_compare_refuse_a_folder_for_a_store_in_one_line(tmp_path, capsys, command):
     assert command(["--uri", f"sqlite:///{tmp_path}"]) == 2
     said = capsys.readouterr().err.strip().splitlines()
-    assert len(said) == 1 and f"{tmp_path} is not a file" in said[0]
+    assert len(said) == 1 and f"{tmp_path} is a folder, not a regular file" in said[0]

@@ -19,7 +19,7 @@ from titan_exp.data.files import FilesSource  # noqa: E402
 from titan_exp.job.preflight import preflight  # noqa: E402
 from titan_exp.rules import ConfigError  # noqa: E402
 
-from crafted import CASES, files_data, hf_load, tiny_llama  # noqa: E402
+from crafted import CASES, files_data, hf_load, tiny_deepseek_float8, tiny_gpt_oss_mxfp4, tiny_llama  # noqa: E402
 
 # What reading a refused input may add to this process's peak memory.
 MEMORY_BOUND = 1 << 30
@@ -75,6 +75,45 @@ SAYS = {
     "a tensor in two files": "holds model.norm.weight twice, in model-1.safetensors and model-2.safetensors",
     "tie_word_embeddings: 'yes'": "has tie_word_embeddings='yes', not true or false",
     "model.moe.num_experts=-4": "model.moe.num_experts=-4: must be >= 0",
+    **{
+        f"float8 weight_block_size {block!r}": f"has quantization_config.weight_block_size={block}, not two integers"
+        for block in ([0, 16], [-16, 16], [16.5, 16], [16], [10**12, 16])
+    },
+    "float8 weight_block_size '16'": "has quantization_config.weight_block_size='16', not a list",
+    "float8 weight_scale_inv too small": "holds model.layers.0.self_attn.o_proj.weight_scale_inv as F32 [1, 2]; "
+    "one scale per 16×16 block (quantization_config.weight_block_size) of its 32×32 matrix is a floating-point [2, 2]",
+    "float8 16-blocks without quantization_config": "holds model.layers.0.self_attn.q_proj.weight_scale_inv as F32 "
+    "[3, 2]; one scale per 128×128 block (DeepSeek-V3's: no weight_block_size) of its 48×32 matrix",
+    "float8 norm weight with a scale": "holds model.layers.0.input_layernorm.weight as F8_E4M3 [32]; float8 is read "
+    "only as a matrix",
+    "a scale beside an F32 weight": "holds model.layers.0.self_attn.o_proj.weight_scale_inv beside "
+    "model.layers.0.self_attn.o_proj.weight, which is F32: block scales go with F8_E4M3 weights only",
+    "GPT-OSS float8 sinks with a scale": "holds model.layers.0.self_attn.sinks as F8_E4M3 [2]; float8 is read only",
+    "MXFP4 and F32 experts both": "holds model.layers.1.mlp.experts.gate_up_proj twice: as F32 and as MXFP4 "
+    "(model.layers.1.mlp.experts.gate_up_proj_blocks, model.layers.1.mlp.experts.gate_up_proj_scales); keep one",
+    "MXFP4 scale 255": "holds model.layers.1.mlp.experts.gate_up_proj_scales with a scale of 255 at element 127",
+    "GPT-OSS sliding_window: 10^30": f"makes model.sliding_window={10**30}: is wider than model.max_seq_len=64",
+    "GPT-OSS num_hidden_layers: 10^9": "makes model.n_layers=1000000000: more than 10,000 layers",
+    "GPT-OSS num_hidden_layers: 1e9": "has num_hidden_layers=1000000000.0, not an integer",
+    "checkpoint step a link": "ck/step-3 is a link to ../elsewhere, not a folder a save wrote; remove it",
+    "checkpoint step-4.saving a link": "ck/step-4.saving is a link to ../elsewhere, not a folder a save wrote",
+    "checkpoint step-4.saving not a save's": "ck/step-4.saving is not a folder a save of this project left",
+    "checkpoint .metadata a FIFO": "step-3/.metadata is a FIFO, not a regular file; point checkpoint.folder",
+    "checkpoint shard a link to /dev/zero": "step-3/__0_0.distcp is a link to /dev/zero, not a regular file",
+    "checkpoint model.json a FIFO": "its model.json cannot be read (",
+    "checkpoint without model.json": "ck/step-3: has no model.json, which says which model it holds",
+    "checkpoint without model.json as initial_load_path": "checkpoint.initial_load_path=",
+    "checkpoint mlflow_run_id a FIFO": "ck/mlflow_run_id is a FIFO, not a regular file; remove it",
+    "checkpoint mlflow_run_id a link to /dev/zero": "ck/mlflow_run_id is a link to /dev/zero",
+    "checkpoint mlflow_run_id a terminal escape": r"ck/mlflow_run_id holds '\x1b]0;owned\x07', not an MLflow run id",
+    "tokenizer: a normalizer writing 1,000 a for each a": "its normalizer (Replace) makes up to 1,001 characters",
+    "tokenizer: a normalizer writing 20 characters for each one": "more than 2 a byte: it multiplies text",
+    "tokenizer: a normalizer replacing the empty string (a panic)": "the tokenizers library fails on a sample text",
+    "tokenizer: a pre-tokenizer regex past Onig's backtracking limit (a panic)": "retry-limit-in-match over",
+    "tokenizer: eos added as id 2^32-1": "its added_tokens[1].id=4294967295 for '<|end_of_text|>', which the "
+    "tokenizers library numbers",
+    "tokenizer: eos in the vocabulary as id 2^32-1": "('<|end_of_text|>' is id 4294967295)",
+    "tokenizer.json of 230 MB": "241,172,480 bytes, more than the 67,108,864 a tokenizer.json is read up to",
 }
 
 
@@ -129,7 +168,7 @@ def test_a_long_document_is_tokenized_in_pieces_and_resumed_inside_it(tmp_path):
     data.write_text(words + "\n\nshort one\n")
     cfg = compose_job_config(files_data(tmp_path, data)).data
     piece_chars = tokenizer_module.PIECE_CHARS
-    tokenizer_module.PIECE_CHARS = 1000  # 3000 words: ~24 pieces
+    tokenizer_module.PIECE_CHARS = 1000  # 3000 words: ~84 pieces (of 1000 // the BPE's growth, 4, characters)
     try:
         source = FilesSource(cfg, 16, seed=0)
         whole = source.samples(range(40))
@@ -160,10 +199,13 @@ def test_a_resume_that_needs_a_data_position_the_checkpoint_lacks_is_refused(tmp
         ConfigError, match="^data.source=files: the checkpoint in .* kept no position in your documents"
     ):
         checked([*overrides, "training.steps=20"], tmp_path)
+    (step / "model.json").unlink()  # a save writes a record once, in a folder of its own
     write_model_record(step, compose_job_config(overrides).model, data_position=True)
     checked([*overrides, "training.steps=20"], tmp_path)
 
 
-def test_a_well_formed_tiny_folder_passes(tmp_path):
-    """The crafted cases' base is itself fine: what they change is what is refused."""
-    checked(hf_load(tiny_llama(tmp_path / "hf")), tmp_path)
+@pytest.mark.parametrize("make", [tiny_llama, tiny_deepseek_float8, tiny_gpt_oss_mxfp4])
+def test_a_well_formed_tiny_folder_passes(make, tmp_path):
+    """The crafted cases' bases are themselves fine (float8 with its block scales, MXFP4 experts):
+    what the cases change is what is refused."""
+    checked(hf_load(make(tmp_path / "hf")), tmp_path)

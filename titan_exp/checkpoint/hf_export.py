@@ -11,6 +11,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from titan_exp.checkpoint.staging import open_new
 from titan_exp.data.tokenizer import MAX_TOKENIZER_BYTES, load_tokenizer, named_tokens
 from titan_exp.models.config import ModelConfig
 from titan_exp.models.hf import CONFIG_FILE, DTYPE_KEYS
@@ -178,7 +179,8 @@ def _copy(source: Path, target: Path, notes: list[str]) -> None:
     except ValueError as err:
         notes.append(f"{source} is not copied ({err})")
         return
-    shutil.copyfile(source, target)
+    with open(source, "rb") as read, open_new(target) as written:
+        shutil.copyfileobj(read, written)
 
 
 def _write_tokenizer_config(tokenizer: str, folder: Path) -> None:
@@ -192,4 +194,5 @@ def _write_tokenizer_config(tokenizer: str, folder: Path) -> None:
 
 
 def _write_json(path: Path, value: dict) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")
+    with open_new(path) as file:  # a new file, never written through a link
+        file.write((json.dumps(value, indent=2) + "\n").encode())

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
@@ -23,9 +24,10 @@ from launchers.tasks import last_line
 from titan_exp.checkpoint.config import CheckpointConfig
 from titan_exp.checkpoint.errors import UntrustedCheckpointError, unwrapped
 from titan_exp.checkpoint.hf import save_hf
-from titan_exp.checkpoint.layout import NotEnoughSpaceError, complete_steps, saving_dir, step_dir
+from titan_exp.checkpoint.layout import NotEnoughSpaceError, complete_steps, exporting_dir, saving_dir, step_dir
 from titan_exp.checkpoint.model_record import TrainingRecord, write_model_record
 from titan_exp.checkpoint.space import SpaceCheckingPlanner
+from titan_exp.checkpoint.staging import MARK, make_fresh, remove_ours
 from titan_exp.checkpoint.trusted import load_trusted, open_checkpoint
 from titan_exp.data.loader import BatchLoader
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
@@ -43,34 +45,89 @@ def save_whole(
     also: Callable[[Path], None] | None = None,
     training: TrainingRecord | None = None,
 ) -> None:
-    """Save `state` as step-N of `folder` (every rank takes part), written under another name and
+    """Save `state` as step-N of `folder` (every rank takes part), written under another name, in a
+    folder the writer has just made (staging.py: never through a link planted in `folder`), and
     renamed by the writer once DCP has finished (its .metadata last): a save cut short is never
     taken for a checkpoint. A save the disk cannot hold is refused before anything is written
     (space.py); one that fails leaves no step-N.saving behind. Beside the tensors, the record of
     `model` and, of a training checkpoint, `training` (how its job trained, what an export takes:
-    model_record.py); `also` writes more into the
-    folder before it is complete (the weights in Hugging Face's format)."""
+    model_record.py); `also` writes more into the folder once it is complete (the weights in
+    Hugging Face's format), staged the same way: one that fails removes what it wrote, never the
+    checkpoint."""
     partial, done = saving_dir(folder, step), step_dir(folder, step)
+    _on_writer(is_writer, functools.partial(make_fresh, partial))
     try:
         ignore_unavoidable_warnings()  # DCP's in a process alone (a seed checkpoint)
         dcp.save(state, checkpoint_id=str(partial), planner=SpaceCheckingPlanner(folder))
         if is_writer:
             write_model_record(partial, model, "dataloader" in state, training)
-        if also:
-            also(partial)
     except (Exception, CheckpointException) as err:  # DCP's is a BaseException
         # DCP fails a save on every rank once all have stopped writing: the writer removes what they
         # wrote, which nothing would ever read and which would only fill the disk.
         if is_writer:
-            shutil.rmtree(partial, ignore_errors=True)
+            remove_ours(partial)
         short = unwrapped(err, NotEnoughSpaceError)
         if short is not None and short is not err:
             raise short from err  # its one line, not DCP's per-rank report
         raise
+    export = exporting_dir(folder, step)
+    _on_writer(is_writer, functools.partial(_complete, partial, done, export if also else None))
+    if also:
+        _export_beside(also, export, done, is_writer)
+
+
+def _on_writer(is_writer: bool, work: Callable[[], None]) -> None:
+    """`work` done by the writer (rank 0) while the other ranks wait; its refusal raised on every
+    rank alike (a rank that went on would wait in DCP's collectives for a writer that stopped)."""
+    refusal = None
     if is_writer:
-        if done.exists():  # the same step saved again (a job that resumed and stopped there)
+        try:
+            work()
+        except (OSError, ValueError) as err:
+            refusal = str(err)
+    if dist.is_initialized():
+        said = [refusal]
+        dist.broadcast_object_list(said, src=0)
+        refusal = said[0]
+    if refusal is not None:
+        raise ValueError(refusal)
+
+
+def _complete(partial: Path, done: Path, export: Path | None) -> None:
+    """step-N.saving renamed step-N (a step saved again, by a job that resumed and stopped there,
+    replaced); and where an export follows, its own fresh folder."""
+    try:
+        if done.is_symlink() or done.exists() and not done.is_dir():
+            raise ValueError(f"{done} is no step folder a save wrote (a link or a file); remove it")
+        if done.exists():
             shutil.rmtree(done)
         os.replace(partial, done)
+    except BaseException:
+        remove_ours(partial)
+        raise
+    os.unlink(done / MARK)
+    if export is not None:
+        make_fresh(export)
+
+
+def _export_beside(also: Callable[[Path], None], export: Path, done: Path, is_writer: bool) -> None:
+    """`also` written into `export` and moved into the complete step folder `done`; one that fails
+    (a full disk) removes what it wrote, and the checkpoint stays as it is."""
+    try:
+        also(export)
+    except (Exception, CheckpointException):  # DCP's is a BaseException
+        if is_writer:
+            remove_ours(export)
+        raise
+    if not is_writer:
+        return
+    written = [entry for entry in export.iterdir() if entry.name != MARK]
+    if clash := [entry.name for entry in written if os.path.lexists(done / entry.name)]:
+        remove_ours(export)  # the checkpoint's own files are never replaced
+        raise FileExistsError(f"the Hugging Face export wrote {', '.join(clash)}, which {done} holds already")
+    for entry in written:
+        os.rename(entry, done / entry.name)
+    remove_ours(export)
 
 
 def save_model(model: torch.nn.Module, folder: str, cfg: ModelConfig) -> Path:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from titan_exp.checkpoint.hf_export import ExportSources
+from titan_exp.checkpoint.staging import open_new, open_own
 from titan_exp.models.config import ModelConfig
 from titan_exp.optim.config import LRSchedulerConfig
 from titan_exp.rules import ConfigError, check_positive, dotted_keys
@@ -53,7 +54,8 @@ def write_model_record(
     if training is not None:
         record["training"] = dataclasses.asdict(training.trained_as)
         record["export"] = dataclasses.asdict(training.sources)
-    (step_folder / MODEL_FILE).write_text(json.dumps(record, indent=1))
+    with open_new(step_folder / MODEL_FILE) as file:
+        file.write(json.dumps(record, indent=1).encode())
 
 
 def saved_model(step_folder: Path, key: str) -> dict | None:
@@ -116,14 +118,17 @@ def check_data_position(step_folder: Path, needed: bool) -> None:
 
 
 def _record(step_folder: Path, key: str) -> dict:
-    """The step folder's record ({} where it has none)."""
+    """The step folder's record ({} where it has none); one that is a link, a FIFO or a device is
+    refused, never opened through the link nor waited on."""
     record = step_folder / MODEL_FILE
-    if not record.is_file():
+    if not record.exists() and not record.is_symlink():
         return {}
     try:
-        if record.stat().st_size > _MAX_BYTES:
+        with open_own(record) as file:
+            text = file.read(_MAX_BYTES + 1)
+        if len(text) > _MAX_BYTES:
             raise ValueError(f"larger than {_MAX_BYTES} bytes")
-        saved = json.loads(record.read_text())
+        saved = json.loads(text)
         if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
             raise ValueError("no model section")
         return saved
@@ -137,10 +142,16 @@ def _unreadable(step_folder: Path, key: str, err: Exception) -> ConfigError:
 
 def check_same_model(step_folder: Path, model: ModelConfig, key: str) -> None:
     """Refuse a checkpoint whose model differs from `model` in a key that shapes its tensors (`key`:
-    the config key that led to it). A checkpoint without the record (saved elsewhere) is not checked."""
+    the config key that led to it), or that does not say which model it holds: DCP would load the
+    tensors whose names match into another model and leave the rest as initialized."""
     record = _record(step_folder, key)
     if not record:
-        return
+        raise ConfigError(
+            key,
+            str(step_folder),
+            f"has no {MODEL_FILE}, which says which model it holds (every save writes one); "
+            f"point {key} at a checkpoint this project saved",
+        )
     theirs = record["model"]
     ours = dotted_keys(json.loads(json.dumps(dataclasses.asdict(model))))  # tuples as the record holds them
     saved = dotted_keys(theirs)

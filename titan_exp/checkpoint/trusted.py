@@ -1,7 +1,9 @@
 """Reading a checkpoint without running code from it. DCP unpickles a checkpoint's `.metadata` with
 plain pickle and its non-tensor values with torch.load(weights_only=False): a crafted file would run
 its payload on load. Here `.metadata` is read by an unpickler that admits only the classes DCP
-writes there, and the values as plain data (tensors are read weights_only by DCP already)."""
+writes there, and the values as plain data (tensors are read weights_only by DCP already). Only
+regular files of the folder are read (staging.py): a .metadata that is a FIFO, or one naming a file
+elsewhere, is refused before DCP opens anything."""
 
 import io
 import pickle
@@ -18,6 +20,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from titan_exp.checkpoint.errors import REFUSED, UntrustedCheckpointError, unwrapped
+from titan_exp.checkpoint.staging import open_own, own_file
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 
 # What DCP's .metadata refers to (listed from real saves with pickletools); torch dtypes too, below.
@@ -70,11 +73,13 @@ class TrustedReader(FileSystemReader):
     def __init__(self, path: str):
         super().__init__(path)
         metadata_path = Path(self._get_metadata_path())
-        with self.fs.create_stream(metadata_path, "rb") as stream:
+        with open_own(metadata_path) as stream:
             metadata = _MetadataUnpickler(stream, metadata_path).load()
         if not isinstance(metadata, Metadata):
             raise ValueError(f"{metadata_path} holds a {type(metadata).__name__}, not DCP's Metadata")
         self.metadata: Metadata = metadata
+        for name in {getattr(info, "relative_path", None) for info in (metadata.storage_data or {}).values()}:
+            _shard_file(Path(path), name, metadata_path)
 
     def read_metadata(self) -> Metadata:
         """As FileSystemReader.read_metadata, from what was read when made. Without its `rank`
@@ -83,6 +88,14 @@ class TrustedReader(FileSystemReader):
             self.metadata.storage_meta = StorageMeta()
         self.metadata.storage_meta.load_id = self.load_id
         return self.metadata
+
+
+def _shard_file(folder: Path, name: object, metadata_path: Path) -> None:
+    """A file .metadata names for tensors: one of its own folder's, a regular file (never a path
+    elsewhere nor a FIFO, which DCP would open and wait on)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+        raise UntrustedCheckpointError(f"{metadata_path} names {name!r} as a file of its folder; {REFUSED}")
+    own_file(folder / name)
 
 
 class _PlainDataPlanner(DefaultLoadPlanner):

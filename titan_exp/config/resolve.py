@@ -12,7 +12,7 @@ import os
 from operator import attrgetter
 from pathlib import Path
 
-from launchers.base import Placement, PlacementRequest
+from launchers.base import Placement, PlacementRequest, check_one_line
 from launchers.devices import cpu_cores, threads_per_rank
 from launchers.env import external_launcher
 from titan_exp.checkpoint.config import OWN_FOLDER, own_folder
@@ -31,6 +31,8 @@ def resolve(cfg: JobConfig, place: bool = True, job_dir: Path | None = None, roo
     planner's): resolved as for a dry run, the world as the launcher spells it out, placed nowhere.
     `job_dir`: the job's folder, where its own checkpoints go (none: a job that is not run).
     `room=False`: placed without asking whether this machine has room for it (`show`)."""
+    if job_dir is not None:  # it reaches logs, a Slurm script and the ranks' command lines
+        check_one_line("hydra.run.dir", str(job_dir))
     cfg = copy.deepcopy(cfg)
     apply_aliases(cfg)
     _model_from_hf(cfg)
@@ -58,6 +60,7 @@ def _model_from_hf(cfg: JobConfig) -> None:
     if model.hf_path is None:
         raise ConfigError("model.hf_path", None, "model=hf takes its shape from a Hugging Face model folder; set it")
     folder = Path(model.hf_path).resolve()
+    check_one_line("model.hf_path", str(folder))  # its name becomes the run's, printed and logged
     keys_set = {key: attrgetter(key)(model) for key in getattr(model, "keys_set", ())}
     cfg.model = config_from_hf(str(folder), "model.hf_path", keys_set)
     cfg.model.flavor = folder.name

@@ -6,6 +6,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from titan_exp import CONF_DIR, user_conf_dir
+from titan_exp.estimate.user_profiles import profiles_folder, read_profile
 
 # Groups whose options are not picked one at a time (Hydra's own).
 HIDDEN_GROUPS = ("hydra",)
@@ -68,4 +69,6 @@ def option_picked(group: str, option: str, picked_group: str) -> str | None:
 def _option(group: str, option: str) -> dict:
     """An option file's contents, its defaults list included ({} for an option not on disk, or empty)."""
     path = _option_file(group, option)
+    if path.parent == profiles_folder():  # a user's device profile: data, read within bounds
+        return read_profile(path)
     return (OmegaConf.to_container(OmegaConf.load(path)) or {}) if path.is_file() else {}

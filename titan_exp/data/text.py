@@ -12,8 +12,9 @@ from titan_exp.data.tokenizer import load_tokenizer
 
 EOS = "<|end_of_text|>"
 BOS = "<|begin_of_text|>"
-# Bump when the preparation below changes, so stale caches are not reused.
-PREPARE_VERSION = "1"
+# Bump when the preparation below changes, so stale caches are not reused (2: a given tokenizer's
+# pieces shrink with what its normalizer and pre-tokenizer make of a character).
+PREPARE_VERSION = "2"
 
 
 def load_documents(corpus_path: str | None) -> list[str]:

@@ -6,12 +6,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from titan_exp.data.tokenizer_growth import growth
 from titan_exp.untrusted import read_json, regular_file
 
-# The largest tokenizer.json read (the tokenizers library parses it whole): published ones are 2-35 MB.
-MAX_TOKENIZER_BYTES = 256 << 20
-# Characters tokenized at a time: a long document goes through the tokenizer in pieces cut before a
-# space (where byte-level BPE's pre-tokenizer cuts too), so what the tokenizer holds stays bounded.
+# The largest tokenizer.json read: published ones are 2-35 MB, and the tokenizers library holds up
+# to 20 times a file's size parsing it (a Unigram vocabulary); a larger file is refused unparsed.
+MAX_TOKENIZER_BYTES = 64 << 20
+# Characters the tokenizer makes of a piece: a long document goes through it in pieces cut before a
+# space (where byte-level BPE's pre-tokenizer cuts too), each of PIECE_CHARS divided by the most its
+# normalizer and pre-tokenizer make of one character, so what the tokenizer holds stays bounded.
 PIECE_CHARS = 1 << 20
 # Names documents are opened and closed with, by family, where no tokenizer_config.json says.
 _BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
@@ -25,6 +28,7 @@ class DocumentTokenizer:
     tokenizer: object  # tokenizers.Tokenizer
     bos: int | None
     eos: int
+    growth: int  # the most characters its normalizer and pre-tokenizer make of one (tokenizer_growth.py)
 
     @property
     def vocab_size(self) -> int:
@@ -35,11 +39,11 @@ class DocumentTokenizer:
         return [token for piece in self.pieces(text) for token in piece]
 
     def pieces(self, text: str) -> Iterator[list[int]]:
-        """BOS + the document's ids + EOS, tokenized PIECE_CHARS at a time."""
-        start = 0
+        """BOS + the document's ids + EOS, tokenized PIECE_CHARS // growth characters at a time."""
+        start, length = 0, max(1, PIECE_CHARS // self.growth)
         opening = [self.bos] if self.bos is not None else []
         while True:
-            end = _cut(text, start, start + PIECE_CHARS)
+            end = _cut(text, start, start + length)
             ids = self.tokenizer.encode(text[start:end], add_special_tokens=False).ids
             if end == len(text):
                 yield opening + ids + [self.eos]
@@ -78,7 +82,7 @@ def load_tokenizer(path: str) -> DocumentTokenizer:
             f"no end-of-document token (none of {', '.join(_EOS_NAMES)}); put a tokenizer_config.json "
             "naming its eos_token beside it"
         )
-    return DocumentTokenizer(tokenizer, bos, eos)
+    return DocumentTokenizer(tokenizer, bos, eos, growth(tokenizer))
 
 
 def named_tokens(path: Path, *keys: str) -> tuple[str | None, ...]:

@@ -1,13 +1,31 @@
 """The `hardware` group: a device profile the planner predicts for. Torch-free."""
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 from titan_exp.rules import ConfigError, Section, one_of
 
 # The figures only gloo's collectives read (estimate/collectives.py): a GPU profile leaves them out.
 GLOO_ONLY = ("collective_latency_us", "reduce_latency_us")
+# Where each other figure lies on any device, with room of a thousandfold around today's (a CPU
+# core's 0.01 TFLOP/s to a GB200's 2,500; a NIC's 1 GB/s to NVLink 5's 900; 8 to 1,024 devices a
+# node): beyond, a figure is a typo or a slip of units, and a plan with it overflows or divides by
+# almost nothing. The efficiencies and the allocator's slack are fractions (HardwareConfig.check).
+FIGURE_RANGES: dict[str, tuple[float, float]] = {
+    "peak_tflops_float32": (1e-5, 1e7),
+    "peak_tflops_bfloat16": (1e-5, 1e7),
+    "peak_tflops_float8": (1e-5, 1e7),
+    "sm_count": (1, 100_000),
+    "memory_gib": (1e-3, 1e7),
+    "memory_gbps": (1e-2, 1e7),
+    "intra_node_gbps": (1e-3, 1e6),
+    "inter_node_gbps": (1e-3, 1e6),
+    "nics_per_node": (1, 1024),
+    "collective_latency_us": (1e-3, 1e7),
+    "reduce_latency_us": (1e-3, 1e7),
+    "devices_per_node": (1, 65_536),
+    "time_sharing_cost": (1, 100),
+}
 
 
 @dataclass
@@ -71,20 +89,23 @@ class HardwareConfig(Section):
     time_sharing_cost: float = 1.0
 
     def check(self, key: str) -> None:
-        """Each figure finite and > 0, or -1 (measured on this machine); the efficiencies fractions."""
+        """Each figure in its FIGURE_RANGES or -1 (measured on this machine); the efficiencies fractions."""
         super().check(key)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if type(value) not in (int, float) or value == -1:
                 continue
-            if f.name.endswith("_efficiency") and not 0 < value <= 1:  # also refuses nan
-                raise ConfigError(f"{key}.{f.name}", value, "must lie in (0, 1] (a fraction of the peak) or be -1")
-            if f.name == "allocator_slack":
+            if f.name.endswith("_efficiency"):
+                if not 0 < value <= 1:  # also refuses nan
+                    raise ConfigError(f"{key}.{f.name}", value, "must lie in (0, 1] (a fraction of the peak) or be -1")
+            elif f.name == "allocator_slack":
                 if not 0 <= value < 1:  # also refuses nan
                     raise ConfigError(f"{key}.{f.name}", value, "must lie in [0, 1) (a share of the live tensors)")
-                continue
-            if not value > 0 or math.isinf(value):
-                raise ConfigError(f"{key}.{f.name}", value, "must be a finite number > 0, or -1 (measured here)")
+            else:
+                low, high = FIGURE_RANGES[f.name]
+                if not low <= value <= high:  # also refuses nan
+                    fix = f"must lie in [{low:g}, {high:g}] or be -1 (measured here)"
+                    raise ConfigError(f"{key}.{f.name}", value, fix)
 
     def memory_bytes_per_second(self) -> float:
         """What bandwidth-bound kernels (elementwise, copies, the optimizer step) sustain."""

@@ -19,7 +19,7 @@ from titan_exp.tracking.journal import close_run_from_outside
 from titan_exp.tracking.store import ensure_store
 
 # What every rank runs (titan_exp/rank/entry.py), and the dry runs (titan_exp/train/dry_run.py).
-RUN_RANK = Entrypoint("titan_exp.rank.entry:run_rank")
+RUN_RANK = Entrypoint("titan_exp.rank.entry:run_rank", result=RankResult.from_data)
 DRY_RUN = Entrypoint("titan_exp.train.dry_run:run")
 
 

@@ -5,7 +5,8 @@ line, exit 2), like the config's own rules (config/check.py)."""
 
 import codecs
 import contextlib
-import sqlite3
+import os
+import re
 import tempfile
 import urllib.error
 import urllib.parse
@@ -16,27 +17,37 @@ from titan_exp.checkpoint.config import OWN_FOLDER
 from titan_exp.checkpoint.layout import (
     DCP_METADATA,
     NotEnoughSpaceError,
+    check_folder,
     check_free_space,
+    check_step_files,
     folder_bytes,
     latest_step,
+    run_id_beside,
     step_dir,
 )
 from titan_exp.checkpoint.model_record import check_data_position, check_same_model
+from titan_exp.checkpoint.staging import own_file
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig
 from titan_exp.data.documents import SAVED_DATASET_MARK, SUFFIXES, expand, first_record_fields
 from titan_exp.data.files import FilesSource, TooFewTokensError
 from titan_exp.data.tokenizer import load_tokenizer
+from titan_exp.data.tokenizer_trial import try_tokenizer
 from titan_exp.estimate.workload import model_parameters
 from titan_exp.job.memory import Budget, check_memory_fit
-from titan_exp.models.hf import check_hf_checkpoint
+from titan_exp.models.hf_tensors import check_hf_checkpoint
 from titan_exp.models.registry import config_from_hf, family_of
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import Store
-from titan_exp.tracking.store import is_store_busy, server_answers
+from titan_exp.tracking.store import not_a_store, read_only, server_answers
 
 # How long a tracking server has to answer its health endpoint before the job is refused.
 SERVER_ANSWER_S = 3.0
+# Larger than the id of an MLflow run (32 hex digits) a checkpoint folder's mlflow_run_id holds.
+_RUN_ID_BYTES = 256
+# What MLflow takes as a run id (mlflow/utils/validation.py): a run-id file that holds anything else
+# is no run of ours, and its text is printed.
+MLFLOW_RUN_ID = re.compile(r"[A-Za-z0-9][\w-]{0,255}", re.ASCII)
 
 
 def preflight(job: ResolvedJob, memory: bool = True) -> None:
@@ -88,15 +99,20 @@ def _tokenizer_file(cfg: JobConfig) -> None:
 
 def check_tokenizer(key: str, path: str, vocab: int, fix: str) -> None:
     """The tokenizer.json `path` (named by `key`) is one the tokenizers library reads, with an
-    end-of-document token, and a model of `vocab` ids holds its ids (else `fix`)."""
+    end-of-document token, and a model of `vocab` ids holds its ids (else `fix`). It is tried in a
+    child process first: the library may need more memory than this process may take, or panic."""
     if not Path(path).exists():
         raise ConfigError(key, path, "no such file; point it at a tokenizer.json")
     try:
+        try_tokenizer(path)
         tokenizer = load_tokenizer(path)
     except ValueError as err:
         raise ConfigError(key, path, str(err)) from None
-    if tokenizer.vocab_size > vocab:
-        raise ConfigError(key, path, f"its {tokenizer.vocab_size} token ids exceed model.vocab_size={vocab}; {fix}")
+    if (size := tokenizer.vocab_size) > vocab:
+        largest = tokenizer.tokenizer.id_to_token(size - 1)
+        raise ConfigError(
+            key, path, f"its {size} token ids exceed model.vocab_size={vocab} ({largest!r} is id {size - 1}); {fix}"
+        )
 
 
 def _document_files(key: str, globs: list[str], text_field: str) -> None:
@@ -153,12 +169,10 @@ def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:
     saves = (c.enable or c.create_seed_checkpoint) and c.folder != OWN_FOLDER
     if saves:
         _writable_folder("checkpoint.folder", c.folder)
+        _checkpoint_entries(c.folder)
     resumes_at = latest_step(c.folder) if saves and c.enable else None
     if room and saves:
         _room_for_a_checkpoint(cfg, resumes_at)
-    if resumes_at is not None:
-        check_same_model(step_dir(c.folder, resumes_at), cfg.model, "checkpoint.folder")
-        check_data_position(step_dir(c.folder, resumes_at), needed=cfg.data.source == "files")
     if resumes_at is not None and resumes_at >= cfg.training.steps:
         raise ConfigError(
             "training.steps",
@@ -166,6 +180,10 @@ def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:
             f"checkpoint.folder={c.folder} holds step-{resumes_at} already, so nothing is left to train; "
             "raise training.steps or point checkpoint.folder elsewhere",
         )
+    if resumes_at is not None:
+        _step_files("checkpoint.folder", step_dir(c.folder, resumes_at))
+        check_same_model(step_dir(c.folder, resumes_at), cfg.model, "checkpoint.folder")
+        check_data_position(step_dir(c.folder, resumes_at), needed=cfg.data.source == "files")
     if c.initial_load_in_hf:
         _hf_checkpoint(cfg, c.initial_load_path, "checkpoint.initial_load_path")
     elif c.initial_load_path is not None:
@@ -175,7 +193,31 @@ def _checkpoint_folders(cfg: JobConfig, room: bool) -> None:
                 c.initial_load_path,
                 "not a checkpoint folder (no .metadata); point it at a step-N folder, e.g. a seed checkpoint's step-0",
             )
+        _step_files("checkpoint.initial_load_path", Path(c.initial_load_path))
         check_same_model(Path(c.initial_load_path), cfg.model, "checkpoint.initial_load_path")
+
+
+def _checkpoint_entries(folder: str) -> None:
+    """Nothing in checkpoint.folder that a save would write through or a resume read for ever: its
+    steps are folders a save left (no links), its run-id file a regular file of a run id's size."""
+    try:
+        check_folder(folder)
+        run_id = run_id_beside(folder)
+        if os.path.lexists(run_id) and (size := own_file(run_id)) > _RUN_ID_BYTES:
+            raise ValueError(f"{run_id} is {size:,} bytes, not an MLflow run id")
+        if os.path.lexists(run_id) and not MLFLOW_RUN_ID.fullmatch(text := run_id.read_text(errors="replace").strip()):
+            raise ValueError(f"{run_id} holds {text[:40]!r}, not an MLflow run id")  # printed later: no escapes
+    except ValueError as err:
+        fix = "remove it or point checkpoint.folder elsewhere"
+        raise ConfigError("checkpoint.folder", folder, f"{err}; {fix}") from None
+
+
+def _step_files(key: str, step_folder: Path) -> None:
+    """The step's files a rank reads are regular files, no links (a FIFO would block it for ever)."""
+    try:
+        check_step_files(step_folder)
+    except ValueError as err:
+        raise ConfigError(key, str(step_folder), f"{err}; point {key} elsewhere") from None
 
 
 def _hf_checkpoint(cfg: JobConfig, folder: str, key: str) -> None:
@@ -238,24 +280,8 @@ def _reachable_store(store: Store) -> None:
             )
         return
     _writable_folder("tracking.uri", str(store.db.parent), store.uri)
-    if not store.db.exists():
-        return
-    try:  # reads the schema only: cheap on any size of store
-        with _read_only(store.db) as db:
-            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.Error as err:
-        if is_store_busy(err):  # another job is writing it: a database
-            return
-        raise ConfigError(
-            "tracking.uri",
-            store.uri,
-            f"{store.db} is not a readable SQLite database ({err}); move it away or name another file",
-        ) from None
-
-
-def _read_only(db: Path) -> contextlib.closing[sqlite3.Connection]:
-    """A connection that cannot change the store (nor create it)."""
-    return contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5))
+    if why := not_a_store(store.db):
+        raise ConfigError("tracking.uri", store.uri, why)
 
 
 def _parent_run_exists(store: Store, run_id: str) -> None:
@@ -271,7 +297,7 @@ def _parent_run_exists(store: Store, run_id: str) -> None:
         except OSError:  # it answered its health check a moment ago: let the run's writer retry
             return
     elif store.db.exists():
-        with _read_only(store.db) as db:
+        with read_only(store.db) as db:
             found = db.execute("SELECT 1 FROM runs WHERE run_uuid = ?", (run_id,)).fetchone() is not None
     else:
         found = False

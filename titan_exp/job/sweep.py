@@ -20,6 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from titan_exp.compare.report import compare_sweep
 from titan_exp.config.schema import JobConfig
+from titan_exp.job.outcome import EXIT_BAD_CONFIG, say, verdict
+from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import TrackingConfig
 from titan_exp.tracking.parent_run import ParentRun, parent_run_id_in
 from titan_exp.tracking.run import SWEEP_OVERRIDES_PARAM
@@ -60,8 +62,8 @@ class Sweep:
 
     def finish(self, interrupted: bool = False, failure: str | None = None) -> None:
         """Compare the points into the parent run (and the folder's compare/), then end it: KILLED if
-        interrupted, FAILED if a point failed (how many in `failure_reason`) or `failure` is given
-        (the reason), else FINISHED."""
+        interrupted (`failure`: by what), FAILED if a point failed (how many in `failure_reason`) or
+        `failure` is given (the reason), else FINISHED."""
         parent, self.parent = self.parent, None
         if parent is None:
             return
@@ -79,7 +81,7 @@ class Sweep:
         except Exception as err:  # the comparison must not leave the parent run open
             failed, reason = 1, f"comparison failed: {type(err).__name__}: {err}"
         status = "KILLED" if interrupted else "FAILED" if failed else "FINISHED"
-        parent.run.finish(status, "interrupted" if interrupted else reason)
+        parent.end(status, (failure or "interrupted") if interrupted else reason)
 
 
 # The multirun this process runs, if any: main() ends it as KILLED when the user interrupts, and
@@ -98,6 +100,7 @@ class SweepParentRun(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         global _active
         overrides = list(config.hydra.overrides.task)
+        _refuse_sweeping_the_store(overrides)
         tracking: TrackingConfig = OmegaConf.to_object(config.tracking)
         folder = Path(config.hydra.sweep.dir)
         _active = Sweep(tracking, _parent_name(overrides), folder, {SWEEP_OVERRIDES_PARAM: shlex.join(overrides)})
@@ -122,6 +125,21 @@ def _parent_name(overrides: list[str]) -> str:
     return f"sweep: {' '.join(swept or overrides)}"
 
 
+def _refuse_sweeping_the_store(overrides: list[str]) -> None:
+    """A sweep's points and its parent run live in one store (the parent nests the points, the
+    comparison reads them there): a sweep over tracking.uri exits here, before anything is written."""
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.is_sweep_override() and override.key_or_group == "tracking.uri":
+            err = ConfigError(
+                "tracking.uri",
+                override.input_line.split("=", 1)[1],
+                "a sweep's points share one store (their parent run and comparison live there); "
+                "run one sweep per store",
+            )
+            say(f"config error: {err}")
+            raise SystemExit(EXIT_BAD_CONFIG)
+
+
 def join_sweep(cfg: JobConfig, sweep_dir: Path) -> JobConfig:
     """A point that runs in the multirun's own process (another Hydra launcher than titan_exp's):
     its run a child of the sweep's parent run (if the sweep has one)."""
@@ -135,6 +153,6 @@ def end_active_sweep(stopped_by: BaseException) -> None:
     """End the parent run of a sweep that `stopped_by` cut short: KILLED if interrupted, else FAILED."""
     if _active is not None:
         interrupted = isinstance(stopped_by, KeyboardInterrupt)
-        _active.finish(
-            interrupted, None if interrupted else f"the sweep stopped: {type(stopped_by).__name__}: {stopped_by}"
-        )
+        # Interrupted: by which signal ("stopped by SIGTERM"), as the points say it.
+        why = verdict(stopped_by)[1] if interrupted else f"the sweep stopped: {type(stopped_by).__name__}: {stopped_by}"
+        _active.finish(interrupted, why)

@@ -106,6 +106,24 @@ def check_every_point(points: list[SweepPoint]) -> None:
                 f"[{first.number}] {' '.join(first.overrides)}, [{point.number}] {' '.join(point.overrides)}",
                 "these points are the same job; drop one of them",
             )
+    _own_checkpoint_folders(points)
+
+
+def _own_checkpoint_folders(points: list[SweepPoint]) -> None:
+    """Points that checkpoint each write into a folder of their own: two in one folder would
+    overwrite each other's steps, and resume from them."""
+    writers: dict[Path, SweepPoint] = {}
+    for point in points:
+        if point.job is None or not point.job.config.checkpoint.enable:
+            continue
+        folder = Path(point.job.config.checkpoint.folder).absolute()
+        if (first := writers.setdefault(folder, point)) is not point:
+            raise ConfigError(
+                "checkpoint.folder",
+                point.job.config.checkpoint.folder,
+                f"sweep points [{first.number}] and [{point.number}] would save and resume each other's steps "
+                "there; leave it unset (each point checkpoints in its own job folder) or sweep it too",
+            )
 
 
 def _as_any_point(point: SweepPoint) -> JobConfig:
@@ -188,7 +206,8 @@ class _Room:
 
 def run_points(points: list[SweepPoint], parent_run_id: str | None, max_parallel: int) -> None:
     """Run every point to its end (state done or failed), its MLflow run a child of `parent_run_id`.
-    Ctrl-C stops the running points (each stops its own ranks or cancels its engine's job) and raises."""
+    Ctrl-C (or SIGTERM) stops the running points (each stops its own ranks or cancels its engine's
+    job) and raises."""
     label_points(points)
     room = _Room.of_this_machine(points, max_parallel)
     waiting = deque(points)
@@ -206,8 +225,8 @@ def run_points(points: list[SweepPoint], parent_run_id: str | None, max_parallel
             board.show(points)
             time.sleep(POLL_SECONDS)
         board.show(points)
-    except KeyboardInterrupt:
-        _stop(room.running)
+    except KeyboardInterrupt as err:
+        _stop(room.running, signal.Signals(getattr(err, "signum", signal.SIGINT)))
         for point in waiting:
             point.state, point.detail = "failed", "not started: the sweep was interrupted"
         board.show(points)
@@ -264,12 +283,13 @@ def _poll(point: SweepPoint, reader: events.EventReader) -> bool:
     return True
 
 
-def _stop(running: list[SweepPoint]) -> None:
-    """SIGINT to every running point (a terminal's Ctrl-C reaches them too), then SIGKILL for any
-    still there after STOP_GRACE_SECONDS."""
+def _stop(running: list[SweepPoint], sig: signal.Signals) -> None:
+    """`sig`, the signal that stopped the sweep, to every running point (a terminal's Ctrl-C reaches
+    them too), so that each records what stopped it; then SIGKILL for any still there after
+    STOP_GRACE_SECONDS."""
     for point in running:
         with contextlib.suppress(ProcessLookupError):
-            point.process.send_signal(signal.SIGINT)
+            point.process.send_signal(sig)
     deadline = time.monotonic() + STOP_GRACE_SECONDS
     for point in running:
         try:
@@ -277,7 +297,7 @@ def _stop(running: list[SweepPoint]) -> None:
         except subprocess.TimeoutExpired:
             point.process.kill()
             point.process.wait()
-        point.state, point.detail = "failed", "interrupted"
+        point.state, point.detail = "failed", f"stopped by {sig.name}"
 
 
 class StatusBoard:

@@ -1,17 +1,16 @@
 """Models in Hugging Face's format (a folder of config.json and safetensors), torch-free: the
-launching process reads a folder's shape and checks its tensors before any rank starts. What a
-family names differently (config keys, parameter names, the rows HF orders its own way) is its
-`HFFormat`, in its folder; the weights move through checkpoint/hf.py."""
+launching process reads a folder's shape before any rank starts (its tensors are checked in
+hf_tensors.py). What a family names differently (config keys, parameter names, the rows HF orders
+its own way) is its `HFFormat`, in its folder; the weights move through checkpoint/hf.py."""
 
 import math
 import re
 import typing
-from operator import attrgetter
 from pathlib import Path
 
 from titan_exp.models.config import ModelConfig
 from titan_exp.rules import ConfigError
-from titan_exp.untrusted import BLOCK_SCALED_DTYPE, FLOATING_DTYPES, read_json, safetensors_header
+from titan_exp.untrusted import read_json
 
 CONFIG_FILE = "config.json"
 # Where a config.json says its weights' dtype: transformers 5 writes dtype, earlier ones torch_dtype.
@@ -316,79 +315,3 @@ def refusing(key: str, folder: str):
         return ConfigError(key, folder, f"its {CONFIG_FILE} has {why}")
 
     return refuse
-
-
-def safetensors_tensors(folder: str, key: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Each tensor's dtype and shape in the folder's *.safetensors files, from their headers alone,
-    each checked against its file (untrusted.py); a tensor in two files is refused (which would load?)."""
-    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
-    where: dict[str, Path] = {}
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        try:
-            header = safetensors_header(path)
-        except ValueError as err:
-            raise ConfigError(key, folder, str(err)) from None
-        for name, entry in header.items():
-            if name in where:
-                raise ConfigError(key, folder, f"holds {name} twice, in {where[name].name} and {path.name}; keep one")
-            where[name] = path
-            tensors[name] = (entry["dtype"], tuple(entry["shape"]))
-    return tensors
-
-
-def check_hf_checkpoint(cfg: ModelConfig, theirs: ModelConfig, hf: HFFormat, folder: str, key: str) -> None:
-    """A HF checkpoint that `cfg`'s model can load: its config.json (read as `theirs`) describes the
-    same model (else the differing field is named, with the fix) and its safetensors hold every
-    tensor in its shape."""
-    for name in hf.compared:
-        ours_value, their_value = attrgetter(name)(cfg), attrgetter(name)(theirs)
-        if ours_value != their_value and not _close(ours_value, their_value):
-            raise ConfigError(
-                f"model.{hf.compared_keys.get(name, name)}",
-                ours_value,
-                f"the checkpoint in {folder} has {their_value}; add model=hf model.hf_path={folder} "
-                "to take the model's shape from it",
-            )
-    found = safetensors_tensors(folder, key)
-    if not found:
-        raise ConfigError(key, folder, "holds no *.safetensors files; point it at a Hugging Face model folder")
-    for name, shape in hf.expected_shapes(cfg, fused=hf.is_fused(found)).items():
-        if name not in found and f"{name}{MXFP4_BLOCKS}" in found:
-            _check_mxfp4(found, name, hf.stored(shape), key, folder)
-            continue
-        if name not in found:
-            raise ConfigError(key, folder, f"has no tensor {name}, which the model needs")
-        dtype, their_shape = found[name]
-        if their_shape != shape:
-            raise ConfigError(key, folder, f"holds {name} of shape {list(their_shape)}, the model's is {list(shape)}")
-        scaled = dtype == BLOCK_SCALED_DTYPE and name.removesuffix("weight") + "weight_scale_inv" in found
-        if dtype not in FLOATING_DTYPES and not scaled:
-            kinds = ", ".join(FLOATING_DTYPES)
-            raise ConfigError(key, folder, f"holds {name} as {dtype}; weights are floating point ({kinds})")
-
-
-# MXFP4 (the OCP microscaling format, GPT-OSS's published experts): a tensor `name` stored as
-# `name_blocks`, 16 bytes of two 4-bit (e2m1) values per block of 32, and `name_scales`, one
-# power-of-two exponent byte (bias 127) per block, both uint8, along the matrix's last dim.
-MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"
-MXFP4_BLOCK = 32
-
-
-def _check_mxfp4(found: dict, name: str, shape: tuple[int, ...], key: str, folder: str) -> None:
-    """`name` held as MXFP4 blocks and scales that dequantize to `shape` (experts × rows × cols)."""
-    *outer, cols = shape
-    if cols % MXFP4_BLOCK:
-        raise ConfigError(key, folder, f"holds {name} as MXFP4, whose blocks of {MXFP4_BLOCK} do not divide {cols}")
-    expected = {
-        MXFP4_BLOCKS: (*outer, cols // MXFP4_BLOCK, MXFP4_BLOCK // 2),
-        MXFP4_SCALES: (*outer, cols // MXFP4_BLOCK),
-    }
-    for suffix, want in expected.items():
-        dtype, their_shape = found.get(f"{name}{suffix}", ("missing", ()))
-        if dtype != "U8" or their_shape != want:
-            held = f"{dtype} {list(their_shape)}"
-            raise ConfigError(key, folder, f"holds {name}{suffix} as {held}; MXFP4 of the model's is U8 {list(want)}")
-
-
-def _close(a: object, b: object) -> bool:
-    return isinstance(a, float) and isinstance(b, float) and math.isclose(a, b, rel_tol=1e-6)

@@ -13,27 +13,36 @@ with each run also predicted from a fit on the others (leave one run out), and, 
 runs the fit never saw. Writes the fitted profile as an option of the `hardware` group in the user's config folder
 (titan_exp.user_conf_dir(): `hardware=<name>` then finds it on any command line; --out writes it
 elsewhere) and prints the overrides that apply the figures to the profile it started from.
+
+What a store holds is someone else's data (plan/stored_runs.py): a run named with --runs or
+--evaluate that it cannot be trusted with is refused; one found in the experiment is skipped, said
+in one line.
 """
 
 import argparse
+import os
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 import yaml
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
 from titan_exp import metric_names as names
-from titan_exp import user_conf_dir
 from titan_exp.compare.runs import experiment_training_runs
 from titan_exp.config.schema import register_schema
 from titan_exp.estimate.hardware_profiles import hardware_profiles
+from titan_exp.estimate.user_profiles import NAME_RULE, is_profile_name, profiles_folder, user_profiles
+from titan_exp.job.outcome import composition_error
 from titan_exp.plan.calibrate import CPU_FIGURES, GPU_FIGURES, MIN_RUNS, Observation, fit, fit_allocator_slack
 from titan_exp.plan.point import compose_point, step_inputs
+from titan_exp.plan.stored_runs import MAX_MEMORY_GIB, MAX_TPS_PER_DEVICE, measured, run_label, run_overrides
+from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import TrackingConfig, masked
 from titan_exp.tracking.run import DEVICE_PROFILE_PARAM
 from titan_exp.tracking.store import open_experiment
-
-OVERRIDES_ARTIFACT = "config/hydra/overrides.yaml"
 
 
 class Refused(ValueError):
@@ -60,10 +69,9 @@ def main(argv: list[str]) -> int:
     register_schema()
     name = args.name or f"{args.hardware}_calibrated"
     try:
-        if name in hardware_profiles():
-            raise Refused(
-                f"--name={name}: a profile shipped with titan_exp has that name; give the fit a name of its own"
-            )
+        _check_names(args.hardware, name)
+        if args.out is not None and args.out.is_dir():
+            raise Refused(f"--out={args.out}: a folder; name the profile's file")
         try:
             mlflow_client, experiment = open_experiment(args.uri, args.experiment)
         except ValueError as err:
@@ -73,47 +81,64 @@ def main(argv: list[str]) -> int:
         held_out = [run_id for run_id in args.evaluate.split(",") if run_id]
         to_fit = _select(mlflow_client, experiment_id, args.hardware, wanted, exclude=held_out)
         to_evaluate = _select(mlflow_client, experiment_id, args.hardware, held_out) if held_out else []
-        if len(to_fit) < MIN_RUNS:
+        fitted_runs = _observations(mlflow_client, to_fit, args.hardware, named=bool(wanted))
+        evaluated = _observations(mlflow_client, to_evaluate, args.hardware, named=True)
+        if len(fitted_runs) < MIN_RUNS:
             raise Refused(
-                f"--hardware={args.hardware}: {len(to_fit)} finished run(s) with a measured TPS to fit on; "
+                f"--hardware={args.hardware}: {len(fitted_runs)} finished run(s) with a measured TPS to fit on; "
                 f"a calibration needs at least {MIN_RUNS} (train more layouts on this hardware)"
             )
     except Refused as err:
         print(f"titan_exp plan calibrate: {err}", file=sys.stderr)
         return 2
-    fitted_runs, evaluated = (
-        [_observation(mlflow_client, run, args.hardware) for run in runs] for runs in (to_fit, to_evaluate)
-    )
     hw = fitted_runs[0].hw
     bounds = CPU_FIGURES if hw.device == "cpu" else GPU_FIGURES
     figures = fit(fitted_runs, bounds, hw)
     slack = fit_allocator_slack(fitted_runs)
     if slack is not None:
         figures["allocator_slack"] = slack
-    left_out = {}
+    rows = []
     for o in fitted_runs:
         others = [other for other in fitted_runs if other is not o]
-        left_out[o.label] = fit(others, bounds, hw) | {"allocator_slack": fit_allocator_slack(others)}
-    rows = [_row("fitted on", o, figures, left_out[o.label]) for o in fitted_runs]
+        left_out = fit(others, bounds, hw) | {"allocator_slack": fit_allocator_slack(others)}
+        rows.append(_row("fitted on", o, figures, left_out))
     rows += [_row("evaluated", o, figures, None) for o in evaluated]
     print(_table(rows))
     for kind in ("fitted on", "evaluated") if evaluated else ("fitted on",):
         print(_summary(rows, kind, "TPS", 2))
         if any(row[6] is not None for row in rows if row[0] == kind):
             print(_summary(rows, kind, "memory", 6))
-    out = args.out or user_conf_dir() / "hardware" / f"{name}.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = args.out or profiles_folder() / f"{name}.yaml"
     # Its own name; the device kind (hw.device) and every figure not fitted as they were.
     profile = asdict(hw) | figures | {"name": name, "device_names": []}
     origin = (
         f"# titan_exp plan calibrate on {len(fitted_runs)} runs of hardware={args.hardware} in {masked(args.uri)}\n"
     )
-    out.write_text(origin + yaml.safe_dump(profile))
+    try:
+        _write(out, origin + yaml.safe_dump(profile))
+    except OSError as err:
+        print(f"titan_exp plan calibrate: --out={out}: cannot be written ({err.strerror})", file=sys.stderr)
+        return 1
     print(f"profile: {out}")
     if args.out is None:
         print(f"use it: hardware={name}")
     print(f"apply it: hardware={args.hardware} " + " ".join(f"hardware.{k}={v:.6g}" for k, v in figures.items()))
     return 0
+
+
+def _check_names(hardware: str, name: str) -> None:
+    """--hardware names a profile there is (the user's own checked, as a composition would), and
+    --name one of the user's folder can hold."""
+    try:
+        known = hardware_profiles().keys() | user_profiles().keys()
+    except ValueError as err:
+        raise Refused(str(err)) from None
+    if hardware not in known:
+        raise Refused(f"--hardware={hardware!r}: no such profile (options: {', '.join(sorted(known))})")
+    if not is_profile_name(name):
+        raise Refused(f"--name={name!r}: a profile's name is {NAME_RULE}")
+    if name in hardware_profiles():
+        raise Refused(f"--name={name}: a profile shipped with titan_exp has that name; give the fit a name of its own")
 
 
 def _select(mlflow_client, experiment_id: str, hardware: str, wanted: list[str], exclude=()) -> list:
@@ -160,16 +185,48 @@ def _check(run, hardware: str) -> None:
         raise Refused(f"run {run_id}: no {names.TPS_MEAN} (it logged fewer than two intervals); run it longer")
 
 
+def _observations(mlflow_client, runs: list, hardware: str, named: bool) -> list[Observation]:
+    """Each run as an observation; one that cannot be is refused where the user `named` it, else
+    skipped (a store's other runs still calibrate), said in one line."""
+    observations = []
+    for run in runs:
+        try:
+            observations.append(_observation(mlflow_client, run, hardware))
+        except Refused as err:
+            if named:
+                raise
+            print(f"titan_exp plan calibrate: skipped {err}", file=sys.stderr)
+    return observations
+
+
 def _observation(mlflow_client, run, hardware: str) -> Observation:
     """The run recomposed from its overrides, planned for `hardware` (a GPU run's own config says
     `cpu` unless its user said otherwise), beside its measured steady TPS."""
-    path = mlflow_client.download_artifacts(run.info.run_id, OVERRIDES_ARTIFACT)
-    overrides = yaml.safe_load(Path(path).read_text()) or []
-    job = compose_point([*overrides, f"hardware={hardware}", "plan.measure=false", "tracking=none"])
+    try:
+        tps = measured(run, names.TPS_MEAN, MAX_TPS_PER_DEVICE)
+        reserved = measured(run, names.MAX_RESERVED_GIB, MAX_MEMORY_GIB)
+        reserved = reserved or measured(run, names.CPU_RSS_PEAK_GIB, MAX_MEMORY_GIB)
+        overrides = run_overrides(mlflow_client, run)
+    except ValueError as err:
+        raise Refused(str(err)) from None
+    try:
+        job = compose_point([*overrides, f"hardware={hardware}", "plan.measure=false", "tracking=none"])
+    except (ConfigError, HydraException, OmegaConfBaseException) as err:
+        raise Refused(f"run {run.info.run_id}: its overrides make no job here ({composition_error(err)})") from None
     hw, compute, oversubscription, _ = step_inputs(job)
-    tps = run.data.metrics[names.TPS_MEAN]
-    reserved = run.data.metrics.get(names.MAX_RESERVED_GIB) or run.data.metrics.get(names.CPU_RSS_PEAK_GIB)
-    return Observation(run.info.run_name, job, hw, tps, compute, oversubscription, reserved)
+    return Observation(run_label(run), job, hw, tps, compute, oversubscription, reserved)
+
+
+def _write(out: Path, text: str) -> None:
+    """`text` written beside `out`, then renamed over it: a link there is replaced, never written through."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=out.parent, prefix=f".{out.name}.", suffix=".part", delete=False) as f:
+        f.write(text)
+    try:
+        os.replace(f.name, out)
+    except OSError:
+        os.unlink(f.name)
+        raise
 
 
 def _row(kind: str, o: Observation, fitted: dict[str, float], left_out: dict[str, float] | None) -> list:

@@ -9,6 +9,8 @@ from typing import Optional
 from titan_exp.rules import ConfigError, Section, check_at_least, check_folder_name, check_one_line, check_positive
 
 SQLITE_PREFIX = "sqlite:///"
+# MLflow's runs.name column (String(250) in its SQL store; the UI cuts names there too).
+MAX_RUN_NAME_CHARS = 250
 STORE_FORMS = "sqlite:///path/to/mlflow.db or http(s)://host:port of an MLflow server (or tracking=none)"
 
 
@@ -27,7 +29,10 @@ class Store:
         sqlite:////abs.db absolute (not urlparse: it keeps '//abs.db', and file URIs made from it
         lose their first directory)."""
         if uri.startswith(SQLITE_PREFIX) and len(uri) > len(SQLITE_PREFIX):
-            db = Path(uri[len(SQLITE_PREFIX) :]).resolve()
+            path = uri[len(SQLITE_PREFIX) :]
+            if path == ":memory:" or "?" in path:  # SQLite's in-memory forms (mode=memory)
+                raise ValueError("a database in memory keeps nothing once the job ends; name a file")
+            db = Path(path).resolve()
             return cls(SQLITE_PREFIX + str(db), db)
         if uri.startswith(("http://", "https://")):
             return cls(uri, None)
@@ -83,6 +88,9 @@ class TrackingConfig(Section):
             raise ConfigError(f"{key}.experiment", "''", "must name an MLflow experiment, e.g. titan_exp")
         check_folder_name(f"{key}.experiment", self.experiment)  # its artifacts' folder in a SQLite store
         check_one_line(f"{key}.run_name", self.run_name)
+        if self.run_name is not None and len(self.run_name) > MAX_RUN_NAME_CHARS:
+            fix = f"is {len(self.run_name):,} characters; MLflow keeps {MAX_RUN_NAME_CHARS}: shorten it"
+            raise ConfigError(f"{key}.run_name", f"{self.run_name[:40]}…", fix)
         check_positive(f"{key}.close_timeout_s", self.close_timeout_s)
         check_at_least(f"{key}.system_metrics_interval_s", self.system_metrics_interval_s, 1.0)
         if not self.uri:

@@ -8,6 +8,7 @@ artifacts are written again with the same content."""
 import dataclasses
 import fcntl
 import json
+import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -15,8 +16,19 @@ from pathlib import Path, PurePosixPath
 from typing import TextIO
 
 from titan_exp.tracking.config import TrackingConfig
-from titan_exp.tracking.run import ENDED, MlflowRun, now_ms, outcome, owner_tag, write_run_id
+from titan_exp.tracking.run import (
+    CLAIM_TAG_PREFIX,
+    ENDED,
+    OWNER_TAG_PREFIX,
+    MlflowRun,
+    claim,
+    now_ms,
+    outcome,
+    owner_tag,
+    write_run_id,
+)
 from titan_exp.tracking.store import server_answers
+from titan_exp.untrusted import regular_file
 
 # In a job's folder: the journal, the id of the run it belongs to (written once the run exists),
 # and rank 0's console, which goes into the run as logs/rank0.log.
@@ -47,8 +59,9 @@ class Journal:
 
 
 def is_held(path: Path) -> bool:
-    """Whether a living process writes the journal (holds its lock)."""
-    with open(path, encoding="utf-8") as file:
+    """Whether a living process writes the file (holds its lock): a journal, a sweep's parent-run
+    file. Opened without waiting (a FIFO has no writer to wait for) and never through a link."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)) as file:
         try:
             fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -71,6 +84,9 @@ _CALLS: dict[str, tuple[type | tuple[type, ...], ...]] = {
     "leave_open": (str,),  # the job goes on later (a requeue): its run stays open
 }
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
+# Tags the writer never journals: MLflow's own, and a run's claims and owners (the job sets them
+# from what it holds, not from what a journal says).
+_NOT_JOURNALED = ("mlflow.", CLAIM_TAG_PREFIX, OWNER_TAG_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -110,8 +126,8 @@ def _malformed(entry: object) -> str | None:
         return "log_metrics: a record that is not [step, {name: number}, timestamp] the store takes"
     if call == "log_params" and not all(_is_name(key) for key in args[0]):
         return "log_params: a name the store does not take"
-    if call == "set_tag" and (not _is_name(args[0]) or args[0].startswith("mlflow.")):
-        return "set_tag: a name the store does not take, or one of MLflow's own"
+    if call == "set_tag" and (not _is_name(args[0]) or args[0].startswith(_NOT_JOURNALED)):
+        return "set_tag: a name the store does not take, or one of MLflow's own or of a run's claims and owners"
     if call in ("log_text", "log_artifact", "log_artifacts") and not _inside(args[1], call == "log_text"):
         return f"{call}: artifact path {args[1]!r} is not one within the run's artifacts"
     if call == "finish" and (args[0] not in _STATUSES or not 0 <= args[2] <= _INT64_MAX):
@@ -179,11 +195,22 @@ class Replayed:
     metric_values_present: int
     ended: str | None  # the status the run was ended with here, if it was
     skipped: list[str]  # "line N: why" for each line not replayed
-    kept: str | None = None  # the status an ended run kept, where the journal would have ended it too
+    # The status of a run that had ended before (nothing was written into it), and how many of the
+    # journal's metric values it lacks.
+    kept: str | None = None
+    left_out: int = 0
+
+    @property
+    def whole(self) -> bool:
+        """Whether the run holds everything the journal does."""
+        return not self.skipped and not self.left_out
 
     def describe(self) -> str:
-        ended = f", ended {self.ended}" if self.ended else f", kept its end ({self.kept})" if self.kept else ""
         skipped = f"; {len(self.skipped)} line(s) not replayed: {'; '.join(self.skipped)}" if self.skipped else ""
+        if self.kept:
+            lacking = f" ({self.left_out} metric value(s) of the journal it lacks not added)" if self.left_out else ""
+            return f"run {self.run_id}: ended {self.kept} before, left as it is{lacking}{skipped}"
+        ended = f", ended {self.ended}" if self.ended else ""
         return (
             f"run {self.run_id}: {self.metric_values_added} metric value(s) added, "
             f"{self.metric_values_present} already there{ended}{skipped}"
@@ -199,43 +226,44 @@ def replay(journal: Path, cfg: TrackingConfig, end: bool = True) -> Replayed:
     never one the journal names), creating the run if it never reached the store; `end`: also end it
     as the journal did, or KILLED when no process writes the journal any more and it neither ended
     the run nor left it open for a requeue. A journal is data, not instructions: it writes only
-    into a run that carries its owner token's tag (run.py), never changes the end of a run that has
-    ended, sets no `mlflow.*` tag of its own, brings artifacts only from inside its job folder, and
-    each line it will not replay is named in `skipped`."""
+    into a run that claims this very file (run.claim: not a copy of it), never into a run that has
+    ended, sets no `mlflow.*`, claim or owner tag of its own, brings artifacts only from inside its
+    job folder, and each line it will not replay is named in `skipped`."""
+    claims = claim(journal)  # first: a link or a FIFO is not read
     lines = read(journal)
     skipped = list(lines.skipped)
     created = next((args[0] for _, call, args in reversed(lines.calls) if call == "create"), None)
     if created is None:
         raise ValueError(f"{journal} records no run (no 'create' line)")
-    tags = {str(k): str(v) for k, v in created["tags"].items() if not str(k).startswith("mlflow.")}
+    tags = {str(k): str(v) for k, v in created["tags"].items() if not str(k).startswith(_NOT_JOURNALED)}
     parent = created.get("parent_run_id")
     run_cfg = dataclasses.replace(cfg, parent_run_id=parent if isinstance(parent, str) and parent.isalnum() else None)
     start_ms = created.get("start_ms")
     start_ms = start_ms if isinstance(start_ms, int) and 0 <= start_ms <= _INT64_MAX else None
     owner = created.get("owner")
-    run = _open_run(journal.parent / RUN_ID_FILE, run_cfg, created["run_name"], tags, owner, start_ms)
+    run, status = _open_run(journal.parent / RUN_ID_FILE, run_cfg, created["run_name"], tags, claims, owner, start_ms)
     calls = lines.calls
+    records = [tuple(record) for _, call, args in calls if call == "log_metrics" for record in args[0]]
+    missing = _missing_metric_values(run, records)
+    added = sum(len(metrics) for _, metrics, _ in missing)
+    total = sum(len(metrics) for _, metrics, _ in records)
+    if status in ENDED:  # its record is whole as it ended: nothing more goes in, whatever the journal says
+        return Replayed(run.run_id, 0, total - added, None, skipped, kept=status, left_out=added)
     params = {str(k): str(v) for _, call, args in calls if call == "log_params" for k, v in args[0].items()}
     if params:
         run.log_params(params)
     for _, call, args in calls:
         if call == "set_tag":
             run.set_tag(*args)
-    records = [tuple(record) for _, call, args in calls if call == "log_metrics" for record in args[0]]
-    missing = _missing_metric_values(run, records)
     if missing:
         run.log_metrics(missing)
     skipped += _replay_artifacts(run, calls, journal.parent)
     finish = _end(journal, calls, records) if end else None
-    kept = run.status_and_tags()[0] if finish else None
-    if kept in ENDED:
+    if finish and run.status_and_tags()[0] in ENDED:  # its job ended it meanwhile
         finish = None
-    elif finish:
+    if finish:
         run.finish(*finish)
-        kept = None
-    added = sum(len(metrics) for _, metrics, _ in missing)
-    total = sum(len(metrics) for _, metrics, _ in records)
-    return Replayed(run.run_id, added, total - added, finish[0] if finish else None, skipped, kept)
+    return Replayed(run.run_id, added, total - added, finish[0] if finish else None, skipped)
 
 
 def _end(journal: Path, calls: list[tuple[int, str, list]], records: list[tuple]) -> list | None:
@@ -287,30 +315,44 @@ def _open_run(
     cfg: TrackingConfig,
     run_name: str,
     tags: dict[str, str],
+    claims: dict[str, str] | None,
     owner: str | None,
     start_ms: int | None = None,
-) -> MlflowRun:
-    """The run `run_id_file` names, if it carries the tag of the journal's `owner` token (else a
-    refusal: a folder from someone else may name any run), or a new one (its id then written there).
-    Never through a link: one planted there would have us write the id wherever it points."""
+) -> tuple[MlflowRun, str]:
+    """The run `run_id_file` names and its status, if it carries `claims` (its journal's, run.claim;
+    else a refusal: a folder from someone else, or a copy of the job's, may name any run), or a new
+    one (its id then written there). Never through a link: one planted there would have us write
+    the id wherever it points."""
     if run_id_file.is_symlink():
         raise ValueError(f"{run_id_file} is a symbolic link; remove it (it should hold a run id)")
     if run_id_file.exists():
-        run_id = run_id_file.read_text(encoding="utf-8", errors="replace").strip()
-        if not (run_id.isascii() and run_id.isalnum() and len(run_id) <= 64):
-            raise ValueError(f"{run_id_file} holds no run id")
+        run_id = read_run_id(run_id_file)
         run = MlflowRun(cfg.uri, run_id)
-        if owner is None or owner_tag(owner) not in run.status_and_tags()[1]:
+        status, run_tags = run.status_and_tags()
+        if claims is None or not claims.keys() <= run_tags.keys():
             raise ValueError(
-                f"run {run_id} was not written by this job folder (it carries no tag of its journal's owner "
-                "token); sync writes a journal only into its own run"
+                f"run {run_id} was not written through this folder's {JOURNAL_FILE} (a copy of the job's folder, "
+                "or one moved since the run began); sync the folder the job wrote"
             )
-        return run
-    if owner is not None:
-        tags = {**tags, owner_tag(owner): "1"}
+        return run, status
+    tags = {**tags, **(claims or {}), **({owner_tag(owner): "1"} if owner is not None else {})}
     run = MlflowRun.create(cfg, run_name, tags, start_ms)
     write_run_id(run_id_file, run.run_id, owner)
-    return run
+    return run, "RUNNING"
+
+
+# A run id (MLflow's are 32 hex digits).
+_MAX_RUN_ID_CHARS = 64
+
+
+def read_run_id(path: Path) -> str:
+    """The run id a file in a job's folder holds: a regular file (a FIFO would block) of a few bytes."""
+    if regular_file(path) > 4 * _MAX_RUN_ID_CHARS:
+        raise ValueError(f"{path} holds no run id (it is larger than one)")
+    run_id = path.read_text(encoding="utf-8", errors="replace").strip()
+    if not (run_id.isascii() and run_id.isalnum() and len(run_id) <= _MAX_RUN_ID_CHARS):
+        raise ValueError(f"{path} holds no run id")
+    return run_id
 
 
 def _missing_metric_values(run: MlflowRun, records: list[tuple]) -> list[tuple[int, dict[str, float], int]]:
@@ -339,7 +381,7 @@ def close_run_from_outside(
     if journal.exists():  # the run it opened, or created and named in run_id_file
         run = MlflowRun(cfg.uri, replay(journal, cfg, end=False).run_id)
     else:
-        run = _open_run(run_id_file, cfg, run_name, tags, owner=None)
+        run = _open_run(run_id_file, cfg, run_name, tags, claims=None, owner=None)[0]
     if run_log.exists():
         run.log_artifact(run_log, "logs")
     run.finish(status, reason)  # the job's own word: over rank 0's, which saw only its part

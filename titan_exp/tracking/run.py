@@ -6,6 +6,7 @@ import getpass
 import hashlib
 import os
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -33,15 +34,35 @@ SWEEP_OVERRIDES_PARAM = "sweep.overrides"
 # (`hardware` itself names what a plan predicts for, `cpu` unless told).
 DEVICE_PROFILE_PARAM = "derived/device_profile"
 # A run's owners: each job that wrote it keeps a random token in its journal (tracking/journal.py) and
-# tags the run with the token's hash under this prefix. `sync` writes a job folder's journal only
-# into a run that carries its token's tag: a crafted folder naming another run proves nothing.
+# beside its checkpoints' run-id file, and tags the run with the token's hash under this prefix: a
+# job resumed from those checkpoints goes on in the run only if it carries the tag (why_not_go_on_in).
 OWNER_TAG_PREFIX = "titan_exp.owner."
+# A run's claims: each file whose folder may write the run later (a job's journal, which `sync`
+# replays; a sweep's parent-run file) tags it, when the job creates or re-opens the run, with the
+# hash of the file's identity under this prefix (its path as the value, for people). A copy of the
+# folder holds other files and so no claim: whatever it says, it writes nothing into the run.
+CLAIM_TAG_PREFIX = "titan_exp.claim."
 # A run that has ended keeps its end: nothing replayed later changes it.
 ENDED = ("FINISHED", "FAILED", "KILLED")
 
 
 def owner_tag(token: str) -> str:
     return OWNER_TAG_PREFIX + hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+def claim(path: Path) -> dict[str, str]:
+    """The tag by which a run is claimed for the file at `path`. Its identity: its absolute path (the
+    folder's links resolved) and its inode number. A copy has another inode (while the original
+    exists) and, unless it replaced the original in the job's own folder, another path; a hard link
+    elsewhere has another path. Not the device number: a shared file system gives each host's mount
+    its own (NFS) and a reboot may renumber a disk, while the path already names the file system.
+    Only a regular file has a claim: a link would claim the file it points to."""
+    real = path.parent.resolve() / path.name
+    info = os.lstat(real)
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{path} is not a regular file (a link, a FIFO, a folder?); the job writes it as one")
+    identity = hashlib.sha256(f"{real}\0{info.st_ino}".encode()).hexdigest()[:32]
+    return {CLAIM_TAG_PREFIX + identity: str(real)}
 
 
 def write_run_id(path: Path, run_id: str, owner: str | None = None) -> None:
@@ -98,10 +119,10 @@ class MlflowRun:
         self.run_id = run_id
 
     @classmethod
-    def reopen(cls, uri: str, run_id: str, owner: str) -> "MlflowRun | None":
+    def reopen(cls, uri: str, run_id: str, owner: str, claims: dict[str, str] | None = None) -> "MlflowRun | None":
         """That run of this store, RUNNING again if it had ended (a job resumed from its checkpoint
         after a failure goes on in the run that saved it), tagged as written by the job of token
-        `owner` too; None if the store has no such run."""
+        `owner` too, and with `claims` (claim(): this job's journal); None if the store has no such run."""
         from mlflow.exceptions import MlflowException
 
         run = cls(uri, run_id)
@@ -109,7 +130,9 @@ class MlflowRun:
             found = with_retries(lambda: run.client.get_run(run_id))
         except MlflowException:
             return None
-        run.set_tag(owner_tag(owner), "1")  # first: this job's journal may be replayed into it from now on
+        # First: this job may resume into it, and its journal be replayed into it, from now on.
+        for key, value in {owner_tag(owner): "1", **(claims or {})}.items():
+            run.set_tag(key, value)
         if found.info.status != "RUNNING":
             with_retries(lambda: run.client.update_run(run_id, status="RUNNING"))
             run.set_tag("status", "running")
@@ -169,6 +192,12 @@ class MlflowRun:
 
     def set_tag(self, key: str, value: str) -> None:
         with_retries(lambda: self.client.set_tag(self.run_id, key, value[:_MAX_TAG_LENGTH]))
+
+    def children(self) -> list:
+        """The runs nested under this one (a sweep's points), in its experiment."""
+        experiment = with_retries(lambda: self.client.get_run(self.run_id)).info.experiment_id
+        nested = f"tags.`{PARENT_TAG}` = '{self.run_id}'"
+        return with_retries(lambda: self.client.search_runs([experiment], nested, max_results=50_000))
 
     def status_and_tags(self) -> tuple[str, dict[str, str]]:
         found = with_retries(lambda: self.client.get_run(self.run_id))

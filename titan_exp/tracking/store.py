@@ -7,6 +7,7 @@ import errno
 import fcntl
 import logging
 import os
+import sqlite3
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import TypeVar
 
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import SQLITE_PREFIX, Store, TrackingConfig, masked
+from titan_exp.untrusted import regular_file
 
 # SQLite lets one writer in at a time; a busy store is retried for this long before giving up
 # (long: a writer that holds the lock may wait for an idle core, see tracking/writer.py).
@@ -161,17 +163,40 @@ def server_answers(uri: str, timeout_s: float = 3.0) -> str | None:
     return None
 
 
+# Tables every MLflow SQL store has (an empty database gets them on first use).
+MLFLOW_TABLES = {"alembic_version", "experiments", "runs", "metrics", "params", "tags"}
+
+
 def not_a_store(db: Path) -> str | None:
-    """Why the SQLite path `db` cannot be read as a store (a folder, a file that is not SQLite), or
-    None (a store, an empty file, or nothing there yet)."""
-    if db.exists() and not db.is_file():
-        return f"{db} is not a file; name a SQLite database file"
-    if not db.is_file() or db.stat().st_size == 0:
+    """Why the SQLite path `db` cannot be a store (not a regular file: a folder, a device such as
+    /dev/null, a FIFO whose opening would block; a file that is not SQLite; another application's
+    database), or None: an MLflow store, an empty file or database, or nothing there yet. Reads the
+    header and the schema only, without MLflow."""
+    if not db.exists() and not db.is_symlink():
         return None
+    try:
+        if regular_file(db) == 0:
+            return None
+    except ValueError as err:
+        return f"{err}; name a SQLite database file"
     with open(db, "rb") as file:
         if file.read(16) != b"SQLite format 3\x00":  # SQLite's header
             return f"{db} is not a SQLite database (its first bytes say otherwise); name another file"
+    try:
+        with read_only(db) as conn:
+            tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as err:
+        if is_store_busy(err):  # another job is writing it: a store
+            return None
+        return f"{db} is not a readable SQLite database ({err}); move it away or name another file"
+    if tables and not MLFLOW_TABLES <= tables:  # MLflow would add its tables to the other database
+        return f"{db} is another application's SQLite database, not an MLflow store; name another file"
     return None
+
+
+def read_only(db: Path) -> contextlib.closing[sqlite3.Connection]:
+    """A connection that cannot change the store (nor create it)."""
+    return contextlib.closing(sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5))
 
 
 def open_experiment(uri: str, experiment: str):

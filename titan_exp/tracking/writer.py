@@ -18,7 +18,7 @@ from pathlib import Path
 from launchers import signals
 from titan_exp.tracking.config import TrackingConfig, masked
 from titan_exp.tracking.journal import Journal
-from titan_exp.tracking.run import MlflowRun, now_ms, owner_tag, write_run_id
+from titan_exp.tracking.run import MlflowRun, claim, now_ms, owner_tag, write_run_id
 from titan_exp.tracking.store import RETRY_SECONDS, is_store_busy
 from titan_exp.tracking.system_metrics import start_system_metrics, stop_system_metrics
 
@@ -77,6 +77,9 @@ class BackgroundTracker:
         created |= {"run_name": run_name, "tags": tags, "resume_run_id": resume_run_id, "start_ms": now_ms()}
         created["owner"] = secrets.token_hex(16)
         self._record("create", created)
+        # The run names this very journal as one `sync` may replay into it (run.py); not journaled:
+        # what the journal says is no claim (a copy says the same).
+        claims = claim(journal_file) if journal_file else {}
         # What the store did not take, once closed (None: it took everything).
         self.incomplete: str | None = None
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copied torch or process-group state
@@ -89,7 +92,7 @@ class BackgroundTracker:
             self._idle = context.RawValue("b", 0)
             self._process = context.Process(
                 target=_write_run,
-                args=(self._queue, self._idle, cfg, created, run_id_files, os.getpid()),
+                args=(self._queue, self._idle, cfg, created, claims, run_id_files, os.getpid()),
                 name="mlflow-tracker",
                 daemon=True,
             )
@@ -121,12 +124,14 @@ class BackgroundTracker:
     def set_tag(self, key: str, value: str) -> None:
         self._send("set_tag", key, value)
 
+    # Journaled absolute: `sync` reads a relative path as its job folder's, not this process's
+    # working directory's (a sweep point's folder is relative to the sweep's).
     def log_artifact(self, path: Path, artifact_dir: str) -> None:
-        self._send("log_artifact", str(path), artifact_dir)
+        self._send("log_artifact", os.path.abspath(path), artifact_dir)
 
     def log_artifacts(self, folder: Path, artifact_dir: str) -> None:
         """Every file under `folder`, under `artifact_dir` (as laid out there)."""
-        self._send("log_artifacts", str(folder), artifact_dir)
+        self._send("log_artifacts", os.path.abspath(folder), artifact_dir)
 
     def _send(self, call: str, *args: object) -> None:
         """Journaled first, then queued for the writer."""
@@ -183,10 +188,16 @@ def interrupts_ignored() -> contextlib.AbstractContextManager[None]:
 
 
 def _write_run(
-    calls, idle, cfg: TrackingConfig, created: dict, run_id_files: tuple[Path, ...], parent_pid: int
+    calls,
+    idle,
+    cfg: TrackingConfig,
+    created: dict,
+    claims: dict[str, str],
+    run_id_files: tuple[Path, ...],
+    parent_pid: int,
 ) -> None:
-    """The writer process's body; `created`: the run to create or resume, as journaled; `idle`: a
-    shared flag set to 1 once the start-up is over."""
+    """The writer process's body; `created`: the run to create or resume, as journaled; `claims`:
+    its journal's tag (run.claim); `idle`: a shared flag set to 1 once the start-up is over."""
     _die_with_parent(parent_pid)
     # The rank decides when writing ends (close), and the writer dies with it anyway.
     for sig in JOB_SIGNALS:
@@ -194,8 +205,8 @@ def _write_run(
     error, monitor = None, None
     try:
         resume_run_id, run_name, owner = created["resume_run_id"], created["run_name"], created["owner"]
-        run = MlflowRun.reopen(cfg.uri, resume_run_id, owner) if resume_run_id else None
-        tags = {**created["tags"], owner_tag(owner): "1"}
+        run = MlflowRun.reopen(cfg.uri, resume_run_id, owner, claims) if resume_run_id else None
+        tags = {**created["tags"], owner_tag(owner): "1", **claims}
         run = run or MlflowRun.create(cfg, run_name, tags, created["start_ms"])
     except Exception as err:
         error, run = _said(err), None
@@ -212,6 +223,8 @@ def _write_run(
         if method == "finish" and monitor is not None:
             stop_system_metrics(monitor)
             monitor = None
+        if method == "finish" and error:
+            continue  # a run that lost records stays open: `sync` replays them, then ends it (never an ended run)
         try:
             getattr(run, method)(*args)
         except Exception as err:

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from titan_exp.models.config import FLEX_BLOCK, ModelConfig
-from titan_exp.rules import check_positive
+from titan_exp.rules import ConfigError, check_positive
 
 
 @dataclass
@@ -20,6 +20,13 @@ class GptOssConfig(ModelConfig):
     def check(self, key: str) -> None:
         super().check(key)
         check_positive(f"{key}.sliding_window", self.sliding_window)
+        if self.sliding_window > self.max_seq_len:  # no sequence is longer: such a window never binds
+            raise ConfigError(
+                f"{key}.sliding_window",
+                self.sliding_window,
+                f"is wider than {key}.max_seq_len={self.max_seq_len}, the longest sequence, so it never binds; "
+                f"set at most {self.max_seq_len}",
+            )
 
     @staticmethod
     def is_sliding_layer(layer: int) -> bool:

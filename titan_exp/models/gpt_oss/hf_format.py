@@ -84,8 +84,9 @@ class GptOssFormat(HFFormat):
         if (alpha := hf_value(hf, "swiglu_alpha", float, refuse, CLAMPED_GATE_GAIN)) != CLAMPED_GATE_GAIN:
             raise refuse(f"swiglu_alpha={alpha}; the experts' gate gain here is GPT-OSS's {CLAMPED_GATE_GAIN}")
         layers = hf_field(hf, "num_hidden_layers", "n_layers", refuse)
-        alternating = [_SLIDING if GptOssConfig.is_sliding_layer(i) else _FULL for i in range(layers)]
-        if hf_value(hf, "layer_types", list, refuse, alternating) != alternating:
+        # Walked as long as config.json's own list, never num_hidden_layers (the model rules bound it later).
+        types = hf_value(hf, "layer_types", list, refuse, None)
+        if types is not None and (len(types) != layers or types != _layer_types(len(types))):
             raise refuse("layer_types other than sliding and full attention alternating from the first layer")
         heads = hf_field(hf, "num_attention_heads", "n_heads", refuse)
         hidden = hf_value(hf, "intermediate_size", int, refuse)
@@ -162,7 +163,7 @@ class GptOssFormat(HFFormat):
             "swiglu_limit": moe.swiglu_limit,
             "swiglu_alpha": CLAMPED_GATE_GAIN,
             "sliding_window": cfg.sliding_window,
-            "layer_types": [_SLIDING if cfg.is_sliding_layer(i) else _FULL for i in range(cfg.n_layers)],
+            "layer_types": _layer_types(cfg.n_layers),
             **hf_aux_loss_config(moe.aux_loss_coeff),
         }
 
@@ -190,3 +191,8 @@ class GptOssFormat(HFFormat):
             "moe.experts.w3_bias": (experts, hidden),
             "moe.experts.w2_bias": (experts, dim),
         }
+
+
+def _layer_types(layers: int) -> list[str]:
+    """config.json's layer_types of a model of `layers` layers: sliding and full attention alternating."""
+    return [_SLIDING if GptOssConfig.is_sliding_layer(i) else _FULL for i in range(layers)]

@@ -24,6 +24,17 @@ class ConfigError(ValueError):
         super().__init__(f"{key}={value}: {fix}")
 
 
+def _commands_a_line(char: str) -> bool:
+    """A control character (C0, DEL, C1: ESC and the 8-bit CSI among them) or a Unicode line break."""
+    return unicodedata.category(char) == "Cc" or char in "\u2028\u2029"
+
+
+def printable(text: str) -> str:
+    """`text` from elsewhere (a cluster's output) safe to print: each control character but the tab
+    written as its escape (\\x1b), so none commands the terminal."""
+    return "".join(ascii(c)[1:-1] if c != "\t" and _commands_a_line(c) else c for c in text)
+
+
 def check_one_line(key: str, value: object) -> None:
     """Text that lands in a line of a script or a file name (a Slurm option, a run name): no line
     breaks or other control characters, which would start a line of their own or, printed, command
@@ -34,7 +45,7 @@ def check_one_line(key: str, value: object) -> None:
     else:
         texts = value if isinstance(value, list) else [value]
     for text in texts:
-        if isinstance(text, str) and any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029" for c in text):
+        if isinstance(text, str) and any(map(_commands_a_line, text)):
             raise ConfigError(key, repr(text), "must not hold a line break or other control character")
 
 

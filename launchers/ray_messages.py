@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers import signals
-from launchers.base import ConfigError, SharedFolder
+from launchers.base import ConfigError, SharedFolder, printable
 from launchers.tasks import RankFailure
 
 MARKER = "@titan_exp "
@@ -169,7 +169,8 @@ def read_message(text: str) -> Message:
             raise Unreadable(f"{kind}.{name} is {type(value).__name__}, not {wanted[name].__name__}")
         if isinstance(value, str) and value.splitlines() not in ([], [value]):
             raise Unreadable(f"{kind}.{name} holds a line break")
-    return cls(**given)
+    # Printed and logged as it comes: no escape sequence from the cluster reaches the terminal.
+    return cls(**{name: printable(value) if isinstance(value, str) else value for name, value in given.items()})
 
 
 class MalformedMessage(RuntimeError):

@@ -177,6 +177,24 @@ def test_a_well_formed_job_output_goes_to_each_ranks_log_and_its_result_is_rebui
     assert "a note of Ray's own" in (tmp_path / "driver.log").read_text()
 
 
+def test_text_from_the_cluster_reaches_the_console_and_the_logs_without_terminal_escapes(tmp_path):
+    lines = [
+        message(kind="line", rank=0, line="step 1 \x1b]0;owned\x07\x1b[2J\x9b2J\tdone"),
+        message(kind="note", note="placed \x1b[31mred"),
+        message(kind="failure", rank=0, reason="gone \x1b[8mhidden"),
+    ]
+    echoed: list[str] = []
+    with (
+        FakeJobApi(log="\n".join(lines) + "\n", status="FAILED").running() as api,
+        pytest.raises(RankFailure) as failed,
+    ):
+        placed_and_followed(api, tmp_path, echoed)
+    said = [*echoed, (tmp_path / "0_log.out").read_text(), failed.value.reason]
+    assert not any(c in text for text in said for c in "\x1b\x07\x9b"), said
+    assert echoed[1:] == ["step 1 \\x1b]0;owned\\x07\\x1b[2J\\x9b2J\tdone", "titan_exp: placed \\x1b[31mred"]
+    assert failed.value.reason == "gone \\x1b[8mhidden"
+
+
 def test_a_failure_names_the_ranks_log_and_a_refusal_is_a_config_error(tmp_path):
     failure = message(kind="failure", rank=1, reason="ValueError: rank one gives up")
     with FakeJobApi(log=failure + "\n", status="FAILED").running() as api, pytest.raises(RankFailure) as failed:

@@ -6,7 +6,6 @@ line, exit 2), like the config's own rules (config/check.py)."""
 import codecs
 import contextlib
 import os
-import re
 import tempfile
 import urllib.error
 import urllib.parse
@@ -39,15 +38,11 @@ from titan_exp.models.hf_tensors import check_hf_checkpoint
 from titan_exp.models.registry import config_from_hf, family_of
 from titan_exp.rules import ConfigError
 from titan_exp.tracking.config import Store
+from titan_exp.tracking.journal import MAX_RUN_ID_BYTES, is_run_id
 from titan_exp.tracking.store import not_a_store, read_only, server_answers
 
 # How long a tracking server has to answer its health endpoint before the job is refused.
 SERVER_ANSWER_S = 3.0
-# Larger than the id of an MLflow run (32 hex digits) a checkpoint folder's mlflow_run_id holds.
-_RUN_ID_BYTES = 256
-# What MLflow takes as a run id (mlflow/utils/validation.py): a run-id file that holds anything else
-# is no run of ours, and its text is printed.
-MLFLOW_RUN_ID = re.compile(r"[A-Za-z0-9][\w-]{0,255}", re.ASCII)
 
 
 def preflight(job: ResolvedJob, memory: bool = True) -> None:
@@ -203,9 +198,9 @@ def _checkpoint_entries(folder: str) -> None:
     try:
         check_folder(folder)
         run_id = run_id_beside(folder)
-        if os.path.lexists(run_id) and (size := own_file(run_id)) > _RUN_ID_BYTES:
+        if os.path.lexists(run_id) and (size := own_file(run_id)) > MAX_RUN_ID_BYTES:
             raise ValueError(f"{run_id} is {size:,} bytes, not an MLflow run id")
-        if os.path.lexists(run_id) and not MLFLOW_RUN_ID.fullmatch(text := run_id.read_text(errors="replace").strip()):
+        if os.path.lexists(run_id) and not is_run_id(text := run_id.read_text(errors="replace").strip()):
             raise ValueError(f"{run_id} holds {text[:40]!r}, not an MLflow run id")  # printed later: no escapes
     except ValueError as err:
         fix = "remove it or point checkpoint.folder elsewhere"

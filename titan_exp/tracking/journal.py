@@ -341,16 +341,22 @@ def _open_run(
     return run, "RUNNING"
 
 
-# A run id (MLflow's are 32 hex digits).
+# A run id (MLflow's are 32 hex digits), and the most a file holding one may hold.
 _MAX_RUN_ID_CHARS = 64
+MAX_RUN_ID_BYTES = 4 * _MAX_RUN_ID_CHARS
+
+
+def is_run_id(text: str) -> bool:
+    """Whether `text` can be a run id of ours (nothing else is printed or asked of the store)."""
+    return text.isascii() and text.isalnum() and len(text) <= _MAX_RUN_ID_CHARS
 
 
 def read_run_id(path: Path) -> str:
     """The run id a file in a job's folder holds: a regular file (a FIFO would block) of a few bytes."""
-    if regular_file(path) > 4 * _MAX_RUN_ID_CHARS:
+    if regular_file(path) > MAX_RUN_ID_BYTES:
         raise ValueError(f"{path} holds no run id (it is larger than one)")
     run_id = path.read_text(encoding="utf-8", errors="replace").strip()
-    if not (run_id.isascii() and run_id.isalnum() and len(run_id) <= _MAX_RUN_ID_CHARS):
+    if not is_run_id(run_id):
         raise ValueError(f"{path} holds no run id")
     return run_id
 

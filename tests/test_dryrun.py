@@ -174,3 +174,20 @@ def test_deepseek_v3_671b_on_256_ranks_pp8(layout, mesh, tp):
     whole_under_tp = ("norm", "router", "wq_a", "wkv_a")
     expected = sum(p.numel() // (32 // tp if any(w in n for w in whole_under_tp) else 32) for n, p in stage0)
     assert report["rank0_params"] == expected
+
+
+def test_the_dry_run_steps_through_every_microbatch_and_counts_what_they_leave():
+    """FSDP over 8 ranks, 4 microbatches: reducing each, rank 0 carries its eighth of the float32
+    gradients from one microbatch to the next; reducing after the last only, every unit's
+    unsharded gradient (the whole model's, 4 B a parameter): 7/8 of them more at its peak."""
+    shape = ["parallelism=fsdp", "launcher.nproc_per_node=8", "training.local_batch_size=1", "tracking=none"]
+    one = dry_run([*shape, "training.global_batch_size=8"])
+    every, last = (
+        dry_run([*shape, "training.global_batch_size=32", f"training.gradient_sync={sync}"])
+        for sync in ("every_microbatch", "last_microbatch")
+    )
+    params = one["total_params"]
+    assert "rank0_step_peak_sharded_grad_gib" not in one  # one microbatch: its gradients come after the peak
+    assert every["rank0_step_peak_sharded_grad_gib"] == pytest.approx(params * 4 / 8 / 2**30, rel=0.01)
+    gained = last["rank0_step_peak_total_gib"] - every["rank0_step_peak_total_gib"]
+    assert gained == pytest.approx(params * 4 * 7 / 8 / 2**30, rel=0.02)

@@ -3,6 +3,7 @@ set beside measured runs; published GPU layouts predicted plausibly; plan.prune 
 (Accuracy against real runs: benchmarks/bench_planner.py.)"""
 
 import csv
+import re
 import time
 
 import pytest
@@ -127,6 +128,24 @@ def test_compile_is_planned_with_the_fake_pass_cross_check(tmp_path, plan):
         ["parallelism=fsdp", "launcher.nproc_per_node=2", "compile.enable=true", "tracking=none"], tmp_path
     )
     assert "cross-check" in out and row["fits"] == "yes"
+
+
+def test_llama3_8b_fsdp8_accumulating_4_counts_what_each_gradient_sync_holds(tmp_path, plan):
+    """Reducing after the last microbatch only, each rank holds every unit's unsharded float32
+    gradient between microbatches (8.0e9 · 4 B = 30 GiB) instead of its eighth of them: the model
+    and the dry run's fake pass (which steps through the 4 microbatches) both count it, and agree."""
+    shape = ["model=llama3_8b", "parallelism=fsdp", "launcher.nproc_per_node=8", "training.local_batch_size=1"]
+    shape += [*H100_96GB, *SEQ_8K, "training.global_batch_size=32", "activation_checkpoint.mode=full", "tracking=none"]
+    active, fake = {}, {}
+    for sync in ("every_microbatch", "last_microbatch"):
+        out, [row] = plan([*shape, f"training.gradient_sync={sync}"], tmp_path / sync)
+        assert row["accumulation"] == "4"
+        active[sync] = float(re.search(r"\(([\d.]+) GiB active\)", out).group(1))
+        fake[sync] = float(re.search(r"fake pass \(eager, tensors only\) finds ([\d.]+) GiB", out).group(1))
+        assert fake[sync] == pytest.approx(active[sync], rel=0.1), out
+    gradients = 8.03e9 * 4 / GIB * 7 / 8
+    assert active["last_microbatch"] - active["every_microbatch"] == pytest.approx(gradients, rel=0.05)
+    assert fake["last_microbatch"] - fake["every_microbatch"] == pytest.approx(gradients, rel=0.1)
 
 
 def test_experts_split_by_tensor_parallelism_are_measured_on_a_one_rank_mesh(tmp_path, plan):

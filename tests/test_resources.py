@@ -112,6 +112,39 @@ def test_the_estimate_is_within_the_margin_of_a_measured_run(tmp_path, store):
     assert abs(estimate - measured) <= 0.1 * measured, (measured, estimate)
 
 
+@pytest.mark.slow
+def test_both_gradient_syncs_peak_where_the_estimate_says_on_real_ranks(tmp_path, store):
+    """FSDP over 2 CPU ranks, 4 microbatches a step, a model of 0.1 B parameters (0.4 GiB in float32)
+    that holds little else: reducing after the last microbatch only, each rank keeps every unit's
+    unsharded gradient between microbatches instead of its half of them. Each run's measured peak
+    (the process's resident set) lies within plan.memory_margin of the estimate, and the second's
+    lies above the first's by at least half of what the estimate puts between them."""
+    uri, db = store
+    shape = [
+        "parallelism=fsdp",
+        "launcher.nproc_per_node=2",
+        "model.dim=1024",
+        "model.n_layers=8",
+        "model.n_heads=8",
+        "model.n_kv_heads=8",
+        "training.seq_len=16",
+        "training.local_batch_size=1",
+        "training.global_batch_size=8",
+        "data=synthetic",
+    ]
+    measured, estimated = {}, {}
+    for sync in ("every_microbatch", "last_microbatch"):
+        overrides = [*shape, f"training.gradient_sync={sync}"]
+        result = run_cli([*overrides, "training.steps=2", "metrics.log_freq=1", "launcher.device=cpu", uri], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        measured[sync] = mlflow_runs(db)[-1].data.metrics["memory/cpu_rss_peak_gib"]
+        estimated[sync] = estimated_memory(resolved(overrides)).reserved / GIB
+        assert abs(estimated[sync] - measured[sync]) <= 0.1 * measured[sync], (sync, measured, estimated)
+    predicted = estimated["last_microbatch"] - estimated["every_microbatch"]
+    assert predicted > 0.05, estimated  # half the float32 gradients (0.2 GiB) less what the end of backward holds
+    assert measured["last_microbatch"] - measured["every_microbatch"] >= predicted / 2, (measured, estimated)
+
+
 @pytest.mark.parametrize("flavor,count", sorted(PUBLISHED_PARAMS.items()))
 def test_the_estimate_counts_every_parameter_of_each_model(flavor: str, count: int):
     assert model_parameters(to_job_config(compose_config([f"model={flavor}"])).model) == count

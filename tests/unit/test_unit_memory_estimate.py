@@ -536,3 +536,23 @@ def test_only_latent_attention_leaves_matmul_work_whole_under_tensor_parallelism
     assert short == pytest.approx(256 * (128 + 128 + 32) / (active + 128 * 8 * (64 + 32)))
     for name in ("llama3_debug", "qwen3_moe_debug"):
         assert whole_under_tensor_parallel(OmegaConf.to_object(compose_config([f"model={name}"])).model, 256) == 0
+
+
+def test_fsdp_accumulating_unreduced_gradients_holds_every_unit_unsharded(llama3_8b: ModelConfig) -> None:
+    """Llama 3 8B, FSDP 8, bf16 parameters, fp32 reduction, 4 microbatches. Reducing every
+    microbatch, what earlier microbatches leave at the loss's backward is the sharded fp32
+    gradients (8.0e9 · 4 B / 8); reducing after the last only, every unit's unsharded gradient in
+    the reduce dtype (8.0e9 · 4 B = 30 GiB). Reserved, those come on the compute stream's pool and
+    the step's sharded gradients still on the reduce-scatter stream's: all 30 GiB more. At
+    accumulation 1 the setting changes nothing."""
+    p, params = layout(dp_shard=8), model_parameters(llama3_8b)
+    kw = {"m": llama3_8b, "batch": 1, "seq_len": 8192, "param_dtype": "bfloat16", "reduce_dtype": "float32"}
+    every = memory(p, accumulation=4, gradient_sync="every_microbatch", **kw)
+    last = memory(p, accumulation=4, gradient_sync="last_microbatch", **kw)
+    assert every.phase == last.phase == "loss backward"
+    assert every.gradients == pytest.approx(params * 4 / 8, rel=1e-3)
+    assert last.gradients == pytest.approx(params * 4, rel=1e-3)
+    assert last.active - every.active == pytest.approx(params * 4 * 7 / 8, rel=0.01)
+    assert last.reserved - every.reserved == pytest.approx(params * 4, rel=0.01)
+    single = [memory(p, accumulation=1, gradient_sync=sync, **kw) for sync in ("every_microbatch", "last_microbatch")]
+    assert single[0] == single[1]

@@ -67,6 +67,7 @@ def step(
     async_tp: bool = False,
     imbalance: float = 1.0,
     quantize: str = "none",
+    gradient_sync: str = "every_microbatch",
 ) -> StepTime:
     dtype = {4: "float32", 2: "bfloat16"}[param_bytes]
     ac = ActivationCheckpointConfig()
@@ -81,6 +82,7 @@ def step(
         quantize=quantize,
         async_tp=async_tp,
         expert_load_imbalance=imbalance,
+        gradient_sync=gradient_sync,
     )
     return step_time(w, hw, COMPUTE, oversubscription)
 
@@ -128,21 +130,39 @@ def test_fsdp_by_hand() -> None:
     assert s.communication == pytest.approx(12 * gather + 7 * scatter + reductions(BLOCKING, 2))
 
 
-def test_fsdp_copies_its_units_on_the_compute_stream_by_hand() -> None:
+@pytest.mark.parametrize("sync,reductions", [("every_microbatch", 2), ("last_microbatch", 1)])
+def test_fsdp_copies_its_units_on_the_compute_stream_by_hand(sync: str, reductions: int) -> None:
     """FSDP over 2 ranks, bf16 parameters, fp32 reduction, 2 microbatches: per microbatch each of
     the 6 layers gathered twice (forward, backward) and the root (embedding, norm, output) once,
-    each copied out of its flat buffer (read 2 B, write 2 B an element); once a step every unit's
-    gradients copied into the reduce-scatter's input (read 2 B, write 4 B), at 1000 GB/s. DDP
-    copies nothing of the kind."""
+    each copied out of its flat buffer (read 2 B, write 2 B an element); per reduction (each
+    microbatch, or the last only) every unit's gradients copied into the reduce-scatter's input
+    (read 2 B, write 4 B), at 1000 GB/s. DDP copies nothing of the kind."""
     n, layer = model_parameters(DEBUG), layer_parameters(DEBUG)
     root = n - 6 * layer
     copied_out = 2 * 2 * (2 * 6 * layer + root) * 2
-    copied_in = (2 + 4) * n
-    fsdp = step(layout(dp_shard=2), HW, param_bytes=2, accumulation=2)
+    copied_in = (2 + 4) * n * reductions
+    fsdp = step(layout(dp_shard=2), HW, param_bytes=2, accumulation=2, gradient_sync=sync)
     assert fsdp.compute == pytest.approx(2 * (6 * 0.01 + 0.02) + 0.05 + (copied_out + copied_in) / 1000e9)
-    assert step(layout(dp_replicate=2), HW, param_bytes=2, accumulation=2).compute == pytest.approx(
+    assert step(layout(dp_replicate=2), HW, param_bytes=2, accumulation=2, gradient_sync=sync).compute == pytest.approx(
         2 * (6 * 0.01 + 0.02) + 0.05
     )
+
+
+@pytest.mark.parametrize("p", [layout(dp_shard=4), layout(dp_replicate=4), layout(dp_replicate=2, dp_shard=2)])
+def test_reducing_every_microbatch_repeats_the_gradient_collectives(p: ParallelismConfig) -> None:
+    """On blocking links, 4 microbatches: reducing after each runs the gradients' collectives 4
+    times instead of once (3 more, R each); FSDP's gathers repeat every microbatch either way, so
+    once-a-step at 4 microbatches costs more than 1 microbatch under FSDP and the same under DDP."""
+    once = step(p, BLOCKING, accumulation=4, gradient_sync="last_microbatch").communication
+    every = step(p, BLOCKING, accumulation=4, gradient_sync="every_microbatch").communication
+    single = step(p, BLOCKING, accumulation=1).communication
+    reduction = (every - once) / 3
+    assert reduction > 0
+    assert reduction < single  # one reduction is part of what one microbatch communicates
+    if p.data_parallel_shard_degree > 1:
+        assert once > single
+    else:
+        assert once == pytest.approx(single)
 
 
 @pytest.mark.parametrize(

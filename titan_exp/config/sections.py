@@ -44,6 +44,11 @@ class TrainingConfig(Section):
     # device or DDP) and of the gradient reduction.
     mixed_precision_param: str = one_of(*DTYPES)
     mixed_precision_reduce: str = one_of(*DTYPES)
+    # When data-parallel gradients are reduced under accumulation: after every microbatch (as
+    # torchtitan: FSDP keeps only sharded gradients between microbatches), or after the last only
+    # (one reduce-scatter or all-reduce a step, but FSDP then holds every unit's unsharded gradient,
+    # in the reduce dtype, from the first microbatch to the last).
+    gradient_sync: str = one_of("every_microbatch", "last_microbatch")
     # torchtitan's names today: tokens per data-parallel rank per forward, tokens per step, the context.
     num_tokens_per_microbatch_per_dp_rank: Optional[int] = torchtitan_name(of="training.local_batch_size")
     num_tokens_per_train_step: Optional[int] = torchtitan_name(of="training.global_batch_size")

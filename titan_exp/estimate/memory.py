@@ -11,7 +11,8 @@ Per rank it predicts two figures, as a run reports them (metrics/memory.py):
 The peak is the larger of two moments of a step, each summed term by term (`Phase`):
 - *loss backward*: every layer's saved activations, the float32 logits and their gradient, the
   head's gathered weights; gradients only where earlier microbatches left some (accumulation,
-  pipelining);
+  pipelining): sharded ones, or under `training.gradient_sync=last_microbatch` FSDP's unsharded
+  ones for every unit;
 - *end of backward*: the first layer's backward (its recomputation, gradient temporaries, FSDP's
   gathered and unreduced buffers) beside the full sharded gradients.
 Under pipelining a rank's peak is its steady state, with the schedule's microbatches in flight;
@@ -65,6 +66,7 @@ Each term, with its source:
 import dataclasses
 from dataclasses import dataclass
 
+from titan_exp.estimate.moe_memory import ffn_kept, routed_rows
 from titan_exp.estimate.workload import (
     DTYPE_BYTES,
     PipelineRank,
@@ -75,7 +77,6 @@ from titan_exp.estimate.workload import (
     pipeline_ranks,
     unit_parameters,
 )
-from titan_exp.models.common.moe.config import SWIGLU_KEPT
 from titan_exp.models.config import ModelConfig
 from titan_exp.parallel.config import resolved_context_parallel_impl
 from titan_exp.units import GIB
@@ -172,39 +173,8 @@ def layer_activations(w: Workload, mode: str) -> float:
     norm_kept = 2 if w.device == "cpu" else 1
     attention_whole, attention = m.attention_kept_per_token(norm_kept, w.device == "cpu", w.seq_len)
     whole = dim + (1 - moe_share) * dim + attention_whole
-    sharded = 2 * norm_kept * dim + moe_share * dim + attention + _ffn_kept(m) + _routed_rows(w)
+    sharded = 2 * norm_kept * dim + moe_share * dim + attention + ffn_kept(m) + routed_rows(w)
     return whole + sharded / tp
-
-
-def _ffn_kept(m: ModelConfig) -> float:
-    """The ffn-wide tensors a token keeps: a SwiGLU's per hidden channel; a MoE layer's routed
-    experts' rows their activation's own (MoEConfig.activation_kept), its shared experts a SwiGLU's."""
-    if not m.moe.enabled:
-        return SWIGLU_KEPT * m.ffn_hidden_dim
-    moe = m.moe
-    return (moe.activation_kept * moe.top_k + SWIGLU_KEPT * moe.num_shared_experts) * moe.hidden_dim
-
-
-def _routed_rows(w: Workload) -> float:
-    """What a MoE layer keeps beyond its experts' SwiGLUs, per token and averaged over the layers:
-    the router's float32 scores and chosen weights and the chosen experts (int64); then per token
-    whose rows the rank runs, its top_k rows as the experts read them and their outputs back in
-    token order (the batched matmul that weighs and sums them reads them), and the int64 indices
-    that move them (source tokens and the way back; under EP also the received rows' order and its
-    way back). The busiest EP rank runs `busiest_rank_rows` times the mean rank's rows."""
-    m = w.model
-    if not m.moe.enabled:
-        return 0.0
-    moe, act = m.moe, DTYPE_BYTES[w.param_dtype]
-    ep = w.parallelism.expert_parallel_degree > 1
-    routed_here = (moe.num_experts + 2 * moe.top_k) * 4 / act + moe.top_k * 8 / act
-    rows = 2 * moe.top_k * m.dim + (4 if ep else 2) * moe.top_k * 8 / act
-    rows += (w.busiest_rank_rows - 1) * moe.top_k * (m.dim + moe.activation_kept * moe.hidden_dim)
-    if w.experts_tp > 1:
-        # Every tp rank's tokens, gathered (kept once more), and their rows: tp times a slice's
-        # (the caller divides by tp).
-        rows = (rows + m.dim) * w.experts_tp
-    return m.num_moe_layers / m.n_layers * (routed_here + rows)
 
 
 def _kept_per_layer(w: Workload) -> float:
@@ -235,9 +205,11 @@ def _kept_per_layer(w: Workload) -> float:
 def _logit_bytes(w: Workload) -> int:
     """Bytes per logit at the loss's backward: eager, the float32 copy, its log-softmax and the
     gradient; compiled, the logits and their gradient in the param dtype (one fused kernel computes
-    the log-sum-exp without a float32 copy)."""
+    the log-sum-exp without a float32 copy), and under TP the float32 log-softmax of the shards that
+    the compiled loss_parallel saves (what it saved on this CPU: 4 B a logit, where the unsharded
+    compiled loss saves the logits and a row's statistics)."""
     if w.compiled_loss:
-        return 2 * DTYPE_BYTES[w.param_dtype]
+        return 2 * DTYPE_BYTES[w.param_dtype] + (4 if w.parallelism.tensor_parallel_degree > 1 else 0)
     # Under TP, loss_parallel's log-softmax (torch's tensor/parallel/loss.py) keeps the shifted
     # logits and their exponentials beside the float32 copy and the result: four float32 copies.
     return _LOGITS_BYTES + (4 if w.parallelism.tensor_parallel_degree > 1 else 0)
@@ -334,9 +306,15 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
     kept_all = b.kept * rank.layers + b.head_activations
     reshard = p.fsdp_reshard_after_forward
     gathered_after_forward = {"never": rank.layers, "always": 0}.get(reshard, 1) * layer_unit + head_unit
+    # What earlier microbatches leave: sharded gradients where each one reduces them; under
+    # training.gradient_sync=last_microbatch, FSDP's every unit's unsharded gradient, upcast to the
+    # reduce dtype (torch's FSDPParam.to_accumulated_grad_if_needed), on the compute stream.
+    accumulated = fsdp and w.accumulation > 1 and w.gradient_reductions == 1
+    unsharded_grads = gathered_parameters(w, rank) * reduce_bytes if accumulated else 0.0
+    sharded_before_loss = b.sharded_grads if w.accumulation > 1 and not accumulated else 0
     loss_backward = RankMemory(
         **common,
-        gradients=b.sharded_grads if w.accumulation > 1 else 0,
+        gradients=int(unsharded_grads) or sharded_before_loss,
         activations=int(kept_all),
         logits=int(b.logits),
         temporaries=0,
@@ -347,7 +325,8 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
     )
     end_of_backward = RankMemory(
         **common,
-        gradients=b.sharded_grads,
+        # Accumulating, the first layer's unit still holds its unsharded gradient.
+        gradients=b.sharded_grads + int(sum(unit_parameters(w)) * reduce_bytes if accumulated else 0),
         activations=int(b.kept),
         logits=0,
         temporaries=int(b.layer_transient),
@@ -360,15 +339,17 @@ def _rank_peak(w: Workload, rank: PipelineRank, pp_rank: int) -> RankMemory:
     peak = max(loss_backward, end_of_backward, key=lambda r: r.total)
     if not fsdp:
         return peak
-    reserved = _reserved_by_stream((loss_backward, end_of_backward), b.sharded_grads, (layer_unit, head_unit))
+    moments = ((loss_backward, sharded_before_loss), (end_of_backward, b.sharded_grads))
+    reserved = _reserved_by_stream(moments, b.sharded_grads, (layer_unit, head_unit))
     return dataclasses.replace(peak, allocator=int(max(0.0, reserved - peak.total)))
 
 
-def _reserved_by_stream(moments: tuple[RankMemory, ...], sharded_grads: int, units: tuple[float, float]) -> float:
+def _reserved_by_stream(moments: tuple[tuple[RankMemory, int], ...], sharded_grads: int, units: tuple) -> float:
     """An FSDP rank's reserved bytes, each stream's pool at its own high-water mark (the module's
-    docstring); `units`: a block's and the head's gathered bytes."""
+    docstring); `moments`: each with the sharded gradients it holds (the reduce-scatter stream's);
+    `units`: a block's and the head's gathered bytes."""
     layer_unit, head_unit = units
-    compute_stream = max(moment.total - moment.gradients for moment in moments)
+    compute_stream = max(moment.total - held for moment, held in moments)
     return compute_stream + sharded_grads + max(2 * layer_unit, layer_unit + head_unit)
 
 

@@ -6,12 +6,14 @@ estimate/collectives.py), less what overlaps compute, plus the pipeline schedule
 Per microbatch, a rank runs its layers' forward and backward (forward again for recomputation
 under activation checkpointing), and its layout's collectives:
 - FSDP: each unit's all-gather in forward and again in backward (resharded after forward), its
-  gradients' reduce-scatter in backward (the last microbatch only). On GPUs they run on their own
+  gradients' reduce-scatter in backward (every microbatch, or the last only under
+  training.gradient_sync=last_microbatch: `Workload.gradient_reductions`). On GPUs they run on their own
   streams, prefetched one unit ahead: per unit, only what exceeds that unit's compute shows, and
   the first all-gather and the last reduce-scatter, which nothing covers; the copies around
   them (a gathered unit out of its flat buffer, gradients into the reduce-scatter's input) run on
   the compute stream, bandwidth-bound, with the compute;
-- DDP / HSDP's replicas: an all-reduce of the gradients, overlapped with the backward;
+- DDP / HSDP's replicas: an all-reduce of the gradients (as often as FSDP reduces), overlapped
+  with the backward;
 - tensor + sequence parallel: per layer, an all-gather and a reduce-scatter of the activations
   around attention and around the MLP, in forward, in backward and in recomputation; blocking,
   unless async TP, which splits each into chunks hidden behind the linear that consumes or
@@ -280,14 +282,14 @@ def _fsdp_copies(w: Workload, hw: HardwareConfig, layers: int, microbatches: int
     on the current stream before the reduce-scatter stream waits on it). Torch's
     `_fully_shard/_fsdp_collectives.py`. The all-gather's own copy-in (a shard, 1/shards of this)
     runs on its own stream. Counted as the collectives are (`_data_parallel`): each layer gathered
-    in forward and again in backward per microbatch, reduced once a step."""
+    in forward and again in backward per microbatch, reduced `gradient_reductions` times a step."""
     if w.fsdp_shards == 1:
         return 0.0
     unit, outside = sum(unit_parameters(w)), _outside_layers(w, layers)
     param_bytes = DTYPE_BYTES[w.param_dtype]
     gathered = 1 if w.float8_all_gather else param_bytes  # the linears' weights; embeddings and head stay
     copied_out = 2 * (2 * layers * unit * gathered + outside * param_bytes) * microbatches
-    copied_in = (param_bytes + DTYPE_BYTES[w.reduce_dtype]) * (layers * unit + outside)
+    copied_in = (param_bytes + DTYPE_BYTES[w.reduce_dtype]) * (layers * unit + outside) * w.gradient_reductions
     return (copied_out + copied_in) / hw.memory_bytes_per_second()
 
 
@@ -299,9 +301,10 @@ def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: in
     held = part_parameters(m, p) / p.tensor_parallel_degree
     replicas = links.collective(held / max(1, shard) * DTYPE_BYTES[w.reduce_dtype], "dp_replicate", "all_reduce")
     param_bytes, reduce_bytes = DTYPE_BYTES[w.param_dtype], DTYPE_BYTES[w.reduce_dtype]
+    reductions = w.gradient_reductions
     if not links.hw.overlaps_communication:
         if shard == 1:
-            return replicas
+            return reductions * replicas
         # One unit per layer and the root, which holds the embeddings, norm and output on gloo
         # (parallel/data_parallel.py; held evenly, as the blocks dominate); all but the last layer
         # and the root gathered again in backward.
@@ -314,11 +317,12 @@ def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: in
             layer_gather = _unit_collective(w, links, param_bytes, "all_gather")
             layer_scatter = _unit_collective(w, links, reduce_bytes, "reduce_scatter")
             gathers = (2 * layers - 1) * layer_gather + (2 * (units - layers) - 1) * gather
-            return microbatches * gathers + layers * layer_scatter + (units - layers) * scatter + replicas
+            scatters = layers * layer_scatter + (units - layers) * scatter
+            return microbatches * gathers + reductions * (scatters + replicas)
         gather = links.collective(held * param_bytes / units, "dp_shard", "all_gather")
         scatter = links.collective(held * reduce_bytes / units, "dp_shard", "reduce_scatter")
-        return (2 * units - 2) * microbatches * gather + units * scatter + replicas
-    exposed = max(0.0, replicas - compute.layer * layers)
+        return (2 * units - 2) * microbatches * gather + reductions * (units * scatter + replicas)
+    exposed = reductions * max(0.0, replicas - compute.layer * layers)
     if shard == 1:
         return exposed
     gather = _unit_collective(w, links, 1 if w.float8_all_gather else param_bytes, "all_gather")
@@ -326,11 +330,14 @@ def _data_parallel(w: Workload, links: _Links, compute: ComputeTimes, layers: in
     # Embeddings and head: gathered in forward, behind the head's compute.
     outside = _outside_layers(w, layers)
     head = links.collective(outside * param_bytes, "dp_shard", "all_gather")
-    head += links.collective(outside * reduce_bytes, "dp_shard", "reduce_scatter") / microbatches
+    # A microbatch's share of the reduce-scatters (all of them where each microbatch reduces).
+    scatter_share = reductions / microbatches
+    head += links.collective(outside * reduce_bytes, "dp_shard", "reduce_scatter") * scatter_share
     # Per microbatch: each unit's gather behind the previous unit's forward (~1/3 of a layer's
     # compute), the first one behind nothing; in backward each gather (the last layer stays
-    # gathered) and, on the last microbatch, each reduce-scatter behind a layer's backward (the
-    # rest, recomputation included), the last reduce-scatter behind nothing.
+    # gathered) and, on a microbatch that reduces, each reduce-scatter behind a layer's backward
+    # (the rest, recomputation included), the last reduce-scatter behind nothing.
     forward = gather + (layers - 1) * max(0.0, gather - compute.layer / 3)
-    backward = (layers - 1) * max(0.0, gather + scatter / microbatches - 2 * compute.layer / 3) + scatter / microbatches
+    scatter *= scatter_share
+    backward = (layers - 1) * max(0.0, gather + scatter - 2 * compute.layer / 3) + scatter
     return exposed + microbatches * (forward + backward + max(0.0, head - compute.head))

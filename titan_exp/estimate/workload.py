@@ -53,6 +53,16 @@ class Workload:
     optimizer: str = "foreach"
     # The pipeline step returns the last stage's outputs (plan.pipeline_returns_outputs).
     pipeline_returns_outputs: bool = False
+    # training.gradient_sync: data-parallel gradients reduced after every microbatch or the last.
+    gradient_sync: str = "every_microbatch"
+
+    @property
+    def gradient_reductions(self) -> int:
+        """How many times a step reduces its data-parallel gradients (per pipeline microbatch
+        schedule, once: a pipeline reduces after its last microbatch whatever the setting)."""
+        if self.gradient_sync == "last_microbatch" or self.parallelism.pipeline_parallel_degree > 1:
+            return 1
+        return self.accumulation
 
     @property
     def busiest_rank_rows(self) -> float:
@@ -81,9 +91,8 @@ class Workload:
 
     @property
     def compiled_loss(self) -> bool:
-        """The loss compiled (train/loss.py: not under TP or pipelining)."""
-        p = self.parallelism
-        return self.loss_compiled and p.tensor_parallel_degree == 1 and p.pipeline_parallel_degree == 1
+        """The loss compiled (train/loss.py: not under pipelining)."""
+        return self.loss_compiled and self.parallelism.pipeline_parallel_degree == 1
 
     @property
     def microbatch(self) -> int:

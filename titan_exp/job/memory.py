@@ -47,6 +47,7 @@ def workload(cfg: JobConfig, device: str) -> Workload:
         masked_keys=_masked_keys(cfg) if cfg.model.attn_mask_type == "block_causal" else None,
         optimizer=cfg.optimizer.implementation,
         pipeline_returns_outputs=cfg.plan.pipeline_returns_outputs,
+        gradient_sync=t.gradient_sync,
     )
 
 

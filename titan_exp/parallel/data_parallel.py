@@ -4,6 +4,8 @@ output (on GPUs), the experts of a MoE layer a unit of their own under expert pa
 replicate, or DDP's reducer on gloo). On gloo, FSDP2's collectives become point-to-point sends that
 overlap the compute."""
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -15,6 +17,17 @@ from torch.distributed.tensor import DTensor, Shard
 from titan_exp.dependency_warnings import ignore_unavoidable_warnings
 from titan_exp.parallel.gloo_comms import PeerAllGather, PeerReduceScatter
 from titan_exp.parallel.mesh import ParallelMesh
+
+
+@dataclass(frozen=True)
+class GradientReduction:
+    """How data-parallel gradients are reduced: FSDP's and DDP's dtypes (training.mixed_precision_*),
+    and whether a reduction adds to gradients an earlier one left (each microbatch of an accumulating
+    step reduces: training.gradient_sync=every_microbatch)."""
+
+    param_dtype: str
+    reduce_dtype: str
+    adds_to_gradients: bool = False
 
 
 def apply_ddp(model: nn.Module, mesh: ParallelMesh, mp_policy: MixedPrecisionPolicy, pipelined: bool) -> None:
@@ -32,9 +45,17 @@ def apply_ddp(model: nn.Module, mesh: ParallelMesh, mp_policy: MixedPrecisionPol
         replicate(model, mesh=dp_mesh, mp_policy=mp_policy)
 
 
-def apply_fsdp(model: nn.Module, mesh: ParallelMesh, mp_policy: MixedPrecisionPolicy, reshard: str, pipelined: bool):
+def apply_fsdp(
+    model: nn.Module,
+    mesh: ParallelMesh,
+    mp_policy: MixedPrecisionPolicy,
+    reshard: str,
+    pipelined: bool,
+    adds_to_gradients: bool = False,
+) -> None:
     """`reshard`: parallelism.fsdp_reshard_after_forward (always, never, default); `pipelined`: the
-    model is a pipeline stage."""
+    model is a pipeline stage; `adds_to_gradients`: a reduce-scatter's output is added to the
+    sharded gradients an earlier microbatch left."""
     dp_mesh, last = mesh.dp_mesh, len(model.layers) - 1
     gloo = dist.get_backend(dp_mesh.get_group(dp_mesh.ndim - 1)) == "gloo"
     for index, block in enumerate(model.layers.values()):
@@ -62,7 +83,7 @@ def apply_fsdp(model: nn.Module, mesh: ParallelMesh, mp_policy: MixedPrecisionPo
             fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp_policy)
     if gloo:
-        _overlap_gloo_collectives(model, hsdp=dp_mesh.ndim == 2, mp_policy=mp_policy)
+        _overlap_gloo_collectives(model, hsdp=dp_mesh.ndim == 2, mp_policy=mp_policy, adds=adds_to_gradients)
 
 
 def _shard_experts(experts: nn.Module, mesh: ParallelMesh, mp_policy: MixedPrecisionPolicy, reshard_after: bool):
@@ -89,14 +110,16 @@ def _shard_experts(experts: nn.Module, mesh: ParallelMesh, mp_policy: MixedPreci
         experts.set_force_sum_reduction_for_comms(True)
 
 
-def _overlap_gloo_collectives(model: nn.Module, hsdp: bool, mp_policy: MixedPrecisionPolicy) -> None:
+def _overlap_gloo_collectives(model: nn.Module, hsdp: bool, mp_policy: MixedPrecisionPolicy, adds: bool) -> None:
     """CPU ranks: FSDP2's collectives as point-to-point sends (parallel/gloo_comms.py), the next
     unit's all-gather posted before this unit computes (CUDA gets that overlap from streams), and
     the reduce-scatters finished one block later where FSDP2 only views their output."""
     units = [module for module in model.modules() if isinstance(module, FSDPModule)]
     param_dtype = next(model.parameters()).dtype
     reduce_dtype = mp_policy.reduce_dtype or mp_policy.param_dtype or param_dtype  # FSDP2's rule
-    reduce_scatter = PeerReduceScatter(defer_in_backward=not hsdp and reduce_dtype == param_dtype)
+    # Deferred only where FSDP2 merely views the output (gloo_comms.PeerReduceScatter): not where it
+    # adds it to an earlier microbatch's gradients at once.
+    reduce_scatter = PeerReduceScatter(defer_in_backward=not hsdp and reduce_dtype == param_dtype and not adds)
     for unit in units:
         unit.set_custom_all_gather(PeerAllGather())
         unit.set_custom_reduce_scatter(reduce_scatter)  # one for all: it keeps one in flight

@@ -89,7 +89,8 @@ class PeerReduceScatter(DefaultAllocMixin, ReduceScatter):
     the last at the end of backward. Only where FSDP2 does nothing with the output before the
     optimizer but view it as the sharded gradients: op AVG (no division after it), output in the
     parameters' dtype (no cast), no all-reduce after it (plain FSDP, not HSDP), and no gradient to
-    accumulate into (the trainer syncs gradients on the last microbatch only, after zero_grad(set_to_none)).
+    add it to (one microbatch a step, or training.gradient_sync=last_microbatch: the first reduction
+    after zero_grad(set_to_none)).
     """
 
     def __init__(self, defer_in_backward: bool = False):

@@ -7,7 +7,7 @@ from torch import nn
 
 from titan_exp.parallel.activation_checkpoint import apply_activation_checkpointing
 from titan_exp.parallel.config import ActivationCheckpointConfig, CompileConfig, ParallelismConfig
-from titan_exp.parallel.data_parallel import apply_ddp, apply_fsdp, mixed_precision
+from titan_exp.parallel.data_parallel import GradientReduction, apply_ddp, apply_fsdp, mixed_precision
 from titan_exp.parallel.expert_parallel import place_experts
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.parallel.tensor_parallel import apply_tensor_parallel, enable_async_tensor_parallel
@@ -21,9 +21,9 @@ def parallelize(
     ac: ActivationCheckpointConfig,
     compile_cfg: CompileConfig,
     quantize: QuantizeConfig,
-    precision: tuple[str, str],
+    reduction: GradientReduction,
 ) -> nn.Module:
-    """`precision`: the (parameter, gradient reduction) dtypes FSDP and DDP run in."""
+    """`reduction`: how FSDP and DDP run (their dtypes; whether a reduction adds to an earlier one's)."""
     dims, tp_mesh = mesh.dims, mesh.tp_mesh
     if model.cfg.moe.enabled:
         place_experts(model, mesh, aux_loss=model.cfg.moe.aux_loss_coeff is not None)
@@ -44,8 +44,13 @@ def parallelize(
             block.compile(backend=compile_cfg.backend, fullgraph=block.moe is None)
     if dims.fsdp_enabled:
         apply_fsdp(
-            model, mesh, mixed_precision(*precision), parallelism.fsdp_reshard_after_forward, pipelined=dims.pp > 1
+            model,
+            mesh,
+            mixed_precision(reduction.param_dtype, reduction.reduce_dtype),
+            parallelism.fsdp_reshard_after_forward,
+            pipelined=dims.pp > 1,
+            adds_to_gradients=reduction.adds_to_gradients,
         )
     elif dims.ddp_enabled:
-        apply_ddp(model, mesh, mixed_precision(*precision), pipelined=dims.pp > 1)
+        apply_ddp(model, mesh, mixed_precision(reduction.param_dtype, reduction.reduce_dtype), pipelined=dims.pp > 1)
     return model

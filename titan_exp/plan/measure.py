@@ -289,21 +289,23 @@ def _timed_parts(
 
 # The dry run's categories (MemTracker's, at rank 0's peak) as the memory model's, and which of
 # them grow with the layers a rank holds (FSDP's gathered units and the temporaries of one layer's
-# backward do not: one or two units are gathered at a time).
-_CATEGORIES = {
-    "parameters": (("sharded_param", "parameter"), True),
+# backward do not: one or two units are gathered at a time). Unsharded gradients are counted apart:
+# accumulated under training.gradient_sync=last_microbatch, every unit keeps its own.
+_CATEGORIES = (
+    ("parameters", ("sharded_param", "parameter"), True),
     # The rotary table, whatever the layers (the MoE layers' load counters are a few bytes).
-    "buffers": (("buffer",), False),
-    "gradients": (("sharded_grad", "gradient"), True),
-    "activations": (("activation",), True),
-    "temporaries": (("temp",), False),
-    "communication": (("unsharded_param", "unsharded_grad"), False),
-}
+    ("buffers", ("buffer",), False),
+    ("gradients", ("sharded_grad", "gradient"), True),
+    ("activations", ("activation",), True),
+    ("temporaries", ("temp",), False),
+    ("communication", ("unsharded_param",), False),
+    ("communication", ("unsharded_grad",), False),
+)
 
 
 def fake_pass_memory(job: ResolvedJob) -> RankMemory:
-    """Rank 0's active peak by category, measured by the dry run's pass (MemTracker over one forward
-    and backward under the fake process group and FakeTensorMode, train/dry_run.py) on the layout
+    """Rank 0's active peak by category, measured by the dry run's pass (MemTracker over a step's
+    forwards and backwards under the fake process group and FakeTensorMode, train/dry_run.py) on the layout
     with one and with two layers per pipeline stage, extrapolated to the model's layers where a
     category grows with them. The planner's cross-check of the memory model: the pass runs eager
     (Dynamo cannot trace under MemTracker; compile's savings are the model's alone), and under
@@ -326,10 +328,14 @@ def fake_pass_memory(job: ResolvedJob) -> RankMemory:
         return sum(report.get(f"rank0_step_peak_{name}_gib", 0.0) for name in names) * GIB
 
     grows_always = p.fsdp_reshard_after_forward == "never"
-    found = {}
-    for name, (names, grows) in _CATEGORIES.items():
+    # Accumulating under training.gradient_sync=last_microbatch, FSDP keeps every unit's unsharded
+    # gradient, which MemTracker counts as unsharded gradients or (under checkpointing) temporaries.
+    accumulating = job.dims.fsdp_enabled and job.accumulation > 1 and cfg.training.gradient_sync == "last_microbatch"
+    found: dict[str, float] = {}
+    for name, names, grows in _CATEGORIES:
+        grows = grows or grows_always or (accumulating and names in (("temp",), ("unsharded_grad",)))
         one, two = category(reports[0], names), category(reports[1], names)
-        found[name] = max(0.0, one + (layers_here - 1) * (two - one)) if grows or grows_always else two
+        found[name] = found.get(name, 0.0) + (max(0.0, one + (layers_here - 1) * (two - one)) if grows else two)
     one, two = (r["rank0_optimizer_state_gib"] * GIB for r in reports)
     found["optimizer_state"] = one + (layers_here - 1) * (two - one)
     if p.pipeline_parallel_degree > 1:

@@ -7,6 +7,7 @@ Torch-free at import: rank 0 sets up its writer before torch is loaded; the writ
 there too, or after the first step where the ranks take every core (see tracking/writer.py)."""
 
 import contextlib
+import ctypes
 import gc
 import os
 import time
@@ -51,6 +52,8 @@ def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
                 # Read when CUDA's allocator starts: segments that grow in place rather than new ones
                 # per size, as torchtitan's launch script sets (estimate/memory.py models it).
                 os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+            if job.placement.device == "cpu":
+                return_large_blocks_to_the_system()
             from titan_exp.train.trainer import Trainer  # torch, after the writer has started
 
             startup.mark("torch_import")
@@ -70,6 +73,26 @@ def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
         # The process ends next: its interpreter's teardown then leaves torch's objects to the exit
         # instead of collecting them one by one (~0.6 s at every rank's end, which the job waits for).
         gc.freeze()
+
+
+# glibc's M_MMAP_THRESHOLD (malloc.h): blocks at least this large are mapped for themselves.
+_M_MMAP_THRESHOLD, _MAPPED_FROM_BYTES = -3, 1 << 20
+
+
+def return_large_blocks_to_the_system() -> None:
+    """A CPU rank's tensors of 1 MiB and more mapped for themselves and unmapped when freed. By
+    default glibc raises that threshold to the largest block freed so far (up to 32 MiB), after which
+    such blocks come from its heap and stay in the process once freed: a rank accumulating gradients
+    grew ~0.45 GiB (25%) above its live tensors over its first steps (docs/performance.md), where
+    the memory model counts 10%. Not where the environment sets glibc's own MALLOC_MMAP_THRESHOLD_,
+    nor off glibc."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, _MAPPED_FROM_BYTES)
 
 
 def _ranks_take_every_core(job: ResolvedJob, env: RankEnv) -> bool:

@@ -2,8 +2,9 @@
 
 COMM_MODE=fake_backend: one process plays rank 0 of the full world, on the fake process group. The
 model parts are built for the real mesh (train/model_parts.py, as in training), then materialized
-under FakeTensorMode (shapes and dtypes only, no storage) and put through one forward, backward and
-optimizer step while torch's memory tracker counts what rank 0 would hold. Collectives are no-ops,
+under FakeTensorMode (shapes and dtypes only, no storage) and put through one step (forward and
+backward of every microbatch, then the optimizer) while torch's memory tracker counts what rank 0
+would hold. Collectives are no-ops,
 so this validates the mesh, the parallelization plans and the step's shapes for configs far beyond
 this machine, and estimates rank 0's memory (tracked peak of forward + backward, plus AdamW's two
 fp32 moments per local parameter); it measures no speed. Under pipelining rank 0 runs its own
@@ -111,13 +112,11 @@ class StagesOnce:
 
 
 def dry_run_step(job: ResolvedJob, mesh: ParallelMesh, model: ModelParts) -> TrainStep:
-    """The training step (train/step.py) of rank 0's parts on random tokens, for fake tensors, on
-    one microbatch: accumulated ones repeat it (and torch's MemTracker tracks one pass of each
-    module). Context parallelism gathers K and V (torch's ring attention cannot run on the fake group)."""
-    one_microbatch = job.config.training.local_batch_size * job.dims.dp
-    job = job.replaced(
-        parallelism={"context_parallel_impl": "allgather"}, training={"global_batch_size": one_microbatch}
-    )
+    """The training step (train/step.py) of rank 0's parts on random tokens, for fake tensors,
+    through every microbatch: what earlier microbatches leave (training.gradient_sync) is what
+    the last one's peak stands on. Context parallelism gathers K and V (torch's ring attention
+    cannot run on the fake group)."""
+    job = job.replaced(parallelism={"context_parallel_impl": "allgather"})
     cfg, dims = job.config, job.dims
     t = cfg.training
     source = RandomTokens(cfg.model.vocab_size, t.seq_len, cfg.debug.seed)

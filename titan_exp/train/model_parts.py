@@ -14,6 +14,7 @@ from titan_exp.checkpoint.manager import load_model
 from titan_exp.config.schema import JobConfig
 from titan_exp.models.common.transformer import Transformer
 from titan_exp.models.registry import build_model
+from titan_exp.parallel.data_parallel import GradientReduction
 from titan_exp.parallel.mesh import ParallelMesh
 from titan_exp.parallel.parallelize import parallelize
 from titan_exp.parallel.stages import StagePlan
@@ -49,9 +50,14 @@ def build_model_parts(cfg: JobConfig, mesh: ParallelMesh, device: torch.device) 
         stage_plan = StagePlan.from_config(cfg.parallelism, cfg.model.n_layers)
         stage_ids = stage_plan.stage_ids(mesh.pp_rank, mesh.dims.pp, cfg.parallelism.pipeline_parallel_schedule)
         parts = model.pipeline_stages(stage_plan, stage_ids)
-    precision = (cfg.training.mixed_precision_param, cfg.training.mixed_precision_reduce)
+    t = cfg.training
+    # Each microbatch reducing its gradients, a reduction adds into the earlier ones' (not under a
+    # pipeline, whose stages reduce after their last microbatch).
+    accumulation = t.global_batch_size // (t.local_batch_size * mesh.dims.dp)
+    adds = accumulation > 1 and t.gradient_sync == "every_microbatch" and mesh.dims.pp == 1
+    reduction = GradientReduction(t.mixed_precision_param, t.mixed_precision_reduce, adds)
     for part in parts:
-        parallelize(part, mesh, cfg.parallelism, cfg.activation_checkpoint, cfg.compile, cfg.quantize, precision)
+        parallelize(part, mesh, cfg.parallelism, cfg.activation_checkpoint, cfg.compile, cfg.quantize, reduction)
     return ModelParts(parts, stage_ids, stage_plan, num_params, num_embedding_params)
 
 

@@ -70,7 +70,8 @@ class ForwardBackward:
         self.accumulation = job.accumulation
         param_dtype = getattr(torch, job.config.training.mixed_precision_param)
         context_parallel_impl = job.config.parallelism.context_parallel_impl
-        self.sync_gradients_last_only = dims.fsdp_enabled or dims.ddp_enabled
+        data_parallel = dims.fsdp_enabled or dims.ddp_enabled
+        self.sync_gradients_last_only = data_parallel and job.config.training.gradient_sync == "last_microbatch"
         seq_len = loader.plan.seq_len
         self.sequence_context = (
             build_context_parallel(context_parallel_impl, parts, mesh["cp"], seq_len) if dims.cp > 1 else None
@@ -122,8 +123,7 @@ class ForwardBackward:
                 with sequence as (inputs, labels), self.loss_context():
                     step_loss += self.pipeline.step(inputs, labels, self._documents(self.loader, inputs))
                 continue
-            if self.sync_gradients_last_only:
-                # Reduce gradients only once per step, after the last microbatch.
+            if self.sync_gradients_last_only:  # training.gradient_sync=last_microbatch
                 self.model.set_requires_gradient_sync(micro == self.accumulation - 1)
             with sequence as (inputs, labels):
                 with self.autocast():

@@ -25,6 +25,9 @@ for other nodes over its share of the NICs.
 
 gloo (CPU ranks): a ring, at the per-call cost and bandwidth measured on this machine
 (plan/measure.py).
+
+Where the profile names kernel tables with figures for the collective (estimate/kernel_tables.py:
+measured by `plan probe`, or published nccl-tests results), those price it instead.
 """
 
 import math
@@ -56,6 +59,11 @@ def collective_seconds(hw: HardwareConfig, size: float, group: int, inner: int, 
     reduce-scatter's input, an all-reduce's buffer), or of the rows a rank sends in an all-to-all."""
     if group <= 1:
         return 0.0
+    tables = hw.tables()
+    if tables is not None:
+        measured = tables.collective_seconds(kind, size, group, across_nodes=inner * group > hw.devices_per_node)
+        if measured is not None:
+            return measured
     if not hw.overlaps_communication:
         return _gloo(hw, size, group, kind, across_nodes=inner * group > hw.devices_per_node)
     per_node = max(1, min(group, hw.devices_per_node // inner))  # the group's ranks on one node

@@ -3,7 +3,12 @@
 import dataclasses
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from titan_exp.rules import ConfigError, Section, one_of
+
+if TYPE_CHECKING:
+    from titan_exp.estimate.kernel_tables import KernelTables
 
 # The figures only gloo's collectives read (estimate/collectives.py): a GPU profile leaves them out.
 GLOO_ONLY = ("collective_latency_us", "reduce_latency_us")
@@ -83,6 +88,10 @@ class HardwareConfig(Section):
     # blocks, glibc's freed memory on a CPU): fragmentation in a steady state. 0 unless fitted to
     # measured runs (`titan_exp plan calibrate`).
     allocator_slack: float = 0.0
+    # Kernel rates measured by shape (estimate/kernel_tables.py: a file `plan probe` writes beside its
+    # profile, or a path): where set, the GEMMs, collectives and elementwise kernels it has figures
+    # for are priced from them rather than from the efficiencies above. '': none.
+    kernel_tables: str = ""
     # CPU ranks wanting more threads than there are cores run slower than their share of the cores
     # alone would make them (context switches, caches refilled, collectives waiting on a peer that
     # is not running): the factor beyond that share.
@@ -93,6 +102,11 @@ class HardwareConfig(Section):
         super().check(key)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name == "kernel_tables" and value:
+                try:
+                    self.tables()
+                except ValueError as err:
+                    raise ConfigError(f"{key}.kernel_tables", value, f"must name a readable kernel table ({err})") from None
             if type(value) not in (int, float) or value == -1:
                 continue
             if f.name.endswith("_efficiency"):
@@ -108,8 +122,18 @@ class HardwareConfig(Section):
                     raise ConfigError(f"{key}.{f.name}", value, fix)
 
     def memory_bytes_per_second(self) -> float:
-        """What bandwidth-bound kernels (elementwise, copies, the optimizer step) sustain."""
+        """What bandwidth-bound kernels (elementwise, copies, the optimizer step) sustain: as the
+        kernel tables measured it, else the datasheet's bandwidth times the profile's efficiency."""
+        tables = self.tables()
+        if tables is not None and tables.elementwise_gbps is not None:
+            return tables.elementwise_gbps * 1e9
         return self.memory_gbps * 1e9 * self.memory_efficiency
+
+    def tables(self) -> "KernelTables | None":
+        """The kernel tables the profile names (`kernel_tables`), None without."""
+        from titan_exp.estimate.kernel_tables import tables_of
+
+        return tables_of(self.kernel_tables)
 
     def peak_flops(self, dtype: str) -> float:
         return {"float32": self.peak_tflops_float32, "bfloat16": self.peak_tflops_bfloat16}.get(

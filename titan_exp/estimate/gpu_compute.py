@@ -91,14 +91,24 @@ def _waves(hw: HardwareConfig, rows: float, cols: float, groups: float = 1) -> f
     return tiles / (math.ceil(tiles / hw.sm_count) * hw.sm_count)
 
 
+def _gemm_rate(hw: HardwareConfig, m: float, n: float, k: float, dtype: str) -> float:
+    """FLOP/s of an (m×k)·(k×n) GEMM: as the profile's kernel table measured shapes like it, else
+    the dtype's peak × the profile's efficiency for large GEMMs × the share of its waves' SMs that work."""
+    tables = hw.tables()
+    measured = tables.gemm_tflops(m, n, k, dtype) if tables is not None else None
+    if measured is not None:
+        return measured * 1e12
+    efficiency = hw.float8_matmul_efficiency if dtype == "float8" else hw.matmul_efficiency
+    return hw.peak_flops(dtype) * efficiency * _waves(hw, m, n)
+
+
 def _gemm(hw: HardwareConfig, m: float, n: float, k: float, dtype: str, w: Workload) -> float:
     """Seconds of one (m×k)·(k×n) GEMM: its FLOPs at the reachable rate, or its bytes over the
     bandwidth where that is longer."""
     low_precision = dtype == "float8"
-    efficiency = hw.float8_matmul_efficiency if low_precision else hw.matmul_efficiency
+    rate = _gemm_rate(hw, m, n, k, dtype)
     if low_precision and w.quantize == "rowwise":
-        efficiency *= _ROWWISE_GEMM
-    rate = hw.peak_flops(dtype) * efficiency * _waves(hw, m, n)
+        rate *= _ROWWISE_GEMM
     element = 1 if low_precision else DTYPE_BYTES[w.param_dtype]
     traffic = (m * k + k * n) * element + m * n * DTYPE_BYTES[w.param_dtype]
     return max(2 * m * n * k / rate, traffic / hw.memory_bytes_per_second())
@@ -155,8 +165,13 @@ def _routed_experts(hw: HardwareConfig, w: Workload) -> dict[str, tuple[float, f
 def _grouped_gemm(hw: HardwareConfig, groups: float, m: float, n: float, k: float, dtype: str, w: Workload) -> float:
     """Seconds of `groups` (m×k)·(k×n) GEMMs in one grouped kernel: one tile shape for every group,
     so each group's last row of tiles runs partly empty, and the waves are counted over all tiles."""
-    filled = m / (math.ceil(m / _TILE[0]) * _TILE[0])
-    rate = hw.peak_flops(dtype) * hw.matmul_efficiency * filled * _waves(hw, m, n, groups)
+    tables = hw.tables()
+    measured = tables.gemm_tflops(m, n, k, dtype) if tables is not None else None
+    if measured is not None:  # one group's shape as measured: groups in one kernel run as many
+        rate = measured * 1e12
+    else:
+        filled = m / (math.ceil(m / _TILE[0]) * _TILE[0])
+        rate = hw.peak_flops(dtype) * hw.matmul_efficiency * filled * _waves(hw, m, n, groups)
     element = DTYPE_BYTES[w.param_dtype]
     traffic = groups * ((m * k + k * n) * element + m * n * element)
     return max(2 * groups * m * n * k / rate, traffic / hw.memory_bytes_per_second())

@@ -7,7 +7,8 @@ python -m titan_exp plan -m model=MODEL hardware=h100 launcher.nproc_per_node=8 
     parallelism=fsdp_tp parallelism.tensor_parallel_degree=2,4,8 activation_checkpoint.mode=none,full
 
 `python -m titan_exp plan calibrate --hardware NAME`: the profile's figures fitted to your own tracked
-runs on that hardware (plan/calibrate_cli.py).
+runs on that hardware (plan/calibrate_cli.py). `python -m titan_exp plan probe --hardware NAME
+[overrides]`: this machine's kernel rates measured for those shapes, a profile of its own (plan/probe.py).
 
 Configs are checked as a training run's are (the world spelled out; nothing is placed). On the `cpu`
 profile the device's figures and a rank's compute are measured on this machine (plan/measure.py);
@@ -203,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["calibrate"]:
         return calibrate_cli.main(argv[1:])
+    if argv[:1] == ["probe"]:
+        from titan_exp.plan import probe  # torch: the probe measures
+
+        return probe.main(argv[1:])
     parser = argparse.ArgumentParser(prog="titan_exp plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--multirun", action="store_true", help="a grid (implied by comma lists)")
     parser.add_argument(

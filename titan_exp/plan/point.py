@@ -43,8 +43,10 @@ def plan_one(job: ResolvedJob) -> Prediction:
     a rank's compute, and (plan.measure) rank 0's memory by the dry run's fake pass, the memory
     model's cross-check."""
     cfg = job.config
-    if not cfg.plan.measure and cfg.hardware.device != "cpu":
-        return predict(job, cfg.hardware, compute=None)  # all modelled: no torch to load
+    if not cfg.plan.measure and (cfg.hardware.device != "cpu" or cfg.hardware.kernel_tables):
+        # All modelled, no torch to load: on CPU ranks from a probed profile's kernel tables.
+        stretch = cpu_ranks(job)[1] if cfg.hardware.device == "cpu" else 1.0
+        return predict(job, cfg.hardware, compute=None, oversubscription=stretch)
     from titan_exp.plan import measure  # torch: measuring is this command's job
 
     fake_pass = measure.fake_pass_memory(job) if cfg.plan.measure else None

@@ -76,16 +76,16 @@ def run_rank(args: tuple[ResolvedJob, RunContext]) -> RankResult:
 
 
 # glibc's M_MMAP_THRESHOLD (malloc.h): blocks at least this large are mapped for themselves.
-_M_MMAP_THRESHOLD, _MAPPED_FROM_BYTES = -3, 1 << 20
+_M_MMAP_THRESHOLD, _MAPPED_FROM_BYTES = -3, 4 << 20
 
 
 def return_large_blocks_to_the_system() -> None:
-    """A CPU rank's tensors of 1 MiB and more mapped for themselves and unmapped when freed. By
+    """A CPU rank's tensors of 4 MiB and more mapped for themselves and unmapped when freed. By
     default glibc raises that threshold to the largest block freed so far (up to 32 MiB), after which
     such blocks come from its heap and stay in the process once freed: a rank accumulating gradients
-    grew ~0.45 GiB (25%) above its live tensors over its first steps (docs/performance.md), where
-    the memory model counts 10%. Not where the environment sets glibc's own MALLOC_MMAP_THRESHOLD_,
-    nor off glibc."""
+    grew 25% above its live tensors over its first steps, where the memory model counts 10%. Not
+    lower: at 1 MiB every activation is mapped afresh and FSDP's steps ran ~35% slower
+    (docs/performance.md). Not where the environment sets glibc's MALLOC_MMAP_THRESHOLD_, nor off glibc."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return
     try:

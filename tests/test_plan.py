@@ -391,3 +391,49 @@ def test_calibrate_against_a_server_draws_no_download_progress_bars(tmp_path, mo
         stop_mlflow_server(server)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("| fitted on |") == 3 and "Downloading artifacts" not in done.stderr
+
+
+@pytest.mark.slow  # the probe measures ~60 GEMMs and 25 collectives between two ranks: about 40 s
+def test_plan_probe_writes_a_profile_whose_tables_price_the_plan(tmp_path, monkeypatch):
+    """`plan probe` measures this machine for the debug model's shapes, writes a profile and its
+    table into the user's config folder and records a run; `plan` on that profile without the
+    per-layer measurement models compute from the table, and a table whose GEMMs run at half the
+    rate gives a slower step."""
+    import json
+
+    monkeypatch.setenv("TITAN_EXP_CONFIG_DIR", str(tmp_path / "conf"))
+    db = tmp_path / "mlflow.db"
+    probed = subcommand(["plan", "probe", "--hardware", "cpu_here", f"tracking.uri=sqlite:///{db}"])
+    assert probed.returncode == 0, probed.stderr[-3000:]
+    folder = tmp_path / "conf" / "hardware"
+    table = json.loads((folder / "cpu_here.kernels.json").read_text())
+    assert table["provenance"] == "measured" and len(table["gemm"]) > 20 and len(table["collectives"]) == 25
+    assert "kernel_tables: cpu_here.kernels.json" in (folder / "cpu_here.yaml").read_text()
+    [run] = mlflow_runs(db)
+    assert run.data.tags["titan_exp.role"] == "probe" and run.data.metrics["probe/elementwise_gbps"] > 0
+
+    def step_seconds() -> float:
+        shape = ["hardware=cpu_here", "plan.measure=false", "parallelism=fsdp", "launcher.nproc_per_node=2"]
+        planned = subcommand(["plan", "--out", str(tmp_path / "plan"), *shape, "tracking=none"])
+        assert planned.returncode == 0, planned.stderr[-3000:]
+        assert "(modelled)" in planned.stdout and "compute" in planned.stdout
+        return float(re.search(r"step ([\d.]+) s: compute", planned.stdout).group(1))
+
+    measured = step_seconds()
+    for point in table["gemm"]:
+        point["tflops"] /= 2
+    (folder / "cpu_here.kernels.json").write_text(json.dumps(table))
+    assert step_seconds() > 1.3 * measured
+
+
+def test_plan_probe_refuses_a_shipped_name_and_a_gpu_profile_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("TITAN_EXP_CONFIG_DIR", str(tmp_path / "conf"))
+    for args, said in [
+        (["--hardware", "h100"], "a profile shipped with titan_exp has that name"),
+        (["--hardware", "mine", "hardware=h100"], "probing a GPU's kernels"),
+        (["--hardware", "../x"], "a profile's name is"),
+    ]:
+        result = subcommand(["plan", "probe", *args])
+        assert result.returncode == 2 and said in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "conf").exists()

@@ -2,7 +2,6 @@
 
 import dataclasses
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from titan_exp.rules import ConfigError, Section, one_of
@@ -106,7 +105,8 @@ class HardwareConfig(Section):
                 try:
                     self.tables()
                 except ValueError as err:
-                    raise ConfigError(f"{key}.kernel_tables", value, f"must name a readable kernel table ({err})") from None
+                    fix = f"must name a readable kernel table ({err})"
+                    raise ConfigError(f"{key}.kernel_tables", value, fix) from None
             if type(value) not in (int, float) or value == -1:
                 continue
             if f.name.endswith("_efficiency"):

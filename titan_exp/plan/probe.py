@@ -67,7 +67,8 @@ def job_gemm_shapes(job: ResolvedJob) -> set[tuple[int, int, int]]:
     w = workload(job.config, "cpu")
     tokens = int(w.tokens)
     shapes = set()
-    linears = list(linear_shapes(w).values()) + [(w.model.dim, w.model.vocab_size / w.parallelism.tensor_parallel_degree)]
+    head = (w.model.dim, w.model.vocab_size / w.parallelism.tensor_parallel_degree)
+    linears = [*linear_shapes(w).values(), head]
     for fan_in, fan_out in linears:
         fan_in, fan_out = int(fan_in), int(fan_out)
         shapes |= {(tokens, fan_out, fan_in), (tokens, fan_in, fan_out), (fan_in, fan_out, tokens)}
@@ -137,7 +138,10 @@ def measure_collectives() -> list[CollectivePoint]:
         # spawn, not fork: a fork of a process whose OpenMP threads have run can hang.
         mp.start_processes(_collective_rank, args=(port, out), nprocs=2, start_method="spawn")
         ranks = [list(out[0]), list(out[1])]
-    return [CollectivePoint(op, float(size), 2, False, max(seconds, other)) for (op, size, seconds), (*_, other) in zip(*ranks)]
+    return [
+        CollectivePoint(op, float(size), 2, False, max(seconds, other))
+        for (op, size, seconds), (*_, other) in zip(*ranks)
+    ]
 
 
 def measure_copy_gbps() -> float:
@@ -260,12 +264,14 @@ def main(argv: list[str]) -> int:
 
         if args.hardware in hardware_profiles():
             raise Refused(f"--hardware={args.hardware}: a profile shipped with titan_exp has that name; name yours")
-        job = compose_point([*args.overrides, "launcher.device=cpu"])
-        if job.config.hardware.device != "cpu":
+        named = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("hardware=")), "cpu")
+        shipped = hardware_profiles().get(named)
+        if shipped is not None and shipped.device != "cpu":
             raise Refused(
-                f"hardware={job.config.hardware.name}: probing a GPU's kernels (CUDA GEMMs, NCCL across nodes) "
-                "is not built yet; probe this machine's CPU ranks (hardware=cpu)"
+                f"hardware={named}: probing a GPU's kernels (CUDA GEMMs, NCCL across nodes) is not built yet; "
+                "probe this machine's CPU ranks (hardware=cpu)"
             )
+        job = compose_point([*args.overrides, "launcher.device=cpu"])
     except (Refused, ConfigError) as err:
         print(f"titan_exp plan probe: {err}", file=sys.stderr)
         return 2

@@ -13,10 +13,14 @@ The runs, each with its source and settings, are in benchmarks/published_runs.py
 published_held_out.py (their sources and dates: published_sources.py). Runs whose source gives no
 memory, or no TPS, are compared on what it gives.
 
-Usage: python benchmarks/bench_planner_published.py [--json PATH] [--no-refits]
+With --bands it writes, per profile, the 80th percentile of those errors over every run compared
+(titan_exp/estimate/validation_bands.json: the bands `plan` puts around its figures).
+
+Usage: python benchmarks/bench_planner_published.py [--json PATH] [--no-refits] [--bands]
 """
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -27,6 +31,7 @@ from published_runs import RUNS, Published
 
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import register_schema
+from titan_exp.estimate.bands import BANDS_FILE, quantile_band
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.plan.calibrate import GPU_FIGURES, MIN_RUNS, Observation, fit
 from titan_exp.plan.point import compose_point, plan_one
@@ -113,6 +118,7 @@ def compared(runs: list[Published], jobs: dict[str, ResolvedJob]) -> tuple[list[
         found = predicted(jobs[run.name])
         rows.append({
             "name": run.name, "family": run.family, "source": run.source,
+            "hardware": jobs[run.name].config.hardware.name,
             "predicted_memory_gib": found["memory_gib"], "published_memory_gib": run.memory_gib,
             "memory_error_pct": error_pct(found["memory_gib"], run.memory_gib),
             "predicted_tps": found["tps"], "published_tps": run.tps, "tps_error_pct": error_pct(found["tps"], run.tps),
@@ -150,10 +156,27 @@ def compared(runs: list[Published], jobs: dict[str, ResolvedJob]) -> tuple[list[
     return rows, summary
 
 
+def write_bands(rows: list[dict]) -> None:
+    """estimate/bands.py's table: per profile and pooled, the 80th percentile of the |errors| of TPS
+    and of peak memory over every published run compared (both sets), with the run counts."""
+    table = {"source": f"benchmarks/bench_planner_published.py, {datetime.date.today()}, {len(rows)} runs"}
+    for figure in ("tps", "memory"):
+        errors = [(r["hardware"], r[f"{figure}_error_pct"]) for r in rows if r[f"{figure}_error_pct"] is not None]
+        by_profile = {}
+        for hardware in sorted({h for h, _ in errors}):
+            own = [e for h, e in errors if h == hardware]
+            by_profile[hardware] = {"runs": len(own), "band_pct": round(quantile_band(own), 1)}
+        pooled = {"runs": len(errors), "band_pct": round(quantile_band([e for _, e in errors]), 1)}
+        table[figure] = {"by_profile": by_profile, "pooled": pooled}
+    BANDS_FILE.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"bands: {BANDS_FILE}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=None, help="also write the rows and summary here")
     parser.add_argument("--no-refits", action="store_true", help="skip the leave-one-source-out fits (minutes)")
+    parser.add_argument("--bands", action="store_true", help=f"write the planner's bands from the errors: {BANDS_FILE}")
     args = parser.parse_args()
     os.chdir(REPO)
     register_schema()
@@ -173,6 +196,8 @@ def main() -> None:
     print("\nruns no figure was set against (HELD_OUT):")
     unseen_rows, unseen = compared(HELD_OUT, jobs)
     print("\n" + json.dumps(unseen, indent=2))
+    if args.bands:
+        write_bands([*rows, *unseen_rows])
     if args.json:
         args.json.write_text(json.dumps({
             "summary": summary, "runs": rows, "leave_one_source_out": left_out,

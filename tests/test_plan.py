@@ -45,6 +45,15 @@ def test_a_grid_is_ranked_fitting_first_then_by_tps(tmp_path, plan):
     fitting = [float(r["TPS/device"].replace(",", "")) for r in rows if r["fits"] == "yes"]
     assert fitting == sorted(fitting, reverse=True)
     assert all(r["compute"] == "modelled" for r in rows)
+    # Each TPS with its band (h100_grand_teton's published runs' 80th-percentile error); a fitting
+    # layout whose band reaches the best one's is to be run beside it.
+    for r in rows:
+        low, high = (float(x.replace(",", "")) for x in r["TPS band"].split("–"))
+        assert low < float(r["TPS/device"].replace(",", "")) < high
+    best_low = float(rows[0]["TPS band"].split("–")[0].replace(",", ""))
+    for r in rows[1:]:
+        reaches = r["fits"] == "yes" and float(r["TPS band"].split("–")[1].replace(",", "")) >= best_low
+        assert (r["run both"] == "with #1") == reaches, r
     html = (tmp_path / "plan" / "plan.html").read_text()
     assert html.count("<tr>") == 7 and (tmp_path / "plan" / "plan.md").read_text().count("\n") == 8
 

@@ -29,6 +29,7 @@ from hydra.errors import HydraException
 from titan_exp.compare.report import to_html, to_markdown
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.schema import JobConfig, register_schema
+from titan_exp.estimate.bands import overlap
 from titan_exp.job import held_batch
 from titan_exp.job.outcome import composition_error
 from titan_exp.job.preflight import preflight
@@ -60,6 +61,8 @@ COLUMNS = [
     "fits",
     "step s",
     "TPS/device",
+    "TPS band",
+    "run both",
     "MFU %",
     "compute",
     "fits with",
@@ -119,8 +122,10 @@ def _plan_all(jobs: list[ResolvedJob]) -> list[Prediction]:
     return predictions
 
 
-def _row(rank: int, prediction: Prediction, job: ResolvedJob, point: list[str]) -> list[str]:
+def _row(rank: int, prediction: Prediction, job: ResolvedJob, point: list[str], run_both: str) -> list[str]:
+    """`run_both`: what the row says of its place beside the best (see `_run_both`)."""
     p, t = prediction, job.config.training
+    low, high = p.tps_range
     return [
         str(rank),
         p.layout,
@@ -133,10 +138,22 @@ def _row(rank: int, prediction: Prediction, job: ResolvedJob, point: list[str]) 
         "yes" if p.fits else "no",
         f"{p.step.total:.3f}",
         f"{p.tps_per_device:,.0f}",
+        f"{low:,.0f}–{high:,.0f}",
+        run_both,
         f"{p.mfu_pct:.1f}",
         p.sources["compute"],
         " or ".join(p.fixes) if not p.fits else "",
         " ".join(point),
+    ]
+
+
+def _run_both(ranked: list[Prediction]) -> list[str]:
+    """Per row (best first): "with #1" where a fitting layout's TPS band overlaps the best one's, so
+    the planner cannot tell them apart and both are worth a real run; "" elsewhere."""
+    best = ranked[0] if ranked and ranked[0].fits else None
+    return [
+        "with #1" if best is not None and n > 0 and p.fits and overlap(p.tps_range, best.tps_range) else ""
+        for n, p in enumerate(ranked)
     ]
 
 
@@ -162,6 +179,8 @@ def describe(prediction: Prediction) -> str:
         f"{p.step.communication:.3f} + pipeline bubble {p.step.bubble:.3f} (modelled)"
         + (f", × {p.step.oversubscription:.2f} for ranks sharing cores" if p.step.oversubscription > 1 else ""),
         f"  tokens/s per device {p.tps_per_device:,.0f}, MFU {p.mfu_pct:.1f}%",
+        f"  bands: TPS {p.tps_range[0]:,.0f}–{p.tps_range[1]:,.0f} (±{p.tps_band.pct:.0f}%), peak memory "
+        f"±{p.memory_band.pct:.0f}%: the 80th percentile of the planner's errors on {p.tps_band.basis}",
     ]
     if not p.fits:
         lines.append(f"  fits with: {' or '.join(p.fixes) or 'no change of AC, batch, ranks or TP/PP degree'}")
@@ -239,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         print(describe(predictions[0]))
     ranked = sorted(range(len(points)), key=lambda i: (not predictions[i].fits, -predictions[i].tps_per_device))
     shown = varying(points)  # the table shows what varies
-    rows = [_row(n + 1, predictions[i], jobs[i], shown[i]) for n, i in enumerate(ranked)]
+    marks = _run_both([predictions[i] for i in ranked])
+    rows = [_row(n + 1, predictions[i], jobs[i], shown[i], marks[n]) for n, i in enumerate(ranked)]
     out = args.out or Path("outputs") / "plans" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
     title = "plan: " + " ".join(args.overrides)

@@ -43,7 +43,7 @@ from titan_exp.units import GIB
 _GLOO_SIZES = (1024, 2 * 1024**2, 8 * 1024**2, 32 * 1024**2)
 
 
-def _timed(fn, repeats: int = 3) -> float:
+def median_seconds(fn, repeats: int = 3) -> float:
     """Median seconds of `fn` after one warm-up call."""
     fn()
     times = []
@@ -54,9 +54,10 @@ def _timed(fn, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def _memory_gbps() -> float:
+def copy_gbps() -> float:
+    """What a 128 MiB float32 copy reads plus writes per second (GB/s)."""
     source, target = torch.empty(32 * 1024**2), torch.empty(32 * 1024**2)
-    return 2 * source.numel() * 4 / _timed(lambda: target.copy_(source)) / 1e9
+    return 2 * source.numel() * 4 / median_seconds(lambda: target.copy_(source)) / 1e9
 
 
 def _gloo_rank(rank: int, port: int, out: dict) -> None:
@@ -67,8 +68,8 @@ def _gloo_rank(rank: int, port: int, out: dict) -> None:
         for size in _GLOO_SIZES:
             local, whole = torch.ones(size // 4), torch.ones(2 * size // 4)
             dist.barrier()
-            gather = _timed(lambda w=whole, t=local: dist.all_gather_single(w, t), repeats=7)
-            scatter = _timed(lambda w=whole, t=local: dist.reduce_scatter_single(t, w), repeats=7)
+            gather = median_seconds(lambda w=whole, t=local: dist.all_gather_single(w, t), repeats=7)
+            scatter = median_seconds(lambda w=whole, t=local: dist.reduce_scatter_single(t, w), repeats=7)
             seconds[size] = (gather, scatter)
         out[rank] = seconds
     finally:
@@ -108,7 +109,7 @@ def cpu_profile(threads: int, cache_dir: str) -> dict[str, float]:
             return {
                 "peak_tflops_float32": cpu_peak_flops(torch.float32, cache_dir) / 1e12,
                 "peak_tflops_bfloat16": cpu_peak_flops(torch.bfloat16, cache_dir) / 1e12,
-                "memory_gbps": _memory_gbps(),
+                "memory_gbps": copy_gbps(),
             }
 
     return cached(path, f"{cpu_name()}|threads={threads}", measure) | link
@@ -273,7 +274,7 @@ def _timed_parts(
                 param.grad = grad
             optimizers.step()
 
-        optimizer_seconds = _timed(update) * local_params / model.num_params()
+        optimizer_seconds = median_seconds(update) * local_params / model.num_params()
 
     def layer_step(index: int) -> None:
         model.layers[str(index)](hidden, freqs).sum().backward()
@@ -282,9 +283,9 @@ def _timed_parts(
     # machine the same pass's times spread by ~25% between the fastest and the median, in one
     # process alone and in two side by side, so the fastest would predict steps ~20% short).
     layer_seconds = sum(
-        share * _timed(functools.partial(layer_step, index), repeats=7) for index, share in shares.items()
+        share * median_seconds(functools.partial(layer_step, index), repeats=7) for index, share in shares.items()
     )
-    return layer_seconds, _timed(head_step, repeats=7), optimizer_seconds
+    return layer_seconds, median_seconds(head_step, repeats=7), optimizer_seconds
 
 
 # The dry run's categories (MemTracker's, at rank 0's peak) as the memory model's, and which of

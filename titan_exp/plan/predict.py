@@ -14,6 +14,7 @@ from launchers.local import DEFAULT_CPU_RANKS
 from titan_exp.config.job import ResolvedJob
 from titan_exp.config.resolve import resolve
 from titan_exp.config.schema import JobConfig
+from titan_exp.estimate.bands import Band, band
 from titan_exp.estimate.config import HardwareConfig
 from titan_exp.estimate.gpu_compute import gpu_compute
 from titan_exp.estimate.memory import RankMemory, rank_memory
@@ -45,6 +46,13 @@ class Prediction:
     fixes: tuple[str, ...] = ()
     # The share of its threads' time the compute's timing got on this machine (1.0: none timed here).
     cpu_share: float = 1.0
+    # How far TPS and the peak are to be trusted on this hardware (estimate/bands.py).
+    tps_band: Band = Band(0.0, "")
+    memory_band: Band = Band(0.0, "")
+
+    @property
+    def tps_range(self) -> tuple[float, float]:
+        return self.tps_band.around(self.tps_per_device)
 
     @property
     def peak_gib(self) -> float:
@@ -68,6 +76,8 @@ class Prediction:
             "prediction/memory_budget_gib": self.memory_budget_gib,
             "prediction/fits": float(self.fits),
             "prediction/tps_per_device": self.tps_per_device,
+            "prediction/tps_band_pct": self.tps_band.pct,
+            "prediction/memory_band_pct": self.memory_band.pct,
             "prediction/mfu_pct": self.mfu_pct,
             **memory,
             **step,
@@ -131,6 +141,8 @@ def predict(
         sources=sources,
         fake_pass=fake_pass,
         fixes=tuple(memory_fixes(cfg, w, budget)) if memory.reserved > per_rank else (),
+        tps_band=band(hw.name, "tps"),
+        memory_band=band(hw.name, "memory"),
     )
 
 

@@ -20,7 +20,6 @@ import dataclasses
 import datetime
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from titan_exp.estimate.gpu_compute import linear_shapes
 from titan_exp.estimate.kernel_tables import CollectivePoint, GemmPoint, KernelTables
 from titan_exp.estimate.user_profiles import NAME_RULE, is_profile_name, profiles_folder
 from titan_exp.job.memory import workload
+from titan_exp.plan.measure import copy_gbps, median_seconds
 from titan_exp.plan.point import compose_point, cpu_ranks
 from titan_exp.rules import ConfigError
 from titan_exp.units import GIB
@@ -50,16 +50,6 @@ _GRID = (64, 256, 1024, 4096)
 
 class Refused(Exception):
     """A probe that cannot run as asked: one line, exit 2."""
-
-
-def _timed(fn, repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def job_gemm_shapes(job: ResolvedJob) -> set[tuple[int, int, int]]:
@@ -86,7 +76,7 @@ def measure_gemms(shapes: set[tuple[int, int, int]], dtype: str) -> list[GemmPoi
         a, b = torch.randn(m, k, dtype=torch_dtype), torch.randn(k, n, dtype=torch_dtype)
         out = torch.empty(m, n, dtype=torch_dtype)
         repeats = 3 if 2 * m * n * k > 2e10 else 7
-        seconds = _timed(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), repeats)
+        seconds = median_seconds(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), repeats)
         points.append(GemmPoint(m, n, k, dtype, 2 * m * n * k / max(seconds, 1e-9) / 1e12))
     return points
 
@@ -124,7 +114,7 @@ def _collective_rank(rank: int, port: int, out: dict) -> None:
             for size in _SIZES:
                 call = _collective(op, size)
                 dist.barrier()
-                found.append((op, size, _timed(call, repeats=7)))
+                found.append((op, size, median_seconds(call, repeats=7)))
         out[rank] = found
     finally:
         dist.destroy_process_group()
@@ -144,14 +134,9 @@ def measure_collectives() -> list[CollectivePoint]:
     ]
 
 
-def measure_copy_gbps() -> float:
-    source, target = torch.empty(32 * 1024**2), torch.empty(32 * 1024**2)
-    return 2 * source.numel() * 4 / _timed(lambda: target.copy_(source)) / 1e9
-
-
 def measure_op_overhead_us() -> float:
     a, b = torch.ones(1), torch.ones(1)
-    return _timed(lambda: [torch.add(a, b) for _ in range(1000)]) / 1000 * 1e6
+    return median_seconds(lambda: [torch.add(a, b) for _ in range(1000)]) / 1000 * 1e6
 
 
 def probe(job: ResolvedJob, name: str) -> tuple[KernelTables, dict]:
@@ -163,7 +148,7 @@ def probe(job: ResolvedJob, name: str) -> tuple[KernelTables, dict]:
     gemm = measure_gemms(job_gemm_shapes(job), dtype) + measure_gemms(grid_shapes(), dtype)
     if dtype != "float32":  # the optimizer's and the loss's float32 work, the grid only
         gemm += measure_gemms(grid_shapes(), "float32")
-    copy_gbps, overhead = measure_copy_gbps(), measure_op_overhead_us()
+    copied_gbps, overhead = copy_gbps(), measure_op_overhead_us()
     collectives = measure_collectives()
     when = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     tables = KernelTables(
@@ -171,7 +156,7 @@ def probe(job: ResolvedJob, name: str) -> tuple[KernelTables, dict]:
         provenance="measured",
         gemm=tuple(gemm),
         collectives=tuple(collectives),
-        elementwise_gbps=copy_gbps,
+        elementwise_gbps=copied_gbps,
         op_overhead_us=overhead,
         notes=[f"shapes of: {job.model_name}, microbatch {job.config.training.local_batch_size} x seq "
                f"{job.config.training.seq_len}, {job.dims.label()}"],
@@ -185,7 +170,7 @@ def probe(job: ResolvedJob, name: str) -> tuple[KernelTables, dict]:
         "peak_tflops_float32": best["float32"],
         "peak_tflops_bfloat16": best["bfloat16"] or best["float32"],
         "peak_tflops_float8": best["bfloat16"] or best["float32"],
-        "memory_gbps": copy_gbps,
+        "memory_gbps": copied_gbps,
         "collective_latency_us": small.seconds * 1e6,
         "reduce_latency_us": small_reduce.seconds * 1e6,
         "intra_node_gbps": link_gbps,
